@@ -1,0 +1,1 @@
+"""Task data, prompt templates and quality metrics."""
