@@ -1,0 +1,311 @@
+"""The tuner end to end on tiny models, its search plans, resume after SIGKILL, failure handling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from optuna.trial import TrialState
+
+from tuner.measure import LosslessViolation, Measurement, check_against_vanilla
+from tuner.search import GridPlan, HeuristicPlan, point_key
+from tuner.space import distributions, grid_size, validate_params
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+FAST = ["models=tiny", "task.n_prompts=2", "task.n_held_out=2", "task.max_new_tokens=6",
+        "warmup_prompts=1"]
+
+
+def compose_cfg(tmp_path: Path, *overrides: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        # studies/ and mlruns/ are relative paths: every test runs in its own tmp_path
+        cfg = compose("config", overrides=["+task=gsm8k", *FAST, "study_name=t", *overrides],
+                      return_hydra_config=True)
+    from hydra.core.hydra_config import HydraConfig
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def run_cfg(tmp_path, *overrides):
+    from tuner.run import run
+    return run(compose_cfg(tmp_path, *overrides))
+
+
+def load_study(tmp_path, name="t"):
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(tmp_path / "studies" / f"{name}.journal")))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs
+
+
+@pytest.mark.parametrize("method", sorted(p.stem for p in (CONF / "method").glob("*.yaml")))
+@pytest.mark.parametrize("search", sorted(p.stem for p in (CONF / "search").glob("*.yaml")))
+def test_every_method_and_search_composes_and_instantiates(tmp_path, method, search):
+    from tuner.build import build_method, load_models, plain
+    cfg = compose_cfg(tmp_path, f"method={method}", f"search={search}")
+    validate_params(cfg.method.params, plain(cfg.method.space))
+    pair, _ = load_models(cfg.models, cfg.method.needs_draft)
+    built = build_method(plain(cfg.method), plain(cfg.method.params), pair, cfg.sampling, 0)
+    assert type(built).__module__.startswith("decoding.")
+
+
+def test_bad_configs_get_clear_errors(tmp_path):
+    from tuner.build import method_class
+    with pytest.raises(ValueError, match=r"_target_='os.system' is not allowed"):
+        method_class({"_target_": "os.system"})
+    with pytest.raises(ValueError, match=r"num_draft_tokens=0 is outside its search space"):
+        validate_params({"num_draft_tokens": 0}, {"num_draft_tokens": {"type": "int", "low": 1,
+                                                                       "high": 4}})
+    with pytest.raises(ValueError, match=r"low=5, high=2 is not a valid range"):
+        distributions({"num_draft_tokens": {"type": "int", "low": 5, "high": 2}})
+    with pytest.raises(ValueError, match=r"num_draft_tokens=0 is outside"):
+        run_cfg(tmp_path, "method.params.num_draft_tokens=0", "tracking=none")
+
+
+def test_cli_without_a_task_or_with_an_unknown_one(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    no_task = subprocess.run([sys.executable, "-m", "tuner"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True)
+    assert no_task.returncode != 0 and "choose a task: python -m tuner +task=NAME" in \
+        no_task.stderr and "gsm8k" in no_task.stderr
+    unknown = subprocess.run([sys.executable, "-m", "tuner", "+task=gsm9k"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True)
+    assert unknown.returncode != 0 and "gsm9k" in unknown.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# Plans
+
+
+def test_heuristic_visits_algorithm_1_sequence():
+    """γ swept first with W, β held at their drawn values, then W at the best γ, then β."""
+    space = {"gamma": {"type": "int", "low": 1, "high": 20, "heuristic": {"HH": [7, 9],
+                                                                          "LH": [2, 4]}},
+             "window": {"type": "int", "low": 10, "high": 25, "heuristic": {"HH": [15, 17],
+                                                                            "LH": [15, 17]}},
+             "beta": {"type": "int", "low": 3, "high": 8, "heuristic": {"HH": [5, 6],
+                                                                        "LH": [5, 6]}},
+             "k": {"type": "int", "low": 1, "high": 5, "heuristic": {"HH": [3, 3],
+                                                                     "LH": [3, 3]}}}
+    plan = HeuristicPlan(space, "HH", seed=0)
+    w0, b0 = plan.initial["window"], plan.initial["beta"]
+    assert w0 in (15, 16, 17) and b0 in (5, 6) and plan.initial["k"] == 3
+
+    def objective(p):   # known argmax: gamma 8, window 17, beta 5
+        return -((p["gamma"] - 8) ** 2 + (p["window"] - 17) ** 2 + (p["beta"] - 5) ** 2)
+
+    results, visited = {}, []
+    while (step := plan.next_point(results)) is not None:
+        point, stage = step
+        visited.append((stage, point["gamma"], point["window"], point["beta"], point["k"]))
+        results[point_key(point)] = objective(point)
+    sequence = [("gamma", g, w0, b0, 3) for g in (7, 8, 9)] + \
+        [("window", 8, w, b0, 3) for w in (15, 16, 17)] + [("beta", 8, 17, b, 3) for b in (5, 6)]
+    expected, seen = [], set()            # Algorithm 1's sequence; a point is never re-measured
+    for stage, *point in sequence:
+        if tuple(point) not in seen:
+            seen.add(tuple(point))
+            expected.append((stage, *point))
+    assert visited == expected
+    assert max(results, key=results.get) == point_key({"gamma": 8, "window": 17, "beta": 5, "k": 3})
+    assert plan.size() == 8
+
+
+def test_grid_plan_is_complete_and_starts_with_the_default():
+    space = {"a": {"type": "int", "low": 1, "high": 3}, "b": {"type": "categorical",
+                                                             "choices": ["x", "y"]}}
+    plan = GridPlan(space, {"a": 2, "b": "y"})
+    results, seen = {}, []
+    while (step := plan.next_point(results)) is not None:
+        seen.append(step[0])
+        results[point_key(step[0])] = 0.0
+    assert seen[0] == {"a": 2, "b": "y"} and len(seen) == grid_size(space) == 6
+    assert {point_key(p) for p in seen} == {point_key({"a": a, "b": b}) for a in (1, 2, 3)
+                                            for b in "xy"}
+
+
+def test_wilcoxon_pruning_stops_a_clearly_worse_trial():
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.WilcoxonPruner(
+        p_threshold=0.1, n_startup_steps=2))
+    good = study.ask()
+    for step in range(20):
+        good.report(2.0 + 0.01 * step, step)
+    study.tell(good, 2.0)
+    bad = study.ask()
+    pruned_at = None
+    for step in range(20):
+        bad.report(0.5 + 0.01 * step, step)
+        if bad.should_prune():
+            pruned_at = step
+            break
+    assert pruned_at is not None and pruned_at < 19
+
+
+# ----------------------------------------------------------------------------------------------
+# Lossless check
+
+
+def _measurement(tokens):
+    return Measurement("p0", "", tuple(tokens), "", 1.0, 1, 0, 0, 0.0, 0.0, (), ())
+
+
+def test_lossless_check_fp32_divergence_fails_naming_prompt_and_position():
+    target = torch.nn.Linear(2, 2)
+    assert check_against_vanilla(_measurement([1, 2, 3]), [1, 2, 3], [0], target,
+                                 1e-3).matches_vanilla is True
+    with pytest.raises(LosslessViolation, match="prompt p0 differs from vanilla at new-token "
+                                                "position 1 \\(fp32"):
+        check_against_vanilla(_measurement([1, 5, 3]), [1, 2, 3], [0], target, 1e-3)
+
+
+def test_lossless_check_bf16_near_tie_versus_real_divergence():
+    target = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    near = check_against_vanilla(_measurement([1, 5]), [1, 2], [0], target, 1e-3,
+                                 gap_fn=lambda model, ids: 1e-4)
+    assert near.matches_vanilla is False and near.near_tie
+    with pytest.raises(LosslessViolation, match="top-2 gap 2.00e-01 >= tolerance"):
+        check_against_vanilla(_measurement([1, 5]), [1, 2], [0], target, 1e-3,
+                              gap_fn=lambda model, ids: 0.2)
+
+
+# ----------------------------------------------------------------------------------------------
+# End to end
+
+
+def test_study_end_to_end_with_mlflow(tmp_path):
+    import mlflow
+    result = run_cfg(tmp_path, "search=grid", "method.space.num_draft_tokens.high=2",
+                     "method.params.num_draft_tokens=2",
+                     "tracking.experiment=e2e")
+    assert result["params"]["num_draft_tokens"] in (1, 2)
+    assert result["held_out_matches_vanilla"] == 1.0
+    study = load_study(tmp_path)
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == 2 and {t.params["num_draft_tokens"] for t in complete} == {1, 2}
+    assert study.user_attrs["baseline"] and "NVML" in study.user_attrs["energy"]
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["e2e"], output_format="list")
+    kinds = sorted(r.data.tags.get("kind") for r in runs)
+    assert kinds == ["baseline", "study", "trial", "trial"]
+    parent = next(r for r in runs if r.data.tags["kind"] == "study")
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 3
+    trial_run = next(r for r in children if r.data.tags["kind"] == "trial")
+    for metric in ("tokens_per_s", "speedup", "mean_accepted_tokens", "acceptance_rate",
+                   "matches_vanilla", "quality_accuracy", "acceptance_pos_1"):
+        assert metric in trial_run.data.metrics, metric
+    assert trial_run.data.metrics["matches_vanilla"] == 1.0
+    assert "best_held_out_speedup" in parent.data.metrics
+    assert parent.data.tags["torch"] == torch.__version__ and parent.data.tags["git_commit"]
+    best = tmp_path / "studies" / "best" / "t.yaml"
+    loaded = yaml.safe_load(best.read_text())
+    assert loaded == {"method": {"params": result["params"]}}
+    replay = compose_cfg(tmp_path, "+best=t")
+    assert replay.method.params.num_draft_tokens == result["params"]["num_draft_tokens"]
+
+
+def test_a_raising_trial_does_not_stop_the_study(tmp_path, monkeypatch):
+    from tuner import run as run_module
+    real = run_module.Study.evaluate
+
+    def flaky(self, trial, params, baseline):
+        if params["num_draft_tokens"] == 2:
+            raise torch.OutOfMemoryError("simulated out of memory")
+        return real(self, trial, params, baseline)
+
+    monkeypatch.setattr(run_module.Study, "evaluate", flaky)
+    result = run_cfg(tmp_path, "search=grid", "method.space.num_draft_tokens.high=3",
+                     "method.params.num_draft_tokens=1",
+                     "tracking=none")
+    study = load_study(tmp_path)
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert len(failed) == 1 and "simulated out of memory" in failed[0].user_attrs["error"]
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 2
+    assert result["params"]["num_draft_tokens"] in (1, 3)
+
+
+def test_a_lossless_violation_fails_the_trial(tmp_path, monkeypatch):
+    from decoding.speculative import SpeculativeDecoding
+    real = SpeculativeDecoding._verify
+
+    def broken(self, draft, logits, generator):   # accept one token more than allowed
+        verdict = real(self, draft, logits, generator)
+        if verdict.accepted < draft.size:
+            return type(verdict)(verdict.accepted + 1, verdict.next_token)
+        return verdict
+
+    monkeypatch.setattr(SpeculativeDecoding, "_verify", broken)
+    with pytest.raises(RuntimeError, match="no trial completed"):
+        run_cfg(tmp_path, "search=grid", "method.space.num_draft_tokens.high=1",
+                "method.params.num_draft_tokens=1", "tracking=none")
+    failed = load_study(tmp_path).get_trials(states=(TrialState.FAIL,))
+    assert failed and "differs from vanilla at new-token position" in failed[0].user_attrs["error"]
+
+
+def test_tpe_search_with_pruner_runs(tmp_path):
+    run_cfg(tmp_path, "search=tpe", "search.n_trials=3", "tracking=none")
+    study = load_study(tmp_path)
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 3
+    assert study.trials[0].params == {"num_draft_tokens": 4}          # trial 0 = the default
+
+
+def test_pareto_without_gpu_energy_is_a_clear_error(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="search=pareto needs GPU energy measurements, which are "
+                                         "unavailable here: NVML unavailable"):
+        run_cfg(tmp_path, "search=pareto", "tracking=none")
+
+
+def test_killed_study_resumes_without_losing_trials(tmp_path):
+    """SIGKILL a real subprocess mid-trial; the rerun keeps every COMPLETE trial, fails the orphan."""
+    args = [sys.executable, "-m", "tuner", "+task=gsm8k", *FAST, "search=grid",
+            "method.space.num_draft_tokens.high=4", "tracking=none", "study_name=t",
+            "task.max_new_tokens=24"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    log = open(tmp_path / "first.log", "w")
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:       # wait until trial 1 has started measuring prompts
+        text = (tmp_path / "first.log").read_text()
+        if "trial 1 prompt 1/" in text:
+            break
+        assert proc.poll() is None, text
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = load_study(tmp_path)
+    complete_before = {t.number: t.params for t in before.get_trials(states=(TrialState.COMPLETE,))}
+    assert complete_before and before.trials[-1].state == TrialState.RUNNING
+    rerun = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert "marked FAIL, its point will be evaluated again" in rerun.stdout
+    after = load_study(tmp_path)
+    for number, params in complete_before.items():
+        assert after.trials[number].state == TrialState.COMPLETE
+        assert after.trials[number].params == params
+    orphan = after.trials[len(complete_before)]
+    assert orphan.state == TrialState.FAIL and orphan.user_attrs["error"].startswith("orphaned")
+    done = {t.params["num_draft_tokens"] for t in after.get_trials(states=(TrialState.COMPLETE,))}
+    assert done == {1, 2, 3, 4}

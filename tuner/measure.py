@@ -1,0 +1,165 @@
+"""Timing a method on prompts: one ``Measurement`` per prompt, and their summary.
+
+Every generation is timed as a whole (device-synchronised before and after on CUDA); the decoding
+loop only marks its draft/verify phases. Terms follow vLLM: ``mean_accepted_tokens`` = 1 +
+accepted / target forwards (bonus included, vanilla = 1); ``acceptance_rate`` = accepted / drafted;
+``block_efficiency`` = new tokens / target forwards (Ouroboros App. C).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from decoding import generate
+from tuner.energy import EnergyReading
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One method run on one prompt."""
+
+    prompt_id: str
+    category: str
+    tokens: tuple[int, ...]             # [new_tokens]
+    text: str
+    wall_s: float                       # synchronised around the whole generation
+    steps: int                          # target forwards
+    drafted: int
+    accepted: int
+    draft_time_s: float
+    verify_time_s: float
+    accepted_per_position: tuple[int, ...]
+    drafted_per_position: tuple[int, ...]
+    speedup: float | None = None        # baseline wall_s / wall_s for the same prompt (paired)
+    matches_vanilla: bool | None = None  # temperature 0 only
+    near_tie: bool = False              # bf16/fp16 divergence explained by a near-tie
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_generation(method: Any, ids: list[int], max_new_tokens: int, tokenizer: Any,
+                    device: torch.device) -> tuple[Any, float]:
+    synchronize(device)
+    began = time.perf_counter()
+    out = generate(method, ids, max_new_tokens, tokenizer=tokenizer)
+    synchronize(device)
+    return out, time.perf_counter() - began
+
+
+def measure_prompt(method: Any, prompt: Any, ids: list[int], max_new_tokens: int,
+                   tokenizer: Any, device: torch.device) -> Measurement:
+    out, wall = time_generation(method, ids, max_new_tokens, tokenizer, device)
+    s = out.stats
+    return Measurement(prompt.id, prompt.category, out.tokens, out.text or "", wall, s.steps,
+                       s.drafted, s.accepted, s.draft_time_s, s.verify_time_s,
+                       s.accepted_per_position, s.drafted_per_position)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak GPU memory allocated (CUDA) or the process's peak RSS (CPU)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
+              device: torch.device) -> dict[str, float]:
+    """The numbers logged per trial; ``speedup`` is the paired geometric mean."""
+    tokens = sum(m.new_tokens for m in ms)
+    wall = sum(m.wall_s for m in ms)
+    steps = sum(m.steps for m in ms)
+    drafted, accepted = sum(m.drafted for m in ms), sum(m.accepted for m in ms)
+    out = {"tokens_per_s": tokens / wall, "new_tokens": float(tokens), "wall_s": wall,
+           "mean_accepted_tokens": 1.0 + accepted / steps, "block_efficiency": tokens / steps,
+           "acceptance_rate": accepted / drafted if drafted else 0.0,
+           "draft_time_s": sum(m.draft_time_s for m in ms),
+           "verify_time_s": sum(m.verify_time_s for m in ms),
+           "peak_memory_bytes": float(peak_memory_bytes(device)), "prompts": float(len(ms))}
+    speedups = [m.speedup for m in ms if m.speedup is not None]
+    if speedups:
+        out["speedup"] = geometric_mean(speedups)
+        out["speedup_min"], out["speedup_max"] = min(speedups), max(speedups)
+        out["speedup_log_std"] = statistics.pstdev([math.log(s) for s in speedups])
+    checks = [m.matches_vanilla for m in ms if m.matches_vanilla is not None]
+    if checks:
+        out["matches_vanilla"] = sum(checks) / len(checks)
+        out["near_ties"] = float(sum(m.near_tie for m in ms))
+    width = max((len(m.drafted_per_position) for m in ms), default=0)
+    for i in range(width):
+        d = sum(m.drafted_per_position[i] for m in ms if i < len(m.drafted_per_position))
+        a = sum(m.accepted_per_position[i] for m in ms if i < len(m.accepted_per_position))
+        out[f"acceptance_pos_{i + 1}"] = a / d if d else 0.0
+    if energy is not None and energy.available and energy.joules is not None:
+        out["energy_j"] = energy.joules
+        out["energy_j_per_token"] = energy.joules / tokens
+    return out
+
+
+class LosslessViolation(RuntimeError):
+    """A lossless method's greedy tokens differ from vanilla's beyond a floating-point near-tie."""
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def top2_gap(target: Any, ids: list[int]) -> float:
+    """Top-two probability gap of the target's next-token distribution after ``ids``."""
+    device = next(target.parameters()).device
+    with torch.inference_mode():
+        logits = target(torch.tensor([ids], device=device), logits_to_keep=1).logits[0, -1]
+    top = torch.softmax(logits.float(), -1).topk(2).values
+    return float(top[0] - top[1])
+
+
+def check_against_vanilla(m: Measurement, reference: Sequence[int], prompt_ids: list[int],
+                          target: Any, tolerance: float,
+                          gap_fn: Callable[[Any, list[int]], float] = top2_gap) -> Measurement:
+    """Fill ``matches_vanilla``; raise ``LosslessViolation`` unless a divergence is a near-tie.
+
+    In fp32 any divergence is a bug. In bf16/fp16, verifying many tokens in one forward can flip an
+    argmax at a near-tie (Ouroboros App. A): it counts as a near-tie only when the baseline's
+    top-two probability gap at the first differing position is below ``tolerance``.
+    """
+    position = first_difference(m.tokens, reference)
+    if position is None:
+        return _replace(m, matches_vanilla=True)
+    dtype = next(target.parameters()).dtype
+    where = f"prompt {m.prompt_id} differs from vanilla at new-token position {position}"
+    if dtype == torch.float32:
+        raise LosslessViolation(f"{where} (fp32: a lossless method must match exactly)")
+    gap = gap_fn(target, list(prompt_ids) + list(reference[:position]))
+    if gap >= tolerance:
+        raise LosslessViolation(f"{where}; baseline top-2 gap {gap:.2e} >= tolerance "
+                                f"{tolerance:.1e}, so it is not a near-tie")
+    return _replace(m, matches_vanilla=False, near_tie=True)
+
+
+def _replace(m: Measurement, **changes: Any) -> Measurement:
+    from dataclasses import replace
+    return replace(m, **changes)
