@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from decoding.clock import PhaseClock
+from decoding.lookahead import LookaheadDecoding
+from decoding.ouroboros import Ouroboros
 from decoding.speculative import BlockVerification, SpeculativeDecoding
 from decoding.vanilla import Vanilla
 
@@ -27,6 +29,8 @@ METHODS: dict[str, type] = {
     "vanilla": Vanilla,
     "speculative": SpeculativeDecoding,
     "block": BlockVerification,
+    "lookahead": LookaheadDecoding,
+    "ouroboros": Ouroboros,
 }
 
 
@@ -48,6 +52,7 @@ class GenerationStats:
     accepted_length_hist: tuple[int, ...]   # [γ_max + 1] steps that accepted exactly j tokens
     draft_time_s: float
     verify_time_s: float
+    extras: dict[str, float] = field(default_factory=dict)   # method-specific counters, summed
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -62,7 +67,10 @@ class GenerationStats:
         width = max((s.drafted for s in steps), default=0)
         drafted_pos, accepted_pos = [0] * width, [0] * width
         hist = [0] * (width + 1)
+        extras: dict[str, float] = {}
         for s in steps:
+            for key, value in (s.extras or {}).items():   # "*_last" keys are gauges
+                extras[key] = value if key.endswith("_last") else extras.get(key, 0.0) + value
             for i in range(s.drafted):
                 drafted_pos[i] += 1
             for i in range(s.accepted):
@@ -74,7 +82,8 @@ class GenerationStats:
                    accepted=sum(s.accepted for s in steps),
                    drafted_per_position=tuple(drafted_pos),
                    accepted_per_position=tuple(accepted_pos), accepted_length_hist=tuple(hist),
-                   draft_time_s=times.get("draft", 0.0), verify_time_s=times.get("verify", 0.0))
+                   draft_time_s=times.get("draft", 0.0), verify_time_s=times.get("verify", 0.0),
+                   extras=extras)
 
 
 @dataclass(frozen=True)

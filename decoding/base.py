@@ -17,7 +17,7 @@ the Drafter seam; they only have to yield ``Step``s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Mapping, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +33,7 @@ class Step:
     drafted: int              # draft tokens verified in this forward (0 for vanilla)
     accepted: int             # leading draft tokens accepted (≤ drafted)
     draft_forwards: int = 0   # draft-model forwards spent proposing this step's draft
+    extras: Mapping[str, float] | None = None   # method-specific counters (summed per generation)
 
 
 @dataclass(frozen=True)

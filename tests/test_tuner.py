@@ -23,7 +23,7 @@ from tuner.space import distributions, grid_size, validate_params
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-FAST = ["models=tiny", "task.n_prompts=2", "task.n_held_out=2", "task.max_new_tokens=6",
+FAST = ["method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_out=2", "task.max_new_tokens=6",
         "warmup_prompts=1"]
 
 
@@ -194,7 +194,8 @@ def test_lossless_check_bf16_near_tie_versus_real_divergence():
 
 def test_study_end_to_end_with_mlflow(tmp_path):
     import mlflow
-    result = run_cfg(tmp_path, "search=grid", "method.space.num_draft_tokens.high=2",
+    result = run_cfg(tmp_path, "search=grid", "search.ranges=full",
+                     "method.space.num_draft_tokens.high=2",
                      "method.params.num_draft_tokens=2",
                      "tracking.experiment=e2e")
     assert result["params"]["num_draft_tokens"] in (1, 2)
@@ -234,7 +235,8 @@ def test_a_raising_trial_does_not_stop_the_study(tmp_path, monkeypatch):
         return real(self, trial, params, baseline)
 
     monkeypatch.setattr(run_module.Study, "evaluate", flaky)
-    result = run_cfg(tmp_path, "search=grid", "method.space.num_draft_tokens.high=3",
+    result = run_cfg(tmp_path, "search=grid", "search.ranges=full",
+                     "method.space.num_draft_tokens.high=3",
                      "method.params.num_draft_tokens=1",
                      "tracking=none")
     study = load_study(tmp_path)
@@ -256,7 +258,8 @@ def test_a_lossless_violation_fails_the_trial(tmp_path, monkeypatch):
 
     monkeypatch.setattr(SpeculativeDecoding, "_verify", broken)
     with pytest.raises(RuntimeError, match="no trial completed"):
-        run_cfg(tmp_path, "search=grid", "method.space.num_draft_tokens.high=1",
+        run_cfg(tmp_path, "search=grid", "search.ranges=full",
+                "method.space.num_draft_tokens.high=1",
                 "method.params.num_draft_tokens=1", "tracking=none")
     failed = load_study(tmp_path).get_trials(states=(TrialState.FAIL,))
     assert failed and "differs from vanilla at new-token position" in failed[0].user_attrs["error"]
@@ -280,6 +283,7 @@ def test_pareto_without_gpu_energy_is_a_clear_error(tmp_path):
 def test_killed_study_resumes_without_losing_trials(tmp_path):
     """SIGKILL a real subprocess mid-trial; the rerun keeps every COMPLETE trial, fails the orphan."""
     args = [sys.executable, "-m", "tuner", "+task=gsm8k", *FAST, "search=grid",
+            "search.ranges=full",
             "method.space.num_draft_tokens.high=4", "tracking=none", "study_name=t",
             "task.max_new_tokens=24"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}

@@ -128,6 +128,8 @@ class Study:
         for prompt in self.tuning[: int(self.cfg.warmup_prompts)]:
             measure_prompt(method, prompt, self.ids[prompt.id], self.budget["max_new_tokens"],
                            self.tokenizer, self.device)
+        if hasattr(method, "reset"):       # warm-up must not seed the measured phrase pool
+            method.reset()
 
     def baseline(self) -> dict[str, dict]:
         """Vanilla on the tuning prompts, measured once per study and kept in it."""
@@ -194,7 +196,11 @@ class Study:
         if kind == "heuristic":
             return HeuristicPlan(self.space, self.task.task_class, int(self.cfg.seed))
         if kind == "grid":
-            return GridPlan(self.space, self.default)
+            ranges = self.cfg.search.get("ranges", "heuristic")
+            if ranges not in ("heuristic", "full"):
+                raise ValueError(f"search.ranges={ranges!r} is invalid: allowed are heuristic, full")
+            return GridPlan(self.space, self.default,
+                            self.task.task_class if ranges == "heuristic" else None)
         if kind == "sampler":
             return None
         raise ValueError(f"search kind={kind!r} is unknown: allowed are heuristic, grid, sampler")
@@ -383,7 +389,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     say(f"study {cfg.study_name}: task {s.task.name} ({s.task.task_class}), method "
         f"{cfg.method._target_}, {len(s.tuning)} tuning + {len(s.held_out)} held-out prompts, "
         f"{s.budget['max_new_tokens']} new tokens, device {s.device}, search {cfg.search.kind}, "
-        f"grid size {grid_size(s.space)}")
+        f"grid size {grid_size(s.space)} (heuristic ranges: "
+        f"{grid_size(s.space, s.task.task_class)})")
     fail_orphans(s.study)
     s.tracker.start_study(cfg.study_name, {"task": s.task.name, "method": cfg.method._target_,
                                            "models": str(plain(cfg.models)),

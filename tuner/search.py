@@ -6,7 +6,8 @@ Plans (deterministic functions of the finished results, so a resumed study conti
     range such as K = 3 stays fixed); then, in the space's declared order, each parameter is swept
     over its heuristic range with the others held, and the best value (max objective, first on
     ties) is kept before the next parameter is swept.
-  * ``GridPlan``: every point of the space's grid (Table 9 style), the default first.
+  * ``GridPlan``: every point of a grid (the heuristic ranges, Table 9 style, or the whole space),
+    the default first.
 Samplers (TPE, random, NSGA, ...) are Optuna's own, built from the search config.
 """
 
@@ -16,7 +17,7 @@ import itertools
 import random
 from typing import Any, Mapping
 
-from tuner.space import grid
+from tuner.space import search_values
 
 Point = dict[str, Any]
 
@@ -27,12 +28,7 @@ def point_key(params: Mapping[str, Any]) -> tuple:
 
 class HeuristicPlan:
     def __init__(self, space: Mapping[str, Mapping[str, Any]], task_class: str, seed: int) -> None:
-        full = grid(space)
-        self.values: dict[str, list[Any]] = {}
-        for name, spec in space.items():
-            heuristic = (spec.get("heuristic") or {}).get(task_class)
-            self.values[name] = list(range(int(heuristic[0]), int(heuristic[1]) + 1)) \
-                if heuristic else full[name]
+        self.values = search_values(space, task_class)
         rng = random.Random(seed)
         self.initial: Point = {name: rng.choice(vals) for name, vals in self.values.items()}
         self.order = [name for name in space if len(self.values[name]) > 1]
@@ -55,8 +51,11 @@ class HeuristicPlan:
 
 
 class GridPlan:
-    def __init__(self, space: Mapping[str, Mapping[str, Any]], default: Mapping[str, Any]) -> None:
-        values = grid(space)
+    """``task_class`` given: the grid of the heuristic ranges (Table 9 style); None: the full space."""
+
+    def __init__(self, space: Mapping[str, Mapping[str, Any]], default: Mapping[str, Any],
+                 task_class: str | None = None) -> None:
+        values = search_values(space, task_class)
         points = [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
         first = [p for p in points if point_key(p) == point_key(default)]
         self.points = first + [p for p in points if point_key(p) != point_key(default)]

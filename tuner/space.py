@@ -61,5 +61,19 @@ def grid(space: Mapping[str, Mapping[str, Any]]) -> dict[str, list[Any]]:
     return values
 
 
-def grid_size(space: Mapping[str, Mapping[str, Any]]) -> int:
-    return len(list(itertools.product(*grid(space).values()))) if space else 1
+def search_values(space: Mapping[str, Mapping[str, Any]], task_class: str | None = None
+                  ) -> dict[str, list[Any]]:
+    """Values per parameter: its heuristic range for ``task_class`` (Ouroboros Table 10) when it
+    declares one, else the full grid."""
+    full = grid(space)
+    values = {}
+    for name, spec in space.items():
+        heuristic = (spec.get("heuristic") or {}).get(task_class) if task_class else None
+        values[name] = list(range(int(heuristic[0]), int(heuristic[1]) + 1)) if heuristic \
+            else full[name]
+    return values
+
+
+def grid_size(space: Mapping[str, Mapping[str, Any]], task_class: str | None = None) -> int:
+    values = search_values(space, task_class)
+    return len(list(itertools.product(*values.values()))) if space else 1
