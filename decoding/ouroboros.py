@@ -31,10 +31,9 @@ import torch
 
 from decoding.base import Step
 from decoding.lookahead import GREEDY, Forest, LookaheadEngine, check_lookahead_params
-from decoding.models import eos_token_ids as model_eos_ids
 from decoding.phrases import PhrasePool
 from decoding.runtime import (check_positive_int, check_request, make_generator, new_cache, phase,
-                              truncate_at_eos)
+                              truncate_at_eos, stop_ids)
 from decoding.sampling import SamplingConfig
 from decoding.tree import keep_cache_rows, tree_forward, verify_tree
 
@@ -126,8 +125,7 @@ class Ouroboros:
         self.pool = PhrasePool(guess_set)
         self.drafter = PhraseDrafter(draft, window, phrase_length, guess_set, self.pool,
                                      draft_lookahead, seed)
-        self.eos_ids = frozenset(eos_token_ids if eos_token_ids is not None
-                                 else model_eos_ids(target))
+        self.eos_ids = stop_ids(target, eos_token_ids)
 
     def reset(self) -> None:
         """Forget the phrase history (e.g. after untimed warm-up runs)."""

@@ -37,6 +37,12 @@ def check_request(model: nn.Module, prompt_ids: torch.Tensor | Sequence[int],
     return prompt
 
 
+def stop_ids(model: nn.Module, eos_token_ids: Sequence[int] | None) -> frozenset[int]:
+    """The ids that end generation: those given, else every EOS the model declares."""
+    from decoding.models import eos_token_ids as declared
+    return frozenset(eos_token_ids if eos_token_ids is not None else declared(model))
+
+
 def new_cache(model: nn.Module) -> DynamicCache:
     return DynamicCache(config=model.config)
 

@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import torch
 
 from decoding.base import Draft, Step, Verdict
-from decoding.models import eos_token_ids as model_eos_ids
 from decoding.runtime import (check_positive_int, check_request, crop_cache, forward_logits,
-                              make_generator, new_cache, phase, truncate_at_eos)
+                              make_generator, new_cache, phase, truncate_at_eos, stop_ids)
 from decoding.sampling import SamplingConfig, logits_to_probs, next_token
 from decoding.verify import block_verify, greedy_match, token_verify
 
@@ -95,8 +94,7 @@ class SpeculativeDecoding:
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         self.drafter = ModelDrafter(draft, self.sampling)
         self.seed = seed
-        self.eos_ids = frozenset(eos_token_ids if eos_token_ids is not None
-                                 else model_eos_ids(target))
+        self.eos_ids = stop_ids(target, eos_token_ids)
 
     def _verify(self, draft: Draft, logits: torch.Tensor,
                 generator: torch.Generator) -> Verdict:

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from decoding.base import Step
-from decoding.models import eos_token_ids as model_eos_ids
-from decoding.runtime import check_request, forward_logits, make_generator, new_cache, phase
+from decoding.runtime import check_request, forward_logits, make_generator, new_cache, phase, stop_ids
 from decoding.sampling import SamplingConfig, next_token
 
 if TYPE_CHECKING:
@@ -39,8 +38,7 @@ class Vanilla:
         self.target = target
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         self.seed = seed
-        self.eos_ids = frozenset(eos_token_ids if eos_token_ids is not None
-                                 else model_eos_ids(target))
+        self.eos_ids = stop_ids(target, eos_token_ids)
 
     @torch.inference_mode()
     def stream(self, prompt_ids: torch.Tensor, max_new_tokens: int,

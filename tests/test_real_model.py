@@ -50,3 +50,27 @@ def test_eos_of_the_default_model_stops_generation(default_pair):
     spec = build_method("speculative", default_pair, num_draft_tokens=8)
     assert generate(spec, "Reply with just the word yes.", 40,
                     tokenizer=default_pair.tokenizer).tokens == out.tokens
+
+
+REPEATED = ["Repeat the following sentence five times, one per line: The quick brown fox jumps "
+            "over the lazy dog.", "Count from 1 to 30, separated by commas."]
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("lookahead", {"window": 15, "ngram": 5, "guess_set": 15}),
+    ("lookahead", {"window": 7, "ngram": 3, "guess_set": 7}),
+    ("ouroboros", {"num_draft_tokens": 4, "window": 15, "phrase_length": 7, "num_phrases": 3}),
+    ("ouroboros", {"num_draft_tokens": 12, "window": 8, "phrase_length": 5, "num_phrases": 3}),
+])
+def test_phrase_methods_equal_vanilla_on_the_default_model(default_pair, gsm8k_questions, name,
+                                                           kw):
+    """Includes repeated text, so pool phrases are accepted; the pool carries across prompts."""
+    prompts = [encode_prompt(default_pair.tokenizer, q) for q in REPEATED + gsm8k_questions[:3]]
+    vanilla = build_method("vanilla", default_pair)
+    method = build_method(name, default_pair, **kw)
+    accepted_from_pool = 0
+    for prompt in prompts:
+        out = generate(method, prompt, 24)
+        assert out.tokens == generate(vanilla, prompt, 24).tokens
+        accepted_from_pool += out.stats.extras.get("suffix_accepted", out.stats.accepted)
+    assert accepted_from_pool > 0, "the phrase pool was never used"

@@ -216,6 +216,9 @@ def test_study_end_to_end_with_mlflow(tmp_path):
                    "matches_vanilla", "quality_accuracy", "acceptance_pos_1"):
         assert metric in trial_run.data.metrics, metric
     assert trial_run.data.metrics["matches_vanilla"] == 1.0
+    if not torch.cuda.is_available():     # energy unavailable: the reason is recorded instead
+        assert "energy_j_per_token" not in trial_run.data.metrics
+        assert "NVML" in trial_run.data.tags["energy"]
     assert "best_held_out_speedup" in parent.data.metrics
     assert parent.data.tags["torch"] == torch.__version__ and parent.data.tags["git_commit"]
     best = tmp_path / "studies" / "best" / "t.yaml"

@@ -148,7 +148,8 @@ class Study:
         summary = summarize(ms, meter.reading, self.device)
         self.study.set_user_attr("baseline_summary", summary)
         self.study.set_user_attr("energy", meter.reading.reason)
-        self.tracker.log_run("baseline", {"method": "vanilla"}, summary, {"kind": "baseline"},
+        self.tracker.log_run("baseline", {"method": "vanilla"}, summary,
+                             {"kind": "baseline", "energy": meter.reading.reason},
                              [asdict(m) for m in ms])
         say(f"baseline: {summary['tokens_per_s']:.2f} tok/s over {len(ms)} prompts "
             f"({'energy: ' + meter.reading.reason})")
@@ -269,7 +270,8 @@ class Study:
                 trial.set_user_attr(key, summary.get(key))
             self.study.tell(trial, values)
             self.tracker.log_run(f"trial-{trial.number}", trial.params, summary,
-                                 {"kind": "trial", "state": "COMPLETE", "stage": stage},
+                                 {"kind": "trial", "state": "COMPLETE", "stage": stage,
+                                  "energy": str(self.study.user_attrs.get("energy", ""))},
                                  [asdict(m) for m in ms])
             say(f"trial {trial.number} done: speedup {summary['speedup']:.3f} "
                 f"({summary['tokens_per_s']:.2f} tok/s, mean accepted "

@@ -1,0 +1,129 @@
+"""Benchmark of the tuner's searches: heuristic vs grid vs TPE with Wilcoxon pruning.
+
+1. Measure the full grid once, on real wall-clock, with the tuner itself::
+
+       python -m tuner +task=gsm8k method=ouroboros search=grid budget=full task.n_prompts=4 \
+           task.max_new_tokens=12 tracking=none study_name=bench-grid search.n_trials=200
+
+2. Replay the other searches on that measured table::
+
+       python bench/tuner_search.py --journal studies/bench-grid.journal [--tpe-trials 20]
+
+Every grid point has a measured objective (paired geometric-mean speedup over the tuning prompts),
+its per-prompt speedups and the wall-clock the tuner spent on it. A replayed search pays the
+measured time of each point it evaluates (a pruned trial pays the fraction of prompts it measured)
+and ends with the point it would pick (best completed, non-pruned trial). We report the grid value of
+that point as a fraction of the grid's optimum, against the fraction of the grid's wall-clock spent.
+Replaying on one table removes run-to-run noise from the comparison; the searches' own logic
+(``tuner.search.HeuristicPlan``, Optuna's TPESampler + WilcoxonPruner) runs unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from pathlib import Path
+
+import optuna
+import yaml
+from optuna.trial import TrialState
+
+from tuner.search import HeuristicPlan, point_key
+from tuner.space import search_values
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_table(journal: Path) -> tuple[dict, str]:
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(journal)))
+    name = optuna.get_all_study_names(storage)[0]
+    study = optuna.load_study(study_name=name, storage=storage)
+    table = {}
+    for t in study.get_trials(states=(TrialState.COMPLETE,)):
+        seconds = (t.datetime_complete - t.datetime_start).total_seconds()
+        table[point_key(t.params)] = {"value": t.values[0], "seconds": seconds,
+                                      "per_prompt": dict(t.intermediate_values)}
+    return table, name
+
+
+def replay_heuristic(table, space, default, task_class, seed):
+    results = {point_key(default): table[point_key(default)]["value"]}
+    seconds = table[point_key(default)]["seconds"]
+    plan = HeuristicPlan(space, task_class, seed)
+    while (step := plan.next_point(results)) is not None:
+        key = point_key(step[0])
+        results[key] = table[key]["value"]
+        seconds += table[key]["seconds"]
+    best = max(results, key=results.get)
+    return best, seconds, len(results)
+
+
+def replay_tpe(table, space, default, task_class, seed, n_trials, prune=True):
+    values = search_values(space, task_class)
+    dists = {k: optuna.distributions.IntDistribution(min(v), max(v)) for k, v in values.items()}
+    pruner = optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2) if prune \
+        else optuna.pruners.NopPruner()
+    study = optuna.create_study(direction="maximize", pruner=pruner,
+                                sampler=optuna.samplers.TPESampler(seed=seed))
+    study.enqueue_trial(default)
+    seconds, complete = 0.0, {}
+    for number in range(n_trials):
+        trial = study.ask(dists)
+        key = point_key(trial.params)
+        row = table[key]
+        steps = sorted(row["per_prompt"])
+        random.Random(f"{seed}-{number}").shuffle(steps)
+        measured = []
+        for step in steps:
+            measured.append(row["per_prompt"][step])
+            trial.report(row["per_prompt"][step], step)
+            if len(measured) < len(steps) and trial.should_prune():
+                break
+        seconds += row["seconds"] * len(measured) / len(steps)
+        value = statistics.geometric_mean(measured)
+        study.tell(trial, value)
+        if len(measured) == len(steps):
+            complete[key] = value
+    best = max(complete, key=complete.get)
+    return best, seconds, n_trials
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--journal", type=Path, required=True)
+    parser.add_argument("--method", default="ouroboros")
+    parser.add_argument("--task-class", default="LH")
+    parser.add_argument("--tpe-trials", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=10)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    method = yaml.safe_load((ROOT / "conf" / "method" / f"{args.method}.yaml").read_text())
+    space, default = method["space"], {k: method["params"][k] for k in method["space"]}
+    table, name = load_table(args.journal)
+    grid_seconds = sum(r["seconds"] for r in table.values())
+    optimum = max(r["value"] for r in table.values())
+    best_point = max(table, key=lambda k: table[k]["value"])
+    print(f"# study {name}: {len(table)} grid points measured in {grid_seconds:.0f} s; optimum "
+          f"{optimum:.3f} at {dict(best_point)}; default {table[point_key(default)]['value']:.3f}")
+    print(f"{'search':<28} {'evaluations':>11} {'time (of grid)':>15} {'optimum reached':>16}")
+    print(f"{'grid (Table 9 style)':<28} {len(table):>11} {'100.0 %':>15} {'100.0 %':>16}")
+    rows = {"heuristic (Algorithm 1)": [replay_heuristic(table, space, default, args.task_class,
+                                                         seed) for seed in range(args.seeds)],
+            f"TPE + Wilcoxon ({args.tpe_trials})": [replay_tpe(
+                table, space, default, args.task_class, seed, args.tpe_trials)
+                for seed in range(args.seeds)],
+            f"TPE, no pruning ({args.tpe_trials})": [replay_tpe(
+                table, space, default, args.task_class, seed, args.tpe_trials, prune=False)
+                for seed in range(args.seeds)]}
+    for label, runs in rows.items():
+        reached = [table[best]["value"] / optimum for best, _, _ in runs]
+        spent = [seconds / grid_seconds for _, seconds, _ in runs]
+        evaluations = statistics.mean(n for _, _, n in runs)
+        print(f"{label:<28} {evaluations:>11.1f} {100 * statistics.mean(spent):>13.1f} % "
+              f"{100 * statistics.mean(reached):>8.1f} % (min {100 * min(reached):.1f} %)")
+
+
+if __name__ == "__main__":
+    main()
