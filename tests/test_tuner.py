@@ -316,3 +316,19 @@ def test_killed_study_resumes_without_losing_trials(tmp_path):
     assert orphan.state == TrialState.FAIL and orphan.user_attrs["error"].startswith("orphaned")
     done = {t.params["num_draft_tokens"] for t in after.get_trials(states=(TrialState.COMPLETE,))}
     assert done == {1, 2, 3, 4}
+
+
+def test_summary_reports_speed_per_category():
+    from tuner.measure import summarize
+
+    def m(category, wall, speedup):
+        return Measurement("p", category, (1, 2, 3, 4), "", wall, 2, 2, 1, 0.0, 0.0, (1,), (2,),
+                           speedup=speedup)
+
+    summary = summarize([m("qa", 1.0, 2.0), m("qa", 1.0, 0.5), m("rag", 2.0, 1.5)], None,
+                        torch.device("cpu"))
+    assert summary["tokens_per_s_qa"] == pytest.approx(4.0)
+    assert summary["tokens_per_s_rag"] == pytest.approx(2.0)
+    assert summary["speedup_qa"] == pytest.approx(1.0) and summary["speedup_rag"] == 1.5
+    assert summary["speedup"] == pytest.approx((2.0 * 0.5 * 1.5) ** (1 / 3))
+    assert summary["mean_accepted_tokens"] == pytest.approx(1 + 3 / 6)

@@ -114,6 +114,23 @@ def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
     if energy is not None and energy.available and energy.joules is not None:
         out["energy_j"] = energy.joules
         out["energy_j_per_token"] = energy.joules / tokens
+    out.update(per_category(ms))
+    return out
+
+
+def per_category(ms: Sequence[Measurement]) -> dict[str, float]:
+    """tokens/s and paired speedup per prompt category (Spec-Bench, MT-bench), when categories exist."""
+    groups: dict[str, list[Measurement]] = {}
+    for m in ms:
+        if m.category:
+            groups.setdefault(m.category, []).append(m)
+    out = {}
+    for category, group in sorted(groups.items()):
+        out[f"tokens_per_s_{category}"] = sum(m.new_tokens for m in group) / \
+            sum(m.wall_s for m in group)
+        speedups = [m.speedup for m in group if m.speedup is not None]
+        if speedups:
+            out[f"speedup_{category}"] = geometric_mean(speedups)
     return out
 
 
