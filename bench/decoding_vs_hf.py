@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def gsm8k_prompts(tokenizer, count: int) -> list[list[int]]:
-    lines = (ROOT / "data" / "gsm8k" / "test_100.jsonl").read_text().splitlines()
+    lines = (ROOT / "data" / "gsm8k" / "test_200.jsonl").read_text().splitlines()
     return [encode_prompt(tokenizer, json.loads(line)["question"]) for line in lines[:count]]
 
 

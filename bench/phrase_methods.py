@@ -53,7 +53,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     pair = load_pair("smollm2")
-    lines = (ROOT / "data" / "gsm8k" / "test_100.jsonl").read_text().splitlines()
+    lines = (ROOT / "data" / "gsm8k" / "test_200.jsonl").read_text().splitlines()
     questions = [json.loads(line)["question"] for line in lines[: args.prompts + 1]]
     prompts = [encode_prompt(pair.tokenizer, q) for q in questions]
     warmup, prompts = prompts[0], prompts[1:]

@@ -2,7 +2,8 @@
 
     python data/make_subsets.py --source ../shared/data
 
-Protocol of the Ouroboros paper: 100 random GSM8K test items, 100 CNN/DM, 100 WMT16 de→en; all
+Protocol of the Ouroboros paper: 100 random GSM8K test items (200 shipped: 100 more are the
+held-out confirmation set), 100 CNN/DM, 100 WMT16 de→en; all
 164 HumanEval; the MBPP validation split (task ids 511–600, 90 items) plus its prompt split (1–10,
 few-shot exemplars); the first 8 GSM8K train items as 8-shot exemplars; MT-bench and Spec-Bench whole.
 Random subsets use ``random.Random(SEED).sample`` over the file's line order; each item keeps its
@@ -40,7 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--source", type=Path, required=True)
     src = parser.parse_args().source
-    write_jsonl(HERE / "gsm8k" / "test_100.jsonl", sample(read_jsonl(src / "gsm8k/test.jsonl"), 100, "gsm8k"))
+    gsm8k = read_jsonl(src / "gsm8k/test.jsonl")   # 100 to tune on (the paper's count) + 100 held out
+    write_jsonl(HERE / "gsm8k" / "test_200.jsonl", sample(gsm8k, 200, "gsm8k"))
     write_jsonl(HERE / "gsm8k" / "train_8shot.jsonl", read_jsonl(src / "gsm8k/train.jsonl")[:8])
     mbpp = read_jsonl(src / "mbpp/mbpp.jsonl")
     write_jsonl(HERE / "mbpp" / "validation.jsonl", [r for r in mbpp if 511 <= r["task_id"] <= 600])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from decoding import build_method, encode_prompt, generate, load_pair
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "gsm8k" / "test_100.jsonl"
+DATA = Path(__file__).resolve().parents[1] / "data" / "gsm8k" / "test_200.jsonl"
 HONESTY = ("Note: on a small CPU a 135M target is overhead-bound (verifying 5 tokens costs ~1.8x "
            "one), so speculative decoding cannot show a real speedup here; this demo shows the "
            "pipeline and its losslessness. Speedups need a >=1B target or a GPU.")

@@ -45,7 +45,7 @@ def default_pair() -> ModelPair:
 
 @pytest.fixture(scope="session")
 def gsm8k_questions() -> list[str]:
-    lines = (ROOT / "data" / "gsm8k" / "test_100.jsonl").read_text().splitlines()
+    lines = (ROOT / "data" / "gsm8k" / "test_200.jsonl").read_text().splitlines()
     return [json.loads(line)["question"] for line in lines]
 
 

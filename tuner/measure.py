@@ -12,7 +12,7 @@ import math
 import resource
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -165,7 +165,7 @@ def check_against_vanilla(m: Measurement, reference: Sequence[int], prompt_ids: 
     """
     position = first_difference(m.tokens, reference)
     if position is None:
-        return _replace(m, matches_vanilla=True)
+        return replace(m, matches_vanilla=True)
     dtype = next(target.parameters()).dtype
     where = f"prompt {m.prompt_id} differs from vanilla at new-token position {position}"
     if dtype == torch.float32:
@@ -174,9 +174,4 @@ def check_against_vanilla(m: Measurement, reference: Sequence[int], prompt_ids: 
     if gap >= tolerance:
         raise LosslessViolation(f"{where}; baseline top-2 gap {gap:.2e} >= tolerance "
                                 f"{tolerance:.1e}, so it is not a near-tie")
-    return _replace(m, matches_vanilla=False, near_tie=True)
-
-
-def _replace(m: Measurement, **changes: Any) -> Measurement:
-    from dataclasses import replace
-    return replace(m, **changes)
+    return replace(m, matches_vanilla=False, near_tie=True)

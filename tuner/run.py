@@ -354,8 +354,10 @@ def optuna_figures(study: optuna.Study) -> dict[str, Any]:
 
 
 def print_summary(cfg: DictConfig, params: dict, best: dict, confirmed: dict,
-                  summary: dict) -> None:
-    rows = [("study", cfg.study_name), ("best parameters", params),
+                  summary: dict, budget: dict) -> None:
+    rows = [("study", cfg.study_name), ("budget", f"{budget['n_prompts']} tuning + "
+             f"{budget['n_held_out']} held-out prompts, {budget['max_new_tokens']} new tokens"),
+            ("best parameters", params),
             ("best trial (tuning prompts)", f"#{best['trial']}, objective {best['value']:.3f}")]
     if confirmed:
         rows += [("held-out speedup vs vanilla",
@@ -412,7 +414,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         path = write_best_yaml(cfg, params, confirmed)
         s.tracker.log_best({**{k: v for k, v in summary.items() if isinstance(v, (int, float))},
                             **confirmed}, params, optuna_figures(s.study), {"best": path})
-        print_summary(cfg, params, best, confirmed, summary)
+        print_summary(cfg, params, best, confirmed, summary, s.budget)
         say(f"best configuration written to {path}")
         return {"params": params, **best, **confirmed}
     finally:

@@ -4,7 +4,7 @@ Built from a plain mapping (a ``conf/task/*.yaml``)::
 
     name: gsm8k
     task_class: LH                      # Ouroboros B.1: HH (high draft/target homogeneity) or LH
-    data: {local: data/gsm8k/test_100.jsonl, hub: {path: openai/gsm8k, name: main, split: test},
+    data: {local: data/gsm8k/test_200.jsonl, hub: {path: openai/gsm8k, name: main, split: test},
            source: auto}                # auto: the shipped file, else the hub; or local / hub
     template: chat                      # see TEMPLATES[name]
     max_new_tokens: 256
