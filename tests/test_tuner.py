@@ -268,6 +268,18 @@ def test_a_lossless_violation_fails_the_trial(tmp_path, monkeypatch):
     assert failed and "differs from vanilla at new-token position" in failed[0].user_attrs["error"]
 
 
+def test_always_failing_trials_stop_at_the_trial_budget(tmp_path, monkeypatch):
+    from tuner import run as run_module
+
+    def broken(self, trial, params, baseline):
+        raise RuntimeError("always broken")
+
+    monkeypatch.setattr(run_module.Study, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="no trial completed"):
+        run_cfg(tmp_path, "search=tpe", "search.n_trials=3", "tracking=none")
+    assert len(load_study(tmp_path).get_trials(states=(TrialState.FAIL,))) == 3
+
+
 def test_tpe_search_with_pruner_runs(tmp_path):
     run_cfg(tmp_path, "search=tpe", "search.n_trials=3", "tracking=none")
     study = load_study(tmp_path)

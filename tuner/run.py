@@ -241,8 +241,7 @@ class Study:
         limit = self.budget["n_trials"] if plan is None else min(self.budget["n_trials"],
                                                                   plan.size() + 1)
         began, timeout = time.monotonic(), self.cfg.search.get("timeout")
-        while len([t for t in self.study.get_trials(deepcopy=False)
-                   if t.state in (TrialState.COMPLETE,)]) < limit:
+        while self._spent() < limit:
             if timeout and time.monotonic() - began > float(timeout):
                 say(f"search.timeout={timeout}s reached: no new trials")
                 break
@@ -276,6 +275,13 @@ class Study:
             say(f"trial {trial.number} done: speedup {summary['speedup']:.3f} "
                 f"({summary['tokens_per_s']:.2f} tok/s, mean accepted "
                 f"{summary['mean_accepted_tokens']:.2f})")
+
+    def _spent(self) -> int:
+        """Trials that used budget: finished ones, except orphans (their points are retried)."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or
+                   (t.state == TrialState.FAIL and
+                    not str(t.user_attrs.get("error", "")).startswith("orphaned")))
 
     def best_params(self) -> tuple[dict, dict] | None:
         done = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
