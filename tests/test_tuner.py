@@ -344,3 +344,24 @@ def test_summary_reports_speed_per_category():
     assert summary["speedup_qa"] == pytest.approx(1.0) and summary["speedup_rag"] == 1.5
     assert summary["speedup"] == pytest.approx((2.0 * 0.5 * 1.5) ** (1 / 3))
     assert summary["mean_accepted_tokens"] == pytest.approx(1 + 3 / 6)
+
+
+def test_a_stale_journal_lock_from_a_killed_run_is_released(tmp_path):
+    """A writer SIGKILLed while holding the journal lock must not hang the next run forever."""
+    code = """
+import os, time, optuna
+from pathlib import Path
+from omegaconf import OmegaConf
+from tuner.run import make_storage
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+cfg = OmegaConf.create({"studies_dir": "studies", "study_name": "s", "storage": None})
+optuna.create_study(study_name="s", storage=make_storage(cfg))
+journal = Path("studies/s.journal").resolve()
+os.symlink(str(journal), "studies/s.journal.lock")     # the lock a killed writer leaves behind
+os.utime(journal, (time.time() - 100, time.time() - 100))
+optuna.load_study(study_name="s", storage=make_storage(cfg)).ask()
+print("released")
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=150, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0 and "released" in result.stdout, result.stderr[-2000:]

@@ -60,8 +60,11 @@ def resolve_budget(cfg: DictConfig, on_gpu: bool) -> dict[str, Any]:
 def make_storage(cfg: DictConfig) -> Any:
     if cfg.get("storage"):
         return str(cfg.storage)
-    folder = Path(cfg.studies_dir)
+    folder = Path(cfg.studies_dir).resolve()
     folder.mkdir(parents=True, exist_ok=True)
+    # An absolute path matters: Optuna's symlink lock points at the path as given, and a relative
+    # target makes the link dangle, so a lock left by a killed process is never detected as stale
+    # (the next run would spin forever); with an absolute path it is released after 30 s.
     backend = optuna.storages.journal.JournalFileBackend(str(folder / f"{cfg.study_name}.journal"))
     return optuna.storages.JournalStorage(backend)
 
