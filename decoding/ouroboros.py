@@ -177,7 +177,7 @@ class Ouroboros:
                 self.drafter.commit(len(seq) + accepted_draft)
                 # 4. phrases from verification (target argmax ids only)
                 extras = self._learn(draft, accepted_draft, suffixes, suffix_paths, logits,
-                                     local, forest)
+                                     local)
             emitted = [forest.tokens[n] for n in path] + [verdict.next_token]
             tokens, finished = truncate_at_eos(emitted, self.eos_ids)
             cached = len(seq) + len(path)
@@ -193,8 +193,8 @@ class Ouroboros:
                 return
 
     def _learn(self, draft: list[int], accepted_draft: int, suffixes: list[tuple[int, ...]],
-               suffix_paths: list[list[int]], logits: torch.Tensor, local: dict[int, int],
-               forest: Forest) -> dict[str, float]:
+               suffix_paths: list[list[int]], logits: torch.Tensor,
+               local: dict[int, int]) -> dict[str, float]:
         """Mine the verification results into the pool; returns #Match for the statistics."""
         choice = logits.argmax(dim=-1).tolist()       # row 0: after c; row i+1: after node i
         gamma = len(draft)

@@ -13,21 +13,17 @@ from typing import Iterable, Sequence
 
 
 class PhrasePool:
-    def __init__(self, capacity: int, max_keys: int | None = None) -> None:
+    def __init__(self, capacity: int) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"pool capacity (G)={capacity!r} is invalid: allowed is an integer "
                              ">= 1")
         self.capacity = capacity
-        self.max_keys = max_keys
         self._pool: OrderedDict[int, OrderedDict[tuple[int, ...], None]] = OrderedDict()
         self.lookups = 0
         self.hits = 0
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._pool.values())
-
-    def keys(self) -> int:
-        return len(self._pool)
 
     def reset(self) -> None:
         self._pool.clear()
@@ -40,8 +36,6 @@ class PhrasePool:
         entries = self._pool.get(key)
         if entries is None:
             entries = self._pool[key] = OrderedDict()
-            if self.max_keys is not None and len(self._pool) > self.max_keys:
-                self._pool.popitem(last=False)               # least recently created key
         if phrase in entries:
             entries.move_to_end(phrase)
             return

@@ -15,8 +15,6 @@ TASKS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "
 def main(cfg: DictConfig) -> float | None:
     if "task" not in cfg:
         sys.exit(f"choose a task: python -m tuner +task=NAME, with NAME one of {TASKS}")
-    import torch
-    torch.set_num_threads(torch.get_num_threads())
     from tuner.run import run
     result = run(cfg)
     return result.get("held_out_speedup", result.get("value"))

@@ -83,6 +83,11 @@ def fail_orphans(study: optuna.Study) -> None:
             "marked FAIL, its point will be evaluated again")
 
 
+def _orphaned(trial: optuna.trial.FrozenTrial) -> bool:
+    """Failed only because its process died (by ``fail_orphans``): its point is retried."""
+    return str(trial.user_attrs.get("error", "")).startswith("orphaned")
+
+
 def _alive(pid: int) -> bool:
     if pid <= 0 or pid == os.getpid():
         return pid == os.getpid()
@@ -214,20 +219,15 @@ class Study:
         for t in self.study.get_trials(deepcopy=False):
             if t.state == TrialState.COMPLETE and "pruned_at" not in t.user_attrs:
                 out[point_key(t.params)] = t.values[0]
-            elif t.state == TrialState.FAIL and not str(t.user_attrs.get("error", "")
-                                                          ).startswith("orphaned"):
+            elif t.state == TrialState.FAIL and not _orphaned(t):
                 out[point_key(t.params)] = -math.inf
         return out
 
     def next_trial(self, plan) -> optuna.Trial | None:
-        finished = [t for t in self.study.get_trials(deepcopy=False)
-                    if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)]
-        if not [t for t in finished if t.state == TrialState.COMPLETE or
-                "orphaned" not in str(t.user_attrs.get("error", ""))] and \
-                not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if self._spent() == 0 and not waiting:          # trial 0: the default (paper) setting
             self.study.enqueue_trial(self.default, user_attrs={"stage": "default"})
-        elif plan is not None and not self.study.get_trials(deepcopy=False,
-                                                           states=(TrialState.WAITING,)):
+        elif plan is not None and not waiting:
             step = plan.next_point(self.results())
             if step is None:
                 return None
@@ -283,8 +283,7 @@ class Study:
         """Trials that used budget: finished ones, except orphans (their points are retried)."""
         return sum(1 for t in self.study.get_trials(deepcopy=False)
                    if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or
-                   (t.state == TrialState.FAIL and
-                    not str(t.user_attrs.get("error", "")).startswith("orphaned")))
+                   (t.state == TrialState.FAIL and not _orphaned(t)))
 
     def best_params(self) -> tuple[dict, dict] | None:
         done = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
