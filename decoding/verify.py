@@ -12,7 +12,7 @@ Rules (exact specs and proofs by enumeration in notes/verification.md):
   * ``token_verify`` (Leviathan/Chen): accept x[i] iff u·q(x) < p(x); on the first rejection draw
     from norm(max(p − q, 0)); if all accepted, the bonus from row γ.
   * ``block_verify`` (Sun et al. 2024): weights w_i = min(w_{i−1}·p(x_i)/q(x_i), 1) in log space,
-    thresholds h_i = ρ_i/σ_i (h_γ = w_γ), τ = the *last* i with η_i ≤ h_i, then draw from
+    thresholds h_i = ρ_i/σ_i (h_γ = w_γ), τ = the *last* i with η_i < h_i, then draw from
     norm(max(w_τ·p_τ − q_τ, 0)) (or the bonus row if τ = γ).
 The random wrappers draw everything in a fixed order from one ``torch.Generator`` and synchronise
 with the host once (a single ``.tolist()``).
@@ -175,7 +175,8 @@ def block_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
     eta = torch.rand(gamma, generator=generator, device=target_probs.device,
                      dtype=thresholds.dtype)
     positions = torch.arange(1, gamma + 1, device=target_probs.device)
-    tau = torch.where(eta <= thresholds, positions, 0).max() if gamma else positions.sum()
+    # strict: torch.rand can return exactly 0.0, and h_i = 0 (a zero-probability token) must fail
+    tau = torch.where(eta < thresholds, positions, 0).max() if gamma else positions.sum()
     outcomes = bv_residuals(draft_tokens, draft_probs, target_probs, weights)         # [γ+1, V]
     n, token = _pick(outcomes, tau, generator)
     return Verdict(accepted=n, next_token=token)

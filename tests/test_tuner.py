@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from tuner.measure import LosslessViolation, Measurement, check_against_vanilla
 from tuner.search import GridPlan, HeuristicPlan, point_key
 from tuner.space import distributions, grid_size, validate_params
+from tuner.storage import failure_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -203,7 +204,7 @@ def test_study_end_to_end_with_mlflow(tmp_path):
     study = load_study(tmp_path)
     complete = study.get_trials(states=(TrialState.COMPLETE,))
     assert len(complete) == 2 and {t.params["num_draft_tokens"] for t in complete} == {1, 2}
-    assert study.user_attrs["baseline"] and "NVML" in study.user_attrs["energy"]
+    assert study.user_attrs["fingerprint"]["budget.max_new_tokens"] == "6"
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     runs = mlflow.search_runs(experiment_names=["e2e"], output_format="list")
     kinds = sorted(r.data.tags.get("kind") for r in runs)
@@ -213,17 +214,30 @@ def test_study_end_to_end_with_mlflow(tmp_path):
     assert len(children) == 3
     trial_run = next(r for r in children if r.data.tags["kind"] == "trial")
     for metric in ("tokens_per_s", "speedup", "mean_accepted_tokens", "acceptance_rate",
-                   "matches_vanilla", "quality_accuracy", "acceptance_pos_1"):
+                   "matches_vanilla", "quality_accuracy", "acceptance_pos_01",
+                   "vanilla_tokens_per_s"):
         assert metric in trial_run.data.metrics, metric
     assert trial_run.data.metrics["matches_vanilla"] == 1.0
     if not torch.cuda.is_available():     # energy unavailable: the reason is recorded instead
         assert "energy_j_per_token" not in trial_run.data.metrics
-        assert "NVML" in trial_run.data.tags["energy"]
+        assert "NVML" in parent.data.tags["energy"]
+    assert "pid" not in trial_run.data.metrics and "best_pid" not in parent.data.metrics
+    baseline = next(r for r in children if r.data.tags["kind"] == "baseline")
+    assert baseline.data.metrics["speedup"] == 1.0
+    assert all(r.info.status == "FINISHED" for r in runs)
+    winner = [r for r in children if r.data.tags.get("winner") == "true"]
+    assert len(winner) == 1 and winner[0].data.tags["trial"] == str(result["trial"])
+    assert parent.data.tags["best_trial"] == str(result["trial"])
+    assert "Recommendation" in parent.data.tags["mlflow.note.content"]
+    assert parent.data.params["budget.max_new_tokens"] == "6"
+    assert parent.data.params["models.target.kind"] == "tiny"
+    assert parent.data.params["sampling.temperature"] == "0.0"
     assert "best_held_out_speedup" in parent.data.metrics
     assert parent.data.tags["torch"] == torch.__version__ and parent.data.tags["git_commit"]
     best = tmp_path / "studies" / "best" / "t.yaml"
     loaded = yaml.safe_load(best.read_text())
-    assert loaded == {"method": {"params": result["params"]}}
+    assert loaded["method"] == {"params": result["params"]}
+    assert loaded["replay"]["study"] == "t" and loaded["replay"]["trial"] == result["trial"]
     replay = compose_cfg(tmp_path, "+best=t")
     assert replay.method.params.num_draft_tokens == result["params"]["num_draft_tokens"]
 
@@ -232,10 +246,10 @@ def test_a_raising_trial_does_not_stop_the_study(tmp_path, monkeypatch):
     from tuner import run as run_module
     real = run_module.Study.evaluate
 
-    def flaky(self, trial, params, baseline):
+    def flaky(self, trial, params):
         if params["num_draft_tokens"] == 2:
             raise torch.OutOfMemoryError("simulated out of memory")
-        return real(self, trial, params, baseline)
+        return real(self, trial, params)
 
     monkeypatch.setattr(run_module.Study, "evaluate", flaky)
     result = run_cfg(tmp_path, "search=grid", "search.ranges=full",
@@ -271,7 +285,7 @@ def test_a_lossless_violation_fails_the_trial(tmp_path, monkeypatch):
 def test_always_failing_trials_stop_at_the_trial_budget(tmp_path, monkeypatch):
     from tuner import run as run_module
 
-    def broken(self, trial, params, baseline):
+    def broken(self, trial, params):
         raise RuntimeError("always broken")
 
     monkeypatch.setattr(run_module.Study, "evaluate", broken)
@@ -325,7 +339,8 @@ def test_killed_study_resumes_without_losing_trials(tmp_path):
         assert after.trials[number].state == TrialState.COMPLETE
         assert after.trials[number].params == params
     orphan = after.trials[len(complete_before)]
-    assert orphan.state == TrialState.FAIL and orphan.user_attrs["error"].startswith("orphaned")
+    assert orphan.state == TrialState.FAIL
+    assert failure_reason(after, orphan).startswith("orphaned")
     done = {t.params["num_draft_tokens"] for t in after.get_trials(states=(TrialState.COMPLETE,))}
     assert done == {1, 2, 3, 4}
 
@@ -339,6 +354,7 @@ def test_summary_reports_speed_per_category():
 
     summary = summarize([m("qa", 1.0, 2.0), m("qa", 1.0, 0.5), m("rag", 2.0, 1.5)], None,
                         torch.device("cpu"))
+    assert summary["truncated_fraction"] == 0.0
     assert summary["tokens_per_s_qa"] == pytest.approx(4.0)
     assert summary["tokens_per_s_rag"] == pytest.approx(2.0)
     assert summary["speedup_qa"] == pytest.approx(1.0) and summary["speedup_rag"] == 1.5
@@ -351,15 +367,13 @@ def test_a_stale_journal_lock_from_a_killed_run_is_released(tmp_path):
     code = """
 import os, time, optuna
 from pathlib import Path
-from omegaconf import OmegaConf
-from tuner.run import make_storage
+from tuner.storage import make_storage
 optuna.logging.set_verbosity(optuna.logging.ERROR)
-cfg = OmegaConf.create({"studies_dir": "studies", "study_name": "s", "storage": None})
-optuna.create_study(study_name="s", storage=make_storage(cfg))
-journal = Path("studies/s.journal").resolve()
-os.symlink(str(journal), "studies/s.journal.lock")     # the lock a killed writer leaves behind
-os.utime(journal, (time.time() - 100, time.time() - 100))
-optuna.load_study(study_name="s", storage=make_storage(cfg)).ask()
+optuna.create_study(study_name="s", storage=make_storage(None, "studies", "s"))
+lock = Path("studies/s.journal.lock")
+lock.write_text("")                                    # the lock a killed writer leaves behind
+os.utime(lock, (time.time() - 100, time.time() - 100))
+optuna.load_study(study_name="s", storage=make_storage(None, "studies", "s")).ask()
 print("released")
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,

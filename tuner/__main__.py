@@ -1,22 +1,58 @@
-"""CLI: ``python -m tuner +task=gsm8k [method=block] [search=grid] [models=tiny] ...``."""
+"""CLI: ``python -m tuner +task=gsm8k [method=block] [search=grid] [models=tiny] ...``.
+
+Bad input ends in one line on stderr (exit 2) naming the setting, the value and what is allowed;
+``debug=true`` or ``HYDRA_FULL_ERROR=1`` shows the traceback. Ctrl-C / SIGTERM ends in one line
+(exit 130): the study is saved and the same command resumes it.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+import warnings
 
 import hydra
 from omegaconf import DictConfig
 
+# a missing studies/ folder (no best configs yet) is normal, not worth a warning
+warnings.filterwarnings("ignore", message=".*hydra.searchpath.*is not available")
+warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
 TASKS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "task").glob("*.yaml"))
+
+
+def _best_choice() -> str | None:
+    from hydra.core.hydra_config import HydraConfig
+    try:
+        return HydraConfig.get().runtime.choices.get("best")
+    except ValueError:
+        return None
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     if "task" not in cfg:
         sys.exit(f"choose a task: python -m tuner +task=NAME, with NAME one of {TASKS}")
-    from tuner.run import run
-    result = run(cfg)
+    from tuner.errors import ConfigError, Interrupted
+    best = _best_choice()
+    if best is not None and not cfg.get("replay"):
+        sys.exit(f"error: +best={best}: {cfg.studies_dir}/best/{best}.yaml is not a best-config "
+                 "file written by a finished study")
+    debug = bool(cfg.get("debug")) or os.environ.get("HYDRA_FULL_ERROR") == "1"
+    try:
+        from tuner.run import run
+        result = run(cfg)
+    except ConfigError as err:
+        if debug:
+            raise
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except KeyboardInterrupt as err:
+        detail = str(err) if isinstance(err, Interrupted) else "interrupted"
+        print(f"\n{detail}; the running trial is marked FAIL (interrupted). Re-run the same "
+              "command to resume.", file=sys.stderr, flush=True)
+        sys.exit(130)
     return result.get("held_out_speedup", result.get("value"))
 
 

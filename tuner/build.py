@@ -1,17 +1,17 @@
 """The only place that loads models and instantiates methods from config.
 
-Method configs name their class with ``_target_``; only targets under ``decoding.`` are allowed
-(a cheap allow-list, like Hydra 1.4's coming instantiate whitelist).
+Method configs name their class with ``_target_``; only classes defined in ``decoding.`` modules are
+allowed (checked on the resolved class, so ``decoding.models.torch.nn.Linear`` is refused too).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
-
 from decoding.models import ModelPair, load_pair
+from tuner.validate import method_class, plain
+
+__all__ = ["ByteTokenizer", "build_method", "load_models", "method_class", "plain"]
 
 
 class ByteTokenizer:
@@ -26,10 +26,6 @@ class ByteTokenizer:
         return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="replace")
 
 
-def plain(cfg: Any) -> Any:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-
-
 def load_models(models_cfg: Mapping[str, Any], needs_draft: bool) -> tuple[ModelPair, Any]:
     """The pair (draft omitted for single-model methods) and a tokenizer for the task."""
     specs = plain(models_cfg)
@@ -42,14 +38,6 @@ def load_models(models_cfg: Mapping[str, Any], needs_draft: bool) -> tuple[Model
                              "prompts (bytes)")
         tokenizer = ByteTokenizer()
     return pair, tokenizer
-
-
-def method_class(method_cfg: Mapping[str, Any]) -> type:
-    target = str(method_cfg.get("_target_", ""))
-    if not target.startswith("decoding."):
-        raise ValueError(f"method _target_={target!r} is not allowed: only classes under "
-                         "'decoding.' can be instantiated")
-    return get_class(target)
 
 
 def build_method(method_cfg: Mapping[str, Any], params: Mapping[str, Any], pair: ModelPair,

@@ -11,6 +11,10 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 MIN_WINDOW_S = 1.0
 
@@ -23,11 +27,27 @@ class EnergyReading:
     seconds: float
 
 
-class EnergyMeter:
-    """Context manager measuring the energy of GPU ``index`` over its block."""
+def nvml_uuid(device: "torch.device") -> str | None:
+    """NVML's UUID ("GPU-...") of the GPU a torch device is on, or None for a CPU device.
 
-    def __init__(self, index: int = 0) -> None:
+    NVML numbers GPUs physically and ignores ``CUDA_VISIBLE_DEVICES``; torch numbers them after
+    that mask. The UUID is the same in both worlds, so it is what links them.
+    """
+    import torch
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
+class EnergyMeter:
+    """Context manager measuring the energy of the GPU that ``device`` is on over its block."""
+
+    def __init__(self, device: "torch.device | None" = None) -> None:
         self.reason, self._nvml, self._handle = "", None, None
+        if device is not None and device.type != "cuda":
+            self.reason = f"NVML unavailable: the model runs on {device.type}, not an NVIDIA GPU"
+            return
         try:
             import pynvml
         except ImportError:
@@ -35,7 +55,9 @@ class EnergyMeter:
             return
         try:
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = nvml_uuid(device) if device is not None else None
+            self._handle = (pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else
+                            pynvml.nvmlDeviceGetHandleByIndex(0))
             self._nvml = pynvml
         except pynvml.NVMLError as err:
             self.reason = f"NVML unavailable ({err}): no NVIDIA GPU/driver on this machine"

@@ -1,7 +1,8 @@
 """Timing a method on prompts: one ``Measurement`` per prompt, and their summary.
 
-Every generation is timed as a whole (device-synchronised before and after on CUDA); the decoding
-loop only marks its draft/verify phases. Terms follow vLLM: ``mean_accepted_tokens`` = 1 +
+Every generation is timed as a whole (device-synchronised before and after on CUDA; the text is
+decoded after the window closes); the decoding loop only marks its draft/verify phases. Speedups are
+paired: vanilla and the method run on the same prompt minutes apart (``paired_speedup``). Terms follow vLLM: ``mean_accepted_tokens`` = 1 +
 accepted / target forwards (bonus included, vanilla = 1); ``acceptance_rate`` = accepted / drafted;
 ``block_efficiency`` = new tokens / target forwards (Ouroboros App. C).
 """
@@ -29,7 +30,7 @@ class Measurement:
     category: str
     tokens: tuple[int, ...]             # [new_tokens]
     text: str
-    wall_s: float                       # synchronised around the whole generation
+    wall_s: float                       # synchronised around the generation (decoding excluded)
     steps: int                          # target forwards
     drafted: int
     accepted: int
@@ -37,9 +38,11 @@ class Measurement:
     verify_time_s: float
     accepted_per_position: tuple[int, ...]
     drafted_per_position: tuple[int, ...]
-    speedup: float | None = None        # baseline wall_s / wall_s for the same prompt (paired)
+    speedup: float | None = None        # paired: vanilla's s/token over this run's s/token
     matches_vanilla: bool | None = None  # temperature 0 only
     near_tie: bool = False              # bf16/fp16 divergence explained by a near-tie
+    truncated: bool = False             # stopped by max_new_tokens, not by EOS
+    energy_j: float | None = None       # NVML energy of this generation (GPU only)
 
     @property
     def new_tokens(self) -> int:
@@ -49,34 +52,73 @@ class Measurement:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s
 
+    @property
+    def s_per_token(self) -> float:
+        return self.wall_s / max(self.new_tokens, 1)
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def time_generation(method: Any, ids: list[int], max_new_tokens: int, tokenizer: Any,
+Timer = Callable[[Any, list[int], int, torch.device], tuple[Any, float]]
+
+
+def time_generation(method: Any, ids: list[int], max_new_tokens: int,
                     device: torch.device) -> tuple[Any, float]:
+    """Generate (token ids only: text decoding stays outside the window) and time it."""
     synchronize(device)
     began = time.perf_counter()
-    out = generate(method, ids, max_new_tokens, tokenizer=tokenizer)
+    out = generate(method, ids, max_new_tokens)
     synchronize(device)
     return out, time.perf_counter() - began
 
 
 def measure_prompt(method: Any, prompt: Any, ids: list[int], max_new_tokens: int,
-                   tokenizer: Any, device: torch.device) -> Measurement:
-    out, wall = time_generation(method, ids, max_new_tokens, tokenizer, device)
+                   tokenizer: Any, device: torch.device,
+                   timer: Timer = time_generation) -> Measurement:
+    out, wall = timer(method, ids, max_new_tokens, device)
+    text = tokenizer.decode(out.tokens, skip_special_tokens=True) if tokenizer is not None else ""
     s = out.stats
-    return Measurement(prompt.id, prompt.category, out.tokens, out.text or "", wall, s.steps,
+    return Measurement(prompt.id, prompt.category, out.tokens, text, wall, s.steps,
                        s.drafted, s.accepted, s.draft_time_s, s.verify_time_s,
-                       s.accepted_per_position, s.drafted_per_position)
+                       s.accepted_per_position, s.drafted_per_position,
+                       truncated=len(out.tokens) >= max_new_tokens)
+
+
+def paired_speedup(vanilla: Measurement, method: Measurement) -> float:
+    """Vanilla's seconds per generated token over the method's, measured minutes apart.
+
+    Per token, not per generation: at temperature > 0 (or after a bf16 near-tie) the two outputs
+    differ in length, and a method that happens to stop earlier must not look faster. At
+    temperature 0 a lossless method emits vanilla's tokens, so this equals the wall-time ratio.
+    """
+    return vanilla.s_per_token / method.s_per_token
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory window (CUDA allocator stats; Linux VmHWM via clear_refs)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak GPU memory allocated (CUDA) or the process's peak RSS (CPU)."""
+    """Peak GPU memory allocated (CUDA) or the process's peak RSS since the last reset (CPU)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    try:
+        for line in open("/proc/self/status", encoding="ascii"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
@@ -106,11 +148,12 @@ def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
     if checks:
         out["matches_vanilla"] = sum(checks) / len(checks)
         out["near_ties"] = float(sum(m.near_tie for m in ms))
+    out["truncated_fraction"] = sum(m.truncated for m in ms) / len(ms)
     width = max((len(m.drafted_per_position) for m in ms), default=0)
-    for i in range(width):
+    for i in range(width):     # zero-padded so the MLflow UI sorts them in order
         d = sum(m.drafted_per_position[i] for m in ms if i < len(m.drafted_per_position))
         a = sum(m.accepted_per_position[i] for m in ms if i < len(m.accepted_per_position))
-        out[f"acceptance_pos_{i + 1}"] = a / d if d else 0.0
+        out[f"acceptance_pos_{i + 1:02d}"] = a / d if d else 0.0
     if energy is not None and energy.available and energy.joules is not None:
         out["energy_j"] = energy.joules
         out["energy_j_per_token"] = energy.joules / tokens

@@ -1,24 +1,32 @@
-"""The study: baseline once, trials (ask/tell) until the search is done, held-out confirmation.
+"""A study in three phases: prepare, work, finish (one process runs all three by default).
 
-    configs -> task prompts + models -> baseline (vanilla, stored in the study) -> for each trial:
-    build the method, time it per prompt (paired with the baseline), check losslessness, tell
-    Optuna, log MLflow -> best on held-out prompts vs vanilla -> summary + best-config YAML.
+    validate the whole config (one-line errors, nothing loaded yet)
+    prepare: fingerprint the settings -> create the study (trial 0 = the method's default, once)
+             or resume it (refused if its fingerprint differs) -> load models -> MLflow parent
+    work:    until the search is done: take the next point nobody holds, build the method with
+             every parameter (searched + fixed), time it against vanilla *in the same trial*
+             (interleaved per prompt, order alternating), check losslessness, tell Optuna, log
+    finish:  best trial -> held-out confirmation vs vanilla -> best YAML, summary, MLflow winner
 
 A trial that raises (out-of-memory, a lossless violation, anything) is told FAIL with its error and
-the study goes on. Re-running the same command resumes: finished trials are kept, and trials left
-RUNNING by a dead process on this host are marked FAIL and their points evaluated again.
+the study goes on. Ctrl-C / SIGTERM marks the running trial FAIL ("interrupted") and its MLflow runs
+KILLED; re-running the same command resumes with nothing lost. Several processes may work on one
+study at once: points held by RUNNING/WAITING trials are never planned twice.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
+import signal
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import optuna
 import torch
@@ -26,16 +34,25 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from tuner.build import build_method, load_models, plain
-from tuner.energy import EnergyMeter
-from tuner.measure import (LosslessViolation, Measurement, check_against_vanilla,
-                           geometric_mean, measure_prompt, summarize)
-from tuner.search import GridPlan, HeuristicPlan, point_key
-from tuner.space import distributions, grid_size, validate_params
+from decoding.models import resolve_device
+from tuner import report
+from tuner.build import build_method, load_models
+from tuner.energy import EnergyMeter, EnergyReading
+from tuner.errors import ConfigError, Interrupted
+from tuner.identity import fingerprint, hardware, short_hash
+from tuner.measure import (LosslessViolation, Measurement, Timer, check_against_vanilla,
+                           geometric_mean, measure_prompt, paired_speedup, peak_memory_bytes,
+                           reset_peak_memory, summarize, time_generation)
+from tuner.search import WAIT, GridPlan, HeuristicPlan, point_key
+from tuner.space import grid_size, suggest
+from tuner.storage import (RUN_TOKEN, fail_orphans, failure_reason, is_retried, journal_path,
+                           make_storage, open_study)
 from tuner.tasks.task import Task
-from tuner.track import make_tracker
+from tuner.track import environment_tags, flatten, make_tracker
+from tuner.validate import check_journal, plain, validate
 
-TASKS_DIR = Path(__file__).resolve().parents[1] / "conf" / "task"
+VANILLA = {"_target_": "decoding.vanilla.Vanilla", "needs_draft": False}
+POLL_S = 2.0          # how often a worker waiting for other workers' results looks again
 
 
 def say(message: str) -> None:
@@ -46,8 +63,6 @@ def resolve_budget(cfg: DictConfig, on_gpu: bool) -> dict[str, Any]:
     budget = {"n_prompts": int(cfg.task.n_prompts), "n_held_out": int(cfg.task.n_held_out),
               "max_new_tokens": int(cfg.task.max_new_tokens),
               "n_trials": int(cfg.search.n_trials)}
-    if cfg.budget not in ("auto", "full"):
-        raise ValueError(f"budget={cfg.budget!r} is invalid: allowed are auto, full")
     if cfg.budget == "auto" and not on_gpu:
         capped = {k: min(v, int(cfg.cpu_budget[k])) for k, v in budget.items()}
         if capped != budget:
@@ -57,265 +72,375 @@ def resolve_budget(cfg: DictConfig, on_gpu: bool) -> dict[str, Any]:
     return budget
 
 
-def make_storage(cfg: DictConfig) -> Any:
-    if cfg.get("storage"):
-        return str(cfg.storage)
-    folder = Path(cfg.studies_dir).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    # An absolute path matters: Optuna's symlink lock points at the path as given, and a relative
-    # target makes the link dangle, so a lock left by a killed process is never detected as stale
-    # (the next run would spin forever); with an absolute path it is released after 30 s.
-    backend = optuna.storages.journal.JournalFileBackend(str(folder / f"{cfg.study_name}.journal"))
-    return optuna.storages.JournalStorage(backend)
-
-
-def fail_orphans(study: optuna.Study) -> None:
-    """Mark FAIL the RUNNING trials whose process on this host is gone (a killed earlier run)."""
-    host = socket.gethostname()
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        attrs = trial.user_attrs
-        if attrs.get("host") != host or _alive(int(attrs.get("pid", -1))):
-            continue
-        study._storage.set_trial_user_attr(trial._trial_id, "error",
-                                           "orphaned: its process ended before it finished")
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        say(f"resume: trial {trial.number} was left RUNNING by process {attrs.get('pid')}; "
-            "marked FAIL, its point will be evaluated again")
-
-
-def _orphaned(trial: optuna.trial.FrozenTrial) -> bool:
-    """Failed only because its process died (by ``fail_orphans``): its point is retried."""
-    return str(trial.user_attrs.get("error", "")).startswith("orphaned")
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0 or pid == os.getpid():
-        return pid == os.getpid()
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (Slurm preemption, ``kill``) is handled like Ctrl-C: the state is saved first."""
+    def handler(signum, frame):
+        raise Interrupted(f"signal {signum}")
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:                 # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class Study:
-    """One tuning run; state lives in the Optuna study, this object only wires things together."""
+    """One tuning study; its state lives in the Optuna storage, this object wires things up."""
 
-    def __init__(self, cfg: DictConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: DictConfig, timer: Timer = time_generation) -> None:
+        # 1. validate everything cheap before anything expensive
+        validate(cfg)
+        self.cfg, self.timer = cfg, timer
         self.method_cfg = plain(cfg.method)
         self.space = self.method_cfg.get("space") or {}
         self.default = dict(self.method_cfg.get("params") or {})
-        validate_params(self.default, self.space)
-        distributions(self.space)                                  # bad ranges fail early
+        self.fixed = {k: v for k, v in self.default.items() if k not in self.space}
         self.task = Task(plain(cfg.task))
-        self.pair, self.tokenizer = load_models(cfg.models, self.method_cfg.get("needs_draft"))
-        self.device = self.pair.device
+        self.device = resolve_device(plain(cfg.models)["target"].get("device"))
         self.budget = resolve_budget(cfg, self.device.type == "cuda")
-        self.tuning, self.held_out = self.task.split(self.budget["n_prompts"],
-                                                     self.budget["n_held_out"])
-        self.ids = {p.id: self.task.encode(p, self.tokenizer) for p in self.tuning + self.held_out}
+        try:
+            self.tuning, self.held_out = self.task.split(self.budget["n_prompts"],
+                                                         self.budget["n_held_out"])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         self.sampling = plain(cfg.sampling)
         self.greedy = float(self.sampling["temperature"]) == 0.0
         self.directions = list(cfg.search.directions)
-        self.study = optuna.create_study(
-            study_name=cfg.study_name, storage=make_storage(cfg), directions=self.directions,
-            sampler=instantiate(cfg.search.sampler) if cfg.search.get("sampler") else None,
-            pruner=instantiate(cfg.search.pruner) if cfg.search.get("pruner") else
-            optuna.pruners.NopPruner(), load_if_exists=True)
+        self.meter = EnergyMeter(self.device)
+        if len(self.directions) > 1 and not self.meter.available:
+            raise ConfigError(f"search=pareto needs GPU energy measurements, which are "
+                              f"unavailable here: {self.meter.reason}")
+        search = plain(cfg.search)
+        self.fingerprint = fingerprint(
+            task=plain(cfg.task), tuning_ids=[p.id for p in self.tuning],
+            held_out_ids=[p.id for p in self.held_out], budget=self.budget,
+            sampling=self.sampling, seed=int(cfg.seed), models=plain(cfg.models),
+            method={k: v for k, v in self.method_cfg.items()}, search=search,
+            baseline=str(cfg.baseline), warmup_prompts=int(cfg.warmup_prompts),
+            near_tie_tolerance=float(cfg.near_tie_tolerance), device=self.device)
+        self.name = str(cfg.study_name or f"{cfg.study_prefix}-{short_hash(self.fingerprint)}")
+        if not cfg.storage:
+            check_journal(journal_path(cfg.studies_dir, self.name))
+        self.plan = self._plan()
+        # 2. the study: created (trial 0 enqueued once) or resumed after the fingerprint check
+        self.study, self.created = open_study(
+            make_storage(cfg.storage, cfg.studies_dir, self.name), self.name, self.directions,
+            instantiate(search["sampler"]) if search.get("sampler") else None,
+            instantiate(search["pruner"]) if search.get("pruner") else
+            optuna.pruners.NopPruner(), self.fingerprint, self._searched(self.default),
+            cfg.resume == "force", say)
+        # 3. models, prompts
+        self.pair, self.tokenizer = load_models(cfg.models, self.method_cfg["needs_draft"])
+        self.ids = {p.id: self.task.encode(p, self.tokenizer) for p in self.tuning + self.held_out}
+        self.vanilla = self._build(VANILLA, {})
+        # 4. tracking
         self.tracker = make_tracker(plain(cfg.tracking))
+        self.parent_id = self.study.user_attrs.get("mlflow_parent_run_id")
 
-    # -- measurements ----------------------------------------------------------------------
+    # -- building and measuring -------------------------------------------------------------
 
-    def _method(self, name_cfg: dict, params: dict) -> Any:
-        return build_method(name_cfg, params, self.pair, self.sampling, int(self.cfg.seed))
+    def _searched(self, params: dict) -> dict:
+        return {k: v for k, v in params.items() if k in self.space}
 
-    def _warmup(self, method: Any) -> None:
-        for prompt in self.tuning[: int(self.cfg.warmup_prompts)]:
-            measure_prompt(method, prompt, self.ids[prompt.id], self.budget["max_new_tokens"],
-                           self.tokenizer, self.device)
-        if hasattr(method, "reset"):       # warm-up must not seed the measured phrase pool
-            method.reset()
+    def _build(self, method_cfg: dict, params: dict) -> Any:
+        return build_method(method_cfg, params, self.pair, self.sampling, int(self.cfg.seed))
 
-    def baseline(self) -> dict[str, dict]:
-        """Vanilla on the tuning prompts, measured once per study and kept in it."""
+    def _measure(self, method: Any, prompt: Any) -> Measurement:
+        with self.meter:
+            m = measure_prompt(method, prompt, self.ids[prompt.id], self.budget["max_new_tokens"],
+                               self.tokenizer, self.device, self.timer)
+        reading = self.meter.reading
+        return replace(m, energy_j=reading.joules if reading and reading.available else None)
+
+    def _warmup(self, *methods: Any) -> None:
+        for method in methods:
+            for prompt in self.tuning[: int(self.cfg.warmup_prompts)]:
+                measure_prompt(method, prompt, self.ids[prompt.id],
+                               self.budget["max_new_tokens"], self.tokenizer, self.device,
+                               self.timer)
+            if hasattr(method, "reset"):     # warm-up must not seed the measured phrase pool
+                method.reset()
+
+    def _check(self, m: Measurement, reference: list[int], prompt_id: str) -> Measurement:
+        if self.greedy and self.method_cfg.get("lossless"):
+            return check_against_vanilla(m, reference, self.ids[prompt_id], self.pair.target,
+                                         float(self.cfg.near_tie_tolerance))
+        return m
+
+    def study_baseline(self) -> dict[str, dict]:
+        """``baseline=per_study``: vanilla once per study (stored with the study's fingerprint)."""
         stored = self.study.user_attrs.get("baseline")
         if stored and set(stored) >= {p.id for p in self.tuning}:
-            say(f"baseline: reusing the vanilla measurements stored in study {self.cfg.study_name}")
             return stored
-        say("baseline: measuring vanilla decoding on the tuning prompts ...")
-        vanilla = self._method({"_target_": "decoding.vanilla.Vanilla"}, {})
-        self._warmup(vanilla)
-        with EnergyMeter() as meter:
-            ms = [measure_prompt(vanilla, p, self.ids[p.id], self.budget["max_new_tokens"],
-                                 self.tokenizer, self.device) for p in self.tuning]
+        say("baseline (per_study): measuring vanilla once on the tuning prompts ...")
+        self._warmup(self.vanilla)
+        ms = [self._measure(self.vanilla, p) for p in self.tuning]
         baseline = {m.prompt_id: {"tokens": list(m.tokens), "wall_s": m.wall_s} for m in ms}
         self.study.set_user_attr("baseline", baseline)
-        summary = summarize(ms, meter.reading, self.device)
-        self.study.set_user_attr("baseline_summary", summary)
-        self.study.set_user_attr("energy", meter.reading.reason)
-        self.tracker.log_run("baseline", {"method": "vanilla"}, summary,
-                             {"kind": "baseline", "energy": meter.reading.reason},
-                             [asdict(m) for m in ms])
-        say(f"baseline: {summary['tokens_per_s']:.2f} tok/s over {len(ms)} prompts "
-            f"({'energy: ' + meter.reading.reason})")
+        self._log_baseline(ms)
         return baseline
 
-    def evaluate(self, trial: optuna.Trial, params: dict, baseline: dict) -> tuple[dict, list]:
-        method = self._method(self.method_cfg, params)
-        self._warmup(method)
+    def evaluate(self, trial: optuna.Trial, params: dict) -> tuple[dict, list, list]:
+        """Time the method against vanilla on every tuning prompt (paired, interleaved A/B)."""
+        method = self._build(self.method_cfg, params)
+        per_trial = self.cfg.baseline == "per_trial"
+        stored = None if per_trial else self.study_baseline()
+        self._warmup(*([self.vanilla, method] if per_trial else [method]))
+        reset_peak_memory(self.device)
         order = list(enumerate(self.tuning))
         random.Random(f"{self.cfg.seed}-{trial.number}").shuffle(order)
         ms: list[Measurement] = []
-        with EnergyMeter() as meter:
-            for done, (index, prompt) in enumerate(order, 1):
-                m = measure_prompt(method, prompt, self.ids[prompt.id],
-                                   self.budget["max_new_tokens"], self.tokenizer, self.device)
-                m = replace(m, speedup=baseline[prompt.id]["wall_s"] / m.wall_s)
-                if self.greedy and self.method_cfg.get("lossless"):
-                    m = check_against_vanilla(m, baseline[prompt.id]["tokens"],
-                                              self.ids[prompt.id], self.pair.target,
-                                              float(self.cfg.near_tie_tolerance))
-                ms.append(m)
-                say(f"  trial {trial.number} prompt {done}/{len(order)}: {m.new_tokens} tokens "
-                    f"{m.tokens_per_s:.2f} tok/s speedup {m.speedup:.3f}")
-                if len(self.directions) == 1:
-                    trial.report(m.speedup, step=index)
-                    if done < len(order) and trial.should_prune():
-                        trial.set_user_attr("pruned_at", done)
-                        say(f"  trial {trial.number} pruned after {done} prompts")
-                        break
-        summary = summarize(ms, meter.reading, self.device)
+        refs: list[Measurement] = []
+        for done, (index, prompt) in enumerate(order, 1):
+            if per_trial:
+                vanilla_first = (trial.number + done) % 2 == 0     # alternate A/B and B/A
+                ref = self._measure(self.vanilla, prompt) if vanilla_first else None
+                got = self._measure(method, prompt)
+                ref = ref or self._measure(self.vanilla, prompt)
+                refs.append(ref)
+                reference = list(ref.tokens)
+                speedup = paired_speedup(ref, got)
+            else:
+                base = stored[prompt.id]
+                reference = base["tokens"]
+                got = self._measure(method, prompt)
+                speedup = (base["wall_s"] / max(len(reference), 1)) / got.s_per_token
+            got = self._check(replace(got, speedup=speedup), reference, prompt.id)
+            ms.append(got)
+            say(f"  trial {trial.number} prompt {done}/{len(order)}: {got.new_tokens} tokens "
+                f"{got.tokens_per_s:.2f} tok/s, paired speedup {got.speedup:.3f}")
+            if len(self.directions) == 1:
+                trial.report(got.speedup, step=index)
+                if done < len(order) and trial.should_prune():
+                    trial.set_user_attr("pruned_at", done)
+                    say(f"  trial {trial.number} pruned after {done} prompts")
+                    break
+        summary = summarize(ms, _energy(ms, self.meter), self.device)
+        if refs:
+            summary.update(self._drift(refs))
         if len(ms) == len(order):
             quality, _ = self.task.score([p for _, p in order], [m.text for m in ms])
             summary.update({f"quality_{k}": v for k, v in quality.items()})
-        return summary, ms
+        return summary, ms, refs
 
-    def objective_values(self, summary: dict) -> list[float]:
-        if len(self.directions) == 1:
-            return [summary["speedup"]]
-        return [summary["tokens_per_s"], summary["energy_j_per_token"]]
+    def _drift(self, refs: list[Measurement]) -> dict[str, float]:
+        """This trial's vanilla speed against the study's first on this hardware."""
+        s_per_token = sum(r.wall_s for r in refs) / max(sum(r.new_tokens for r in refs), 1)
+        key = f"vanilla_reference_{short_hash({'hw': hardware(self.device)})}"
+        reference = self.study.user_attrs.get(key)
+        if reference is None:
+            self.study.set_user_attr(key, s_per_token)
+            reference = s_per_token
+        ratio = s_per_token / reference
+        return {"vanilla_tokens_per_s": 1.0 / s_per_token, "vanilla_drift_ratio": ratio}
 
-    # -- the search --------------------------------------------------------------------------
+    # -- planning ------------------------------------------------------------------------------
 
-    def plan(self):
+    def _plan(self):
         kind = self.cfg.search.kind
+        task_class = self.task.task_class
         if kind == "heuristic":
-            return HeuristicPlan(self.space, self.task.task_class, int(self.cfg.seed))
+            return HeuristicPlan(self.space, task_class, int(self.cfg.seed))
         if kind == "grid":
             ranges = self.cfg.search.get("ranges", "heuristic")
-            if ranges not in ("heuristic", "full"):
-                raise ValueError(f"search.ranges={ranges!r} is invalid: allowed are heuristic, full")
-            return GridPlan(self.space, self.default,
-                            self.task.task_class if ranges == "heuristic" else None)
-        if kind == "sampler":
-            return None
-        raise ValueError(f"search kind={kind!r} is unknown: allowed are heuristic, grid, sampler")
+            plan = GridPlan(self.space, self._searched(self.default), ranges, task_class)
+            if plan.size() > self.budget["n_trials"]:
+                say(f"WARNING: search.n_trials={self.budget['n_trials']} truncates the "
+                    f"{ranges} grid of {plan.size()} points: {plan.size() - self.budget['n_trials']}"
+                    " points will not be evaluated (raise search.n_trials, or budget=full)")
+            return plan
+        return None
 
-    def results(self) -> dict[tuple, float]:
-        out = {}
+    def _limit(self) -> int:
+        if self.plan is None:
+            return self.budget["n_trials"]
+        return min(self.budget["n_trials"], self.plan.size() + 1)
+
+    def _counts(self, trial) -> bool:
+        """Trials that used budget: finished ones, except failures that say nothing of their point."""
+        return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) or \
+            (trial.state == TrialState.FAIL and not is_retried(self.study, trial))
+
+    def spent(self) -> int:
+        return sum(self._counts(t) for t in self.study.get_trials(deepcopy=False))
+
+    def _points(self) -> tuple[dict[tuple, float], set[tuple]]:
+        results, taken = {}, set()
         for t in self.study.get_trials(deepcopy=False):
             if t.state == TrialState.COMPLETE and "pruned_at" not in t.user_attrs:
-                out[point_key(t.params)] = t.values[0]
-            elif t.state == TrialState.FAIL and not _orphaned(t):
-                out[point_key(t.params)] = -math.inf
-        return out
+                results[point_key(t.params)] = t.values[0]
+            elif t.state == TrialState.FAIL and self._counts(t):
+                results[point_key(t.params)] = -math.inf
+            elif t.state == TrialState.RUNNING:
+                taken.add(point_key(t.params))
+            elif t.state == TrialState.WAITING:
+                taken.add(point_key(json.loads(t.user_attrs.get("point", "{}"))))
+        return results, taken
 
-    def next_trial(self, plan) -> optuna.Trial | None:
-        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        if self._spent() == 0 and not waiting:          # trial 0: the default (paper) setting
-            self.study.enqueue_trial(self.default, user_attrs={"stage": "default"})
-        elif plan is not None and not waiting:
-            step = plan.next_point(self.results())
-            if step is None:
-                return None
-            self.study.enqueue_trial(step[0], user_attrs={"stage": step[1]})
+    def next_trial(self) -> optuna.Trial | str | None:
+        """Ask for the next trial: a queued point first, else the plan's next free point."""
+        states = (TrialState.WAITING,)
+        if not self.study.get_trials(deepcopy=False, states=states) and self.plan is not None:
+            step = self.plan.next_point(*self._points())
+            if step is None or step == WAIT:
+                return step
+            point, stage = step
+            self.study.enqueue_trial(point, user_attrs={"stage": stage,
+                                                        "point": json.dumps(point)})
         trial = self.study.ask()
-        for name, dist in distributions(self.space).items():
-            trial._suggest(name, dist)
-        trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("pid", os.getpid())
+        if self.plan is not None and "stage" not in trial.user_attrs:   # lost a race for it
+            self._tell_fail(trial, "duplicate: another worker took the queued point", None)
+            return "retry"
         return trial
 
-    def run_trials(self, baseline: dict) -> None:
-        plan = self.plan()
-        limit = self.budget["n_trials"] if plan is None else min(self.budget["n_trials"],
-                                                                  plan.size() + 1)
+    def _claim(self, trial: optuna.Trial, values: dict) -> bool:
+        """Another worker already holds or evaluated this point: fail ours as a duplicate."""
+        key = point_key(values)
+        for other in self.study.get_trials(deepcopy=False):
+            if other.number < trial.number and point_key(other.params) == key and \
+                    (other.state in (TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
+                     or (other.state == TrialState.FAIL and self._counts(other))):
+                self._tell_fail(trial, f"duplicate: trial {other.number} has this point", None)
+                return False
+        return True
+
+    # -- the work loop ------------------------------------------------------------------------
+
+    def _tell_fail(self, trial: optuna.Trial, message: str, run_id: str | None,
+                   status: str = "FAILED", kind: str = "error") -> None:
+        trial.set_user_attr("error", message)
+        trial.set_user_attr("error_kind", kind)
+        self.study.tell(trial, state=TrialState.FAIL)
+        self.tracker.end_run(run_id, {}, {"state": "FAIL", "error": message[:500]}, status)
+
+    def work(self) -> None:
+        """Run trials until the plan is done, the trial budget is spent or the timeout passes."""
         began, timeout = time.monotonic(), self.cfg.search.get("timeout")
-        while self._spent() < limit:
+        while True:
+            fail_orphans(self.study, say)
+            running = len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+            if self.spent() + running >= self._limit():
+                break
             if timeout and time.monotonic() - began > float(timeout):
                 say(f"search.timeout={timeout}s reached: no new trials")
                 break
-            trial = self.next_trial(plan)
+            trial = self.next_trial()
             if trial is None:
                 break
-            stage = trial.user_attrs.get("stage", self.cfg.search.kind)
-            say(f"trial {trial.number} [{stage}] {trial.params}")
-            try:
-                summary, ms = self.evaluate(trial, dict(trial.params), baseline)
-                values = self.objective_values(summary)
-            except (Exception, torch.OutOfMemoryError) as err:   # noqa: BLE001 - never kill it
-                message = f"{type(err).__name__}: {err}"
-                trial.set_user_attr("error", message)
-                self.study.tell(trial, state=TrialState.FAIL)
-                self.tracker.log_run(f"trial-{trial.number}", trial.params, {},
-                                     {"kind": "trial", "state": "FAIL", "error": message[:500],
-                                      "stage": stage})
-                say(f"trial {trial.number} FAILED: {message}")
-                if isinstance(err, LosslessViolation):
-                    say("  (a lossless method diverged from vanilla: this is a bug, not a bad "
-                        "hyperparameter)")
+            if trial in (WAIT, "retry"):
+                if trial == WAIT:
+                    time.sleep(POLL_S)     # other workers hold this stage's remaining points
                 continue
-            for key in ("speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate"):
-                trial.set_user_attr(key, summary.get(key))
-            self.study.tell(trial, values)
-            self.tracker.log_run(f"trial-{trial.number}", trial.params, summary,
-                                 {"kind": "trial", "state": "COMPLETE", "stage": stage,
-                                  "energy": str(self.study.user_attrs.get("energy", ""))},
-                                 [asdict(m) for m in ms])
-            say(f"trial {trial.number} done: speedup {summary['speedup']:.3f} "
-                f"({summary['tokens_per_s']:.2f} tok/s, mean accepted "
-                f"{summary['mean_accepted_tokens']:.2f})")
+            self.run_trial(trial)
 
-    def _spent(self) -> int:
-        """Trials that used budget: finished ones, except orphans (their points are retried)."""
-        return sum(1 for t in self.study.get_trials(deepcopy=False)
-                   if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or
-                   (t.state == TrialState.FAIL and not _orphaned(t)))
+    def run_trial(self, trial: optuna.Trial) -> None:
+        values = suggest(trial, self.space)
+        if self.plan is not None and not self._claim(trial, values):
+            return
+        params = {**self.default, **values}          # every parameter: searched + fixed
+        stage = trial.user_attrs.get("stage", self.cfg.search.kind)
+        for key, value in {"host": socket.gethostname(), "pid": os.getpid(),
+                           "run_token": RUN_TOKEN, "params": json.dumps(params),
+                           "hardware": hardware(self.device),
+                           "slurm_job_id": _slurm_job_id()}.items():
+            if value is not None:
+                trial.set_user_attr(key, value)
+        say(f"trial {trial.number} [{stage}] {params}")
+        run_id = self.tracker.start_run(f"trial-{trial.number}", params,
+                                        {"kind": "trial", "stage": stage,
+                                         "trial": str(trial.number)})
+        if run_id:
+            trial.set_user_attr("mlflow_run_id", run_id)
+        try:
+            summary, ms, refs = self.evaluate(trial, params)
+            values_out = ([summary["speedup"]] if len(self.directions) == 1 else
+                          [summary["tokens_per_s"], summary["energy_j_per_token"]])
+        except KeyboardInterrupt:
+            self._tell_fail(trial, "interrupted: the study was stopped during this trial",
+                            run_id, "KILLED")
+            raise
+        except (ValueError, TypeError) as err:     # the method refused its parameters
+            self._report_failure(trial, err, run_id, "config")
+            return
+        except (Exception, torch.OutOfMemoryError) as err:   # noqa: BLE001 - never kill it
+            self._report_failure(trial, err, run_id, "error")
+            return
+        for key in ("speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate",
+                    "vanilla_drift_ratio"):
+            if key in summary:
+                trial.set_user_attr(key, summary[key])
+        drifted = abs(summary.get("vanilla_drift_ratio", 1.0) - 1) > float(
+            self.cfg.drift_threshold)
+        if drifted:
+            trial.set_user_attr("vanilla_drift", True)
+            say(f"  WARNING: trial {trial.number}: vanilla ran at "
+                f"{summary['vanilla_drift_ratio']:.2f}x the study's first vanilla time per "
+                f"token (threshold {self.cfg.drift_threshold}): the machine's speed changed; "
+                "the paired speedup still compares like with like")
+        self.study.tell(trial, values_out)
+        table = [asdict(m) for m in ms] + [{"vanilla": True, **asdict(r)} for r in refs]
+        self.tracker.end_run(run_id, summary, {"state": "COMPLETE",
+                                               "vanilla_drift": str(drifted).lower()},
+                             "FINISHED", table)
+        if refs and "mlflow_baseline_run_id" not in self.study.user_attrs:
+            self._log_baseline(refs)
+        say(f"trial {trial.number} done: paired speedup {summary['speedup']:.3f} "
+            f"({summary['tokens_per_s']:.2f} tok/s, mean accepted "
+            f"{summary['mean_accepted_tokens']:.2f})")
 
-    def best_params(self) -> tuple[dict, dict] | None:
+    def _log_baseline(self, refs: list[Measurement]) -> None:
+        """One 'baseline (vanilla)' run per study, speedup 1.0: the reference row in MLflow."""
+        summary = summarize([replace(r, speedup=1.0) for r in refs], _energy(refs, self.meter),
+                            self.device)
+        run_id = self.tracker.start_run("baseline (vanilla)", {"method": "vanilla"},
+                                        {"kind": "baseline"})
+        self.tracker.end_run(run_id, summary, {"state": "COMPLETE"}, "FINISHED",
+                             [asdict(r) for r in refs])
+        self.study.set_user_attr("mlflow_baseline_run_id", run_id or "none")
+
+    def _report_failure(self, trial, err: BaseException, run_id, kind: str) -> None:
+        message = f"{type(err).__name__}: {err}"
+        self._tell_fail(trial, message, run_id, kind=kind)
+        say(f"trial {trial.number} FAILED: {message}")
+        if isinstance(err, LosslessViolation):
+            say("  (a lossless method diverged from vanilla: this is a bug, not a bad "
+                "hyperparameter)")
+
+    # -- finish -------------------------------------------------------------------------------
+
+    def best(self) -> tuple[dict, dict] | None:
         done = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if "pruned_at" not in t.user_attrs]
         if not done:
             return None
         if len(self.directions) > 1:
-            front = self.study.best_trials
-            best = max(front, key=lambda t: t.values[0])
+            best = max(self.study.best_trials, key=lambda t: t.values[0])
         else:
             best = max(done, key=lambda t: t.values[0])
-        return dict(best.params), {"trial": best.number, "value": best.values[0]}
+        params = json.loads(best.user_attrs.get("params", "null")) or \
+            {**self.default, **best.params}
+        return params, {"trial": best.number, "value": best.values[0], "trials": len(done),
+                        "run_id": best.user_attrs.get("mlflow_run_id"),
+                        "summary": dict(best.user_attrs)}
 
     def confirm(self, params: dict) -> dict[str, float]:
-        """Best configuration vs vanilla on held-out prompts never used by the search."""
+        """The configuration vs vanilla on held-out prompts the search never saw (interleaved)."""
         if not self.held_out:
             return {}
         say(f"held-out confirmation on {len(self.held_out)} prompts: vanilla vs {params}")
-        vanilla = self._method({"_target_": "decoding.vanilla.Vanilla"}, {})
-        best = self._method(self.method_cfg, params)
-        self._warmup(vanilla)
-        self._warmup(best)
+        best = self._build(self.method_cfg, params)
+        self._warmup(self.vanilla, best)
         pairs = []
-        for p in self.held_out:   # interleaved, so drift hits both alike
-            ref = measure_prompt(vanilla, p, self.ids[p.id], self.budget["max_new_tokens"],
-                                 self.tokenizer, self.device)
-            got = measure_prompt(best, p, self.ids[p.id], self.budget["max_new_tokens"],
-                                 self.tokenizer, self.device)
-            got = replace(got, speedup=ref.wall_s / got.wall_s)
-            if self.greedy and self.method_cfg.get("lossless"):
-                got = check_against_vanilla(got, ref.tokens, self.ids[p.id], self.pair.target,
-                                            float(self.cfg.near_tie_tolerance))
+        for i, p in enumerate(self.held_out):   # interleaved, order alternating
+            first = self._measure(self.vanilla if i % 2 == 0 else best, p)
+            second = self._measure(best if i % 2 == 0 else self.vanilla, p)
+            ref, got = (first, second) if i % 2 == 0 else (second, first)
+            got = self._check(replace(got, speedup=paired_speedup(ref, got)), list(ref.tokens),
+                              p.id)
             pairs.append((ref, got))
         speedups = [g.speedup for _, g in pairs]
         out = {"held_out_speedup": geometric_mean(speedups), "held_out_speedup_min":
@@ -331,99 +456,165 @@ class Study:
             out["held_out_matches_vanilla"] = sum(checks) / len(checks)
         quality, _ = self.task.score(self.held_out, [g.text for _, g in pairs])
         out.update({f"held_out_quality_{k}": v for k, v in quality.items()})
+        out["held_out_truncated_fraction"] = sum(g.truncated for _, g in pairs) / len(pairs)
         return out
 
+    def notes(self, confirmed: dict, summary: dict) -> list[str]:
+        out = []
+        truncated = confirmed.get("held_out_truncated_fraction",
+                                  summary.get("truncated_fraction", 0.0)) or 0.0
+        if self.task.metric.__name__ != "_speed_only" and truncated >= 0.5:
+            out.append(f"quality is not meaningful: {truncated:.0%} of the outputs were cut at "
+                       f"max_new_tokens={self.budget['max_new_tokens']} before an answer "
+                       "(raise task.max_new_tokens, or budget=full)")
+        if self.device.type == "cpu":
+            out.append("CPU run: a wide verification forward costs several single-token "
+                       "forwards here; speedups on a GPU differ")
+        failed = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+                  if self._counts(t)]
+        if failed:
+            out.append(f"{len(failed)} trial(s) failed; first: "
+                       f"{failure_reason(self.study, failed[0])[:120]}")
+        drifted = [t.number for t in self.study.get_trials(deepcopy=False)
+                   if t.user_attrs.get("vanilla_drift")]
+        if drifted:
+            out.append(f"vanilla speed drifted beyond drift_threshold in trials {drifted}")
+        return out
 
-def write_best_yaml(cfg: DictConfig, params: dict, confirmed: dict) -> Path:
-    folder = Path(cfg.studies_dir) / "best"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{cfg.study_name}.yaml"
-    speed = confirmed.get("held_out_speedup")
-    header = (f"# @package _global_\n# Best configuration of study {cfg.study_name}"
-              f"{f' (held-out speedup {speed:.3f}x vs vanilla)' if speed else ''}.\n"
-              f"# Replay: python -m tuner +task={cfg.task.name} "
-              f"method={cfg.method._target_.split('.')[-1].lower()} +best={cfg.study_name}\n")
-    body = OmegaConf.to_yaml({"method": {"params": params}})
-    path.write_text(header + body)
-    return path
-
-
-def optuna_figures(study: optuna.Study) -> dict[str, Any]:
-    figures = {}
-    try:
-        from optuna import visualization as vis
-        figures["optimization_history"] = vis.plot_optimization_history(
-            study, target=lambda t: t.values[0], target_name="objective")
-        figures["slice"] = vis.plot_slice(study, target=lambda t: t.values[0],
-                                          target_name="objective")
-    except (ImportError, ValueError) as err:
-        say(f"plots skipped: {err}")
-    return figures
-
-
-def print_summary(cfg: DictConfig, params: dict, best: dict, confirmed: dict,
-                  summary: dict, budget: dict) -> None:
-    rows = [("study", cfg.study_name), ("budget", f"{budget['n_prompts']} tuning + "
-             f"{budget['n_held_out']} held-out prompts, {budget['max_new_tokens']} new tokens"),
-            ("best parameters", params),
-            ("best trial (tuning prompts)", f"#{best['trial']}, objective {best['value']:.3f}")]
-    if confirmed:
-        rows += [("held-out speedup vs vanilla",
-                  f"{confirmed['held_out_speedup']:.3f}x (min {confirmed['held_out_speedup_min']:.3f}"
-                  f", max {confirmed['held_out_speedup_max']:.3f})"),
-                 ("held-out tokens/s", f"{confirmed['held_out_tokens_per_s']:.2f} (vanilla "
-                  f"{confirmed['held_out_vanilla_tokens_per_s']:.2f})"),
-                 ("held-out mean accepted tokens",
-                  f"{confirmed['held_out_mean_accepted_tokens']:.2f}")]
-        if "held_out_matches_vanilla" in confirmed:
-            rows.append(("held-out identical to vanilla",
-                         f"{confirmed['held_out_matches_vanilla']:.0%}"))
-    rows += [("acceptance rate (tuning)", f"{summary.get('acceptance_rate', 0):.3f}"),
-             ("energy", f"{summary['energy_j_per_token']:.3f} J/token"
-              if "energy_j_per_token" in summary else "unavailable")]
-    say("\n" + "=" * 78)
-    for key, value in rows:
-        say(f"{key:<32} {value}")
-    if confirmed and confirmed["held_out_speedup"] <= 1.0:
-        say("RECOMMENDATION: nothing beat vanilla on the held-out prompts: use vanilla decoding "
-            "on this hardware/model pair.")
-    say("=" * 78)
-
-
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Run (or resume) the study described by ``cfg``; returns the final summary."""
-    s = Study(cfg)
-    if len(s.directions) > 1:
-        meter = EnergyMeter()
-        if not meter.available:
-            raise ValueError(f"search=pareto needs GPU energy measurements, which are unavailable "
-                             f"here: {meter.reason}")
-    say(f"study {cfg.study_name}: task {s.task.name} ({s.task.task_class}), method "
-        f"{cfg.method._target_}, {len(s.tuning)} tuning + {len(s.held_out)} held-out prompts, "
-        f"{s.budget['max_new_tokens']} new tokens, device {s.device}, search {cfg.search.kind}, "
-        f"grid size {grid_size(s.space)} (heuristic ranges: "
-        f"{grid_size(s.space, s.task.task_class)})")
-    fail_orphans(s.study)
-    s.tracker.start_study(cfg.study_name, {"task": s.task.name, "method": cfg.method._target_,
-                                           "models": str(plain(cfg.models)),
-                                           "search": cfg.search.kind},
-                          OmegaConf.to_yaml(OmegaConf.masked_copy(
-                              cfg, [k for k in cfg if k != "hydra"]), resolve=True), s.device)
-    try:
-        baseline = s.baseline()
-        s.run_trials(baseline)
-        found = s.best_params()
+    def finish(self) -> dict[str, Any]:
+        found = self.best()
         if found is None:
-            raise RuntimeError("no trial completed; see the FAIL reasons above")
+            failed = [t for t in self.study.trials if t.state == TrialState.FAIL]
+            reason = failure_reason(self.study, failed[-1]) if failed else "none ran"
+            raise RuntimeError(f"no trial completed in study {self.name} ({len(failed)} failed; "
+                               f"last: {reason[:300]}); fix the cause and re-run the same command "
+                               "to resume")
         params, best = found
-        confirmed = s.confirm(params)
-        best_trial = s.study.trials[best["trial"]]
-        summary = dict(best_trial.user_attrs)
-        path = write_best_yaml(cfg, params, confirmed)
-        s.tracker.log_best({**{k: v for k, v in summary.items() if isinstance(v, (int, float))},
-                            **confirmed}, params, optuna_figures(s.study), {"best": path})
-        print_summary(cfg, params, best, confirmed, summary, s.budget)
+        confirmed = self.confirm(params)
+        summary = best.pop("summary")
+        choice = OmegaConf.select(self.cfg, "hydra.runtime.choices.method", default=None) or \
+            self.method_cfg["_target_"].split(".")[-1].lower()
+        path = report.write_best_yaml(Path(self.cfg.studies_dir) / "best", self.name,
+                                      self.task.name, choice, plain(self.cfg.models),
+                                      self.sampling, int(self.cfg.seed), params, best, confirmed)
+        notes = self.notes(confirmed, summary)
+        rows = report.summary_rows(self.name, params, best, confirmed, summary, self.budget,
+                                   notes, self.meter.reason)
+        advice = report.recommendation(confirmed)
+        files = {"best": path}
+        plots = report.plots_html(self.study, Path(path).with_suffix(".plots.html"))
+        if plots:
+            files["plots"] = plots
+        self.tracker.mark_winner(best.get("run_id"), best["trial"])
+        numeric = {k: v for k, v in summary.items() if k in (
+            "speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate")}
+        self.tracker.finish_study({**{f"best_{k}": v for k, v in numeric.items()},
+                                   **{f"best_{k}": v for k, v in confirmed.items()}},
+                                  {"best_params": json.dumps(params), "best_trial":
+                                   str(best["trial"])},
+                                  report.markdown(rows, advice), files)
+        report.print_summary(rows, advice, say)
         say(f"best configuration written to {path}")
-        return {"params": params, **best, **confirmed}
-    finally:
-        s.tracker.close()
+        return {"params": params, "study_name": self.name, **best, **confirmed}
+
+    # -- tracking set-up ----------------------------------------------------------------------
+
+    def start_tracking(self) -> None:
+        params = {"task": self.task.name, "method": self.method_cfg["_target_"],
+                  "search": self.cfg.search.kind, "baseline": self.cfg.baseline,
+                  "fingerprint": short_hash(self.fingerprint),
+                  **flatten("budget", self.budget), **flatten("sampling", self.sampling),
+                  **flatten("models", plain(self.cfg.models)),
+                  **flatten("params", self.default)}
+        tags = {"study_name": self.name, "kind": "study", "hardware": hardware(self.device),
+                "energy": self.meter.reason or "nvml", **environment_tags(self.device)}
+        config = OmegaConf.to_yaml(OmegaConf.masked_copy(
+            self.cfg, [k for k in self.cfg if k != "hydra"]), resolve=True)
+        parent = self.tracker.start_study(self.name, self.parent_id, params, tags, config)
+        if parent and parent != self.parent_id:
+            self.study.set_user_attr("mlflow_parent_run_id", parent)
+            self.parent_id = parent
+
+    def describe(self) -> None:
+        say(f"study {self.name} ({'new' if self.created else 'resumed'}): task {self.task.name} "
+            f"({self.task.task_class}), method {self.method_cfg['_target_']}, "
+            f"{len(self.tuning)} tuning + {len(self.held_out)} held-out prompts, "
+            f"{self.budget['max_new_tokens']} new tokens, device {self.device} "
+            f"({hardware(self.device)}), search {self.cfg.search.kind}, baseline "
+            f"{self.cfg.baseline}, grid size {grid_size(self.space)}")
+
+
+def _energy(ms: list[Measurement], meter: EnergyMeter) -> EnergyReading:
+    joules = [m.energy_j for m in ms]
+    if not meter.available or any(j is None for j in joules):
+        return EnergyReading(False, meter.reason or "unavailable", None, 0.0)
+    seconds = sum(m.wall_s for m in ms)
+    return EnergyReading(True, "nvml_total_energy", float(sum(joules)), seconds)
+
+
+def _slurm_job_id() -> str | None:
+    job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if job and task:
+        return f"{job}_{task}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
+    """``+best=<study>``: a fresh paired measurement of exactly that configuration vs vanilla."""
+    validate(cfg)
+    s = Study.__new__(Study)
+    s.cfg, s.timer = cfg, timer
+    s.method_cfg = plain(cfg.method)
+    s.space, s.default = {}, dict(s.method_cfg.get("params") or {})
+    s.task = Task(plain(cfg.task))
+    s.device = resolve_device(plain(cfg.models)["target"].get("device"))
+    s.budget = resolve_budget(cfg, s.device.type == "cuda")
+    try:
+        s.tuning, s.held_out = s.task.split(s.budget["n_prompts"], s.budget["n_held_out"])
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if not s.held_out:
+        raise ConfigError("replay (+best=...) measures on held-out prompts: task.n_held_out=0 "
+                          "leaves none; allowed is an integer >= 1")
+    s.sampling = plain(cfg.sampling)
+    s.greedy = float(s.sampling["temperature"]) == 0.0
+    s.meter = EnergyMeter(s.device)
+    s.pair, s.tokenizer = load_models(cfg.models, s.method_cfg["needs_draft"])
+    s.ids = {p.id: s.task.encode(p, s.tokenizer) for p in s.tuning + s.held_out}
+    s.vanilla = s._build(VANILLA, {})
+    origin = plain(cfg.replay)
+    say(f"replay of study {origin['study']} trial {origin['trial']} (recorded held-out speedup "
+        f"{origin.get('held_out_speedup')}): {s.default}")
+    confirmed = s.confirm(s.default)
+    tracker = make_tracker(plain(cfg.tracking))
+    tracker.start_study(f"replay-{origin['study']}", None,
+                        {"replay_of": origin["study"], "trial": origin["trial"],
+                         **flatten("params", s.default), **flatten("budget", s.budget)},
+                        {"kind": "replay", **environment_tags(s.device)}, OmegaConf.to_yaml(
+                            OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
+                            resolve=True))
+    tracker.finish_study(confirmed, {}, f"Replay of {origin['study']} trial {origin['trial']}: "
+                         f"held-out speedup {confirmed['held_out_speedup']:.3f}x", {})
+    say(f"replay: held-out speedup {confirmed['held_out_speedup']:.3f}x (min "
+        f"{confirmed['held_out_speedup_min']:.3f}, max {confirmed['held_out_speedup_max']:.3f});"
+        f" recorded {origin.get('held_out_speedup')}")
+    return {"params": s.default, **confirmed}
+
+
+def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
+    """Run (or resume) the study described by ``cfg``; returns the final summary."""
+    if cfg.get("replay"):
+        return replay(cfg, timer)
+    s = Study(cfg, timer)
+    s.describe()
+    with sigterm_as_interrupt():
+        try:
+            s.start_tracking()
+            s.work()
+            return s.finish()
+        except KeyboardInterrupt as err:
+            s.tracker.end_study("KILLED")
+            raise Interrupted(f"study {s.name} interrupted; its trials are saved") from err
+        except BaseException:
+            s.tracker.end_study("FAILED")
+            raise

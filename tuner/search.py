@@ -1,13 +1,19 @@
 """Which point to evaluate next.
 
-Plans (deterministic functions of the finished results, so a resumed study continues exactly):
+Plans are deterministic functions of what the study already holds, so a resumed study, or several
+workers sharing one study, continue exactly where it stands:
+  * ``results``: points with a final value (COMPLETE; FAIL counts as −inf);
+  * ``taken``: points some worker is evaluating now or has queued (RUNNING, WAITING).
+``next_point`` returns ``(point, stage)``, ``WAIT`` when every remaining point of the current stage
+is being evaluated elsewhere (the next stage depends on their values), or None when the plan is done.
+
   * ``HeuristicPlan``: Ouroboros Appendix B.2 Algorithm 1, generalised. Every parameter first gets
     a value drawn once from its heuristic range for the task class (HH/LH, Table 10; a one-value
     range such as K = 3 stays fixed); then, in the space's declared order, each parameter is swept
     over its heuristic range with the others held, and the best value (max objective, first on
     ties) is kept before the next parameter is swept.
-  * ``GridPlan``: every point of a grid (the heuristic ranges, Table 9 style, or the whole space),
-    the default first.
+  * ``GridPlan``: every point of a grid (the heuristic ranges, the whole space, or a named grid such
+    as Ouroboros Table 9), the default first.
 Samplers (TPE, random, NSGA, ...) are Optuna's own, built from the search config.
 """
 
@@ -15,11 +21,12 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from tuner.space import search_values
 
 Point = dict[str, Any]
+WAIT = "wait"
 
 
 def point_key(params: Mapping[str, Any]) -> tuple:
@@ -28,22 +35,26 @@ def point_key(params: Mapping[str, Any]) -> tuple:
 
 class HeuristicPlan:
     def __init__(self, space: Mapping[str, Mapping[str, Any]], task_class: str, seed: int) -> None:
-        self.values = search_values(space, task_class)
+        self.values = search_values(space, "heuristic", task_class)
         rng = random.Random(seed)
         self.initial: Point = {name: rng.choice(vals) for name, vals in self.values.items()}
         self.order = [name for name in space if len(self.values[name]) > 1]
 
-    def next_point(self, results: Mapping[tuple, float]) -> tuple[Point, str] | None:
-        """The next unevaluated point and its stage, or None when the plan is done."""
+    def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
+                   ) -> tuple[Point, str] | str | None:
+        """The next point nobody has evaluated or taken, WAIT, or None when the plan is done."""
         current = dict(self.initial)
         for name in self.order:
             candidates = [{**current, name: v} for v in self.values[name]]
             for candidate in candidates:
-                if point_key(candidate) not in results:
+                key = point_key(candidate)
+                if key not in results and key not in taken:
                     return candidate, name
+            if any(point_key(c) not in results for c in candidates):
+                return WAIT
             current = max(candidates, key=lambda c: results[point_key(c)])
         if not self.order and point_key(current) not in results:
-            return current, "fixed"
+            return WAIT if point_key(current) in taken else (current, "fixed")
         return None
 
     def size(self) -> int:
@@ -51,18 +62,20 @@ class HeuristicPlan:
 
 
 class GridPlan:
-    """``task_class`` given: the grid of the heuristic ranges (Table 9 style); None: the full space."""
+    """``ranges``: ``heuristic`` (Table 10 ranges), ``full`` (the space) or a named grid."""
 
     def __init__(self, space: Mapping[str, Mapping[str, Any]], default: Mapping[str, Any],
-                 task_class: str | None = None) -> None:
-        values = search_values(space, task_class)
+                 ranges: str = "full", task_class: str | None = None) -> None:
+        values = search_values(space, ranges, task_class, default)
         points = [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
         first = [p for p in points if point_key(p) == point_key(default)]
         self.points = first + [p for p in points if point_key(p) != point_key(default)]
 
-    def next_point(self, results: Mapping[tuple, float]) -> tuple[Point, str] | None:
+    def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
+                   ) -> tuple[Point, str] | None:
         for point in self.points:
-            if point_key(point) not in results:
+            key = point_key(point)
+            if key not in results and key not in taken:
                 return point, "grid"
         return None
 

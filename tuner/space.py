@@ -1,17 +1,24 @@
-"""Search spaces from method YAMLs: ``{name: {type, low, high, step?, choices?, log?, heuristic?}}``.
+"""Search spaces from method YAMLs: ``space: {name: {type, low, high, step?, choices?, log?,
+heuristic?, grids?}}``.
 
-Names are the method's keyword arguments, so ``trial.params`` feeds straight back into the method.
+Names are the method's keyword arguments, so a trial's values feed straight back into the method.
+``heuristic: {HH: [lo, hi], LH: [lo, hi]}`` gives Ouroboros Table 10's initial integer ranges per
+task class, clipped to the space (a range reaching outside it is a YAML mistake, reported once);
+``grids: {table9: [v, ...]}`` names fixed value lists (``search.ranges=table9``: Table 9's grid).
 """
 
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Any, Mapping
 
+import optuna
 from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution,
                                   IntDistribution)
 
 TYPES = ("int", "float", "categorical")
+RANGES = ("heuristic", "full")      # plus any grid name declared under a parameter's ``grids``
 
 
 def distributions(space: Mapping[str, Mapping[str, Any]]) -> dict[str, BaseDistribution]:
@@ -20,14 +27,18 @@ def distributions(space: Mapping[str, Mapping[str, Any]]) -> dict[str, BaseDistr
     for name, spec in space.items():
         kind = spec.get("type")
         if kind not in TYPES:
-            raise ValueError(f"search space of {name!r}: type={kind!r} is unknown: allowed are "
+            raise ValueError(f"method.space.{name}.type={kind!r} is unknown: allowed are "
                              f"{list(TYPES)}")
         if kind == "categorical":
-            out[name] = CategoricalDistribution(list(spec["choices"]))
+            choices = spec.get("choices")
+            if not choices:
+                raise ValueError(f"method.space.{name}.choices={choices!r} is invalid: allowed "
+                                 "is a non-empty list")
+            out[name] = CategoricalDistribution(list(choices))
             continue
         low, high = spec.get("low"), spec.get("high")
         if low is None or high is None or low > high:
-            raise ValueError(f"search space of {name!r}: low={low!r}, high={high!r} is not a "
+            raise ValueError(f"method.space.{name}: low={low!r}, high={high!r} is not a "
                              "valid range (need low <= high)")
         if kind == "int":
             out[name] = IntDistribution(int(low), int(high), step=int(spec.get("step", 1)),
@@ -38,11 +49,40 @@ def distributions(space: Mapping[str, Mapping[str, Any]]) -> dict[str, BaseDistr
     return out
 
 
+def contains(dist: BaseDistribution, value: Any) -> bool:
+    try:
+        return bool(dist._contains(dist.to_internal_repr(value)))
+    except (ValueError, TypeError):
+        return False
+
+
 def validate_params(params: Mapping[str, Any], space: Mapping[str, Mapping[str, Any]]) -> None:
     """Reject values outside the declared space (e.g. γ = 0) with a clear message."""
     for name, dist in distributions(space).items():
-        if name in params and not dist._contains(dist.to_internal_repr(params[name])):
-            raise ValueError(f"{name}={params[name]!r} is outside its search space {dist}")
+        if name in params and not contains(dist, params[name]):
+            raise ValueError(f"method.params.{name}={params[name]!r} is outside its search "
+                             f"space {_describe(dist)}")
+
+
+def _describe(dist: BaseDistribution) -> str:
+    if isinstance(dist, CategoricalDistribution):
+        return f"(allowed: {list(dist.choices)})"
+    return f"(allowed: {dist.low} to {dist.high})"
+
+
+def suggest(trial: optuna.Trial, space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Each parameter through Optuna's public ``suggest_*`` (enqueued values come back as given)."""
+    values = {}
+    for name, dist in distributions(space).items():
+        if isinstance(dist, CategoricalDistribution):
+            values[name] = trial.suggest_categorical(name, dist.choices)
+        elif isinstance(dist, IntDistribution):
+            values[name] = trial.suggest_int(name, dist.low, dist.high, step=dist.step,
+                                             log=dist.log)
+        else:
+            values[name] = trial.suggest_float(name, dist.low, dist.high, step=dist.step,
+                                               log=dist.log)
+    return values
 
 
 def grid(space: Mapping[str, Mapping[str, Any]]) -> dict[str, list[Any]]:
@@ -61,19 +101,60 @@ def grid(space: Mapping[str, Mapping[str, Any]]) -> dict[str, list[Any]]:
     return values
 
 
-def search_values(space: Mapping[str, Mapping[str, Any]], task_class: str | None = None
+def heuristic_values(name: str, spec: Mapping[str, Any], dist: BaseDistribution,
+                     task_class: str) -> list[Any] | None:
+    """The parameter's heuristic values for ``task_class``, clipped to the space; None if absent.
+
+    ``heuristic`` entries are ``[lo, hi]`` integer ranges or, for categorical/float parameters,
+    explicit value lists (``{HH: {values: [...]}}``).
+    """
+    entry = (spec.get("heuristic") or {}).get(task_class)
+    if entry is None:
+        return None
+    if isinstance(entry, Mapping):
+        wanted = list(entry["values"])
+    else:
+        wanted = list(range(int(entry[0]), int(entry[1]) + 1))
+    kept = [v for v in wanted if contains(dist, v)]
+    if len(kept) < len(wanted):
+        warnings.warn(f"method.space.{name}.heuristic.{task_class}={entry} reaches outside the "
+                      f"space {_describe(dist)}: clipped to {kept}", stacklevel=2)
+    if not kept:
+        raise ValueError(f"method.space.{name}.heuristic.{task_class}={entry} has no value "
+                         f"inside the space {_describe(dist)}")
+    return kept
+
+
+def search_values(space: Mapping[str, Mapping[str, Any]], ranges: str = "full",
+                  task_class: str | None = None, default: Mapping[str, Any] | None = None
                   ) -> dict[str, list[Any]]:
-    """Values per parameter: its heuristic range for ``task_class`` (Ouroboros Table 10) when it
-    declares one, else the full grid."""
+    """Values per parameter for a plan.
+
+    ``ranges``: ``heuristic`` (each parameter's Table 10 range for ``task_class``, the full grid
+    where it declares none), ``full`` (the whole space) or a grid name declared under ``grids``
+    (parameters without that grid stay at their ``default``).
+    """
     full = grid(space)
+    dists = distributions(space)
     values = {}
     for name, spec in space.items():
-        heuristic = (spec.get("heuristic") or {}).get(task_class) if task_class else None
-        values[name] = list(range(int(heuristic[0]), int(heuristic[1]) + 1)) if heuristic \
-            else full[name]
+        if ranges == "full":
+            values[name] = full[name]
+        elif ranges == "heuristic":
+            values[name] = heuristic_values(name, spec, dists[name], task_class or "") \
+                or full[name]
+        else:
+            named = (spec.get("grids") or {}).get(ranges)
+            values[name] = list(named) if named is not None else [(default or {})[name]]
     return values
 
 
-def grid_size(space: Mapping[str, Mapping[str, Any]], task_class: str | None = None) -> int:
-    values = search_values(space, task_class)
+def grid_names(space: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    names = {g for spec in space.values() for g in (spec.get("grids") or {})}
+    return list(RANGES) + sorted(names)
+
+
+def grid_size(space: Mapping[str, Mapping[str, Any]], ranges: str = "full",
+              task_class: str | None = None, default: Mapping[str, Any] | None = None) -> int:
+    values = search_values(space, ranges, task_class, default)
     return len(list(itertools.product(*values.values()))) if space else 1

@@ -1,14 +1,20 @@
-"""Experiment tracking: one MLflow parent run per study, one nested run per trial and one for the
-vanilla baseline. ``NullTracker`` has the same methods and does nothing (``tracking=none``).
+"""Experiment tracking: one MLflow parent run per study, one nested run per trial (started when the
+trial starts, so durations are real) and one for the vanilla baseline.
 
-The parent run is found again by its ``study_name`` tag, so a resumed study keeps logging into it.
+Written with ``MlflowClient`` and explicit run ids (no "active run" global), so several workers of
+one study can log into the same parent. The parent's run id is stored in the study
+(``mlflow_parent_run_id``); a resumed study keeps logging into it. Statuses are honest: a failed
+trial's run is FAILED, an interrupted one KILLED, the parent FINISHED only when the study finished.
+``NullTracker`` has the same methods and does nothing (``tracking=none``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import platform
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -17,13 +23,26 @@ import transformers
 
 
 class NullTracker:
-    def start_study(self, study_name: str, params: Mapping[str, Any], config_yaml: str,
-                    device: torch.device) -> None: ...
-    def log_run(self, name: str, params: Mapping[str, Any], metrics: Mapping[str, float],
-                tags: Mapping[str, str], table: list[dict] | None = None) -> str | None: ...
-    def log_best(self, metrics: Mapping[str, float], params: Mapping[str, Any],
-                 figures: Mapping[str, Any], files: Mapping[str, Path]) -> None: ...
-    def close(self) -> None: ...
+    parent_id: str | None = None
+
+    def start_study(self, study_name: str, parent_id: str | None, params: Mapping[str, Any],
+                    tags: Mapping[str, str], config_yaml: str) -> str | None:
+        return None
+
+    def start_run(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]
+                  ) -> str | None:
+        return None
+
+    def end_run(self, run_id: str | None, metrics: Mapping[str, float], tags: Mapping[str, str],
+                status: str = "FINISHED", table: list[dict] | None = None) -> None: ...
+
+    def mark_winner(self, run_id: str | None, trial_number: int) -> None: ...
+
+    def finish_study(self, metrics: Mapping[str, float], tags: Mapping[str, str],
+                     description: str, files: Mapping[str, Path], status: str = "FINISHED"
+                     ) -> None: ...
+
+    def end_study(self, status: str) -> None: ...
 
 
 def environment_tags(device: torch.device) -> dict[str, str]:
@@ -47,58 +66,108 @@ def environment_tags(device: torch.device) -> dict[str, str]:
     return tags
 
 
+def flatten(prefix: str, value: Any) -> dict[str, str]:
+    """``{"models": {"target": {"kind": "tiny"}}}`` → ``{"models.target.kind": "tiny"}``."""
+    if isinstance(value, Mapping):
+        out: dict[str, str] = {}
+        for key, item in value.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), item))
+        return out
+    return {prefix: json.dumps(value) if isinstance(value, (list, tuple)) else str(value)}
+
+
 class MlflowTracker:
-    def __init__(self, tracking_uri: str, artifact_root: str, experiment: str) -> None:
-        import mlflow
+    def __init__(self, tracking_uri: str, artifact_root: str | None, experiment: str) -> None:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
 
-        self.mlflow = mlflow
-        Path("mlruns").mkdir(exist_ok=True)
-        mlflow.set_tracking_uri(tracking_uri)
-        found = mlflow.get_experiment_by_name(experiment)
-        if found is None:
-            location = Path(artifact_root).resolve() / experiment
-            mlflow.create_experiment(experiment, artifact_location=location.as_uri())
-        mlflow.set_experiment(experiment)
-        self.parent = None
+        if tracking_uri.startswith("sqlite:///"):
+            Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        # one process at a time creates the SQLite schema and the experiment (two fresh runs in
+        # one folder otherwise race in MLflow's database set-up)
+        lock_dir = Path(tracking_uri[len("sqlite:///"):]).parent \
+            if tracking_uri.startswith("sqlite:///") else Path(tempfile.gettempdir())
+        with open(lock_dir / ".spectune-mlflow.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            found = self.client.get_experiment_by_name(experiment)
+            if found is None:
+                location = (Path(artifact_root).resolve() / experiment).as_uri() \
+                    if artifact_root else None
+                try:
+                    self.experiment_id = self.client.create_experiment(
+                        experiment, artifact_location=location)
+                except MlflowException:
+                    self.experiment_id = self.client.get_experiment_by_name(
+                        experiment).experiment_id
+            else:
+                self.experiment_id = found.experiment_id
+        self.parent_id: str | None = None
 
-    def start_study(self, study_name, params, config_yaml, device) -> None:
-        mlflow = self.mlflow
-        previous = mlflow.search_runs(filter_string=f"tags.study_name = '{study_name}' and "
-                                                    "tags.kind = 'study'", output_format="list")
-        if previous:
-            self.parent = mlflow.start_run(run_id=previous[0].info.run_id)
-        else:
-            self.parent = mlflow.start_run(run_name=study_name)
-            mlflow.log_params(params)
-            mlflow.set_tags({"study_name": study_name, "kind": "study",
-                             **environment_tags(device)})
-            mlflow.log_text(config_yaml, "config.yaml")
+    # -- the study's parent run -----------------------------------------------------------------
 
-    def log_run(self, name, params, metrics, tags, table=None) -> str | None:
-        with self.mlflow.start_run(run_name=name, nested=True) as run:
-            self.mlflow.log_params(dict(params))
-            self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-            self.mlflow.set_tags(dict(tags))
-            if table:
-                self.mlflow.log_text(json.dumps(table, indent=1), "measurements.json")
-            return run.info.run_id
+    def start_study(self, study_name, parent_id, params, tags, config_yaml) -> str:
+        if parent_id is not None:
+            self.parent_id = parent_id
+            self.client.update_run(parent_id, status="RUNNING")
+            return parent_id
+        run = self.client.create_run(self.experiment_id, run_name=study_name,
+                                     tags={"study_name": study_name, "kind": "study", **tags})
+        self.parent_id = run.info.run_id
+        self._log(self.parent_id, params=params)
+        self.client.log_text(self.parent_id, config_yaml, "config.yaml")
+        return self.parent_id
 
-    def log_best(self, metrics, params, figures, files) -> None:
-        self.mlflow.log_metrics({f"best_{k}": float(v) for k, v in metrics.items()})
-        self.mlflow.log_params({f"best_{k}": v for k, v in params.items()})
-        for name, figure in figures.items():
-            self.mlflow.log_figure(figure, f"plots/{name}.html")
+    def finish_study(self, metrics, tags, description, files, status="FINISHED") -> None:
+        self._log(self.parent_id, metrics=metrics,
+                  tags={**tags, "mlflow.note.content": description})
         for name, path in files.items():
-            self.mlflow.log_artifact(str(path), name)
+            self.client.log_artifact(self.parent_id, str(path), name)
+        self.client.set_terminated(self.parent_id, status)
 
-    def close(self) -> None:
-        if self.mlflow.active_run() is not None:
-            self.mlflow.end_run()
+    def end_study(self, status: str) -> None:
+        if self.parent_id is not None:
+            self.client.set_terminated(self.parent_id, status)
+
+    # -- trial and baseline runs -----------------------------------------------------------------
+
+    def start_run(self, name, params, tags) -> str:
+        run = self.client.create_run(self.experiment_id, run_name=name,
+                                     tags={"mlflow.parentRunId": self.parent_id, **tags})
+        self._log(run.info.run_id, params=params)
+        return run.info.run_id
+
+    def end_run(self, run_id, metrics, tags, status="FINISHED", table=None) -> None:
+        if run_id is None:
+            return
+        self._log(run_id, metrics=metrics, tags=tags)
+        if table:
+            self.client.log_text(run_id, json.dumps(table, indent=1), "measurements.json")
+        self.client.set_terminated(run_id, status)
+
+    def mark_winner(self, run_id, trial_number) -> None:
+        if run_id is None:
+            return
+        self.client.set_tag(run_id, "winner", "true")
+        self.client.update_run(run_id, name=f"trial-{trial_number} (best)")
+        self.client.set_tag(self.parent_id, "best_trial", str(trial_number))
+
+    def _log(self, run_id: str, params: Mapping[str, Any] | None = None,
+             metrics: Mapping[str, float] | None = None,
+             tags: Mapping[str, str] | None = None) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.utils.time import get_current_time_millis
+        now = get_current_time_millis()
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()],
+            params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
+            tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
 
 
 def make_tracker(cfg: Mapping[str, Any]) -> NullTracker | MlflowTracker:
-    if cfg.get("kind") == "mlflow":
-        return MlflowTracker(cfg["tracking_uri"], cfg["artifact_root"], cfg["experiment"])
+    if cfg.get("kind") in ("mlflow", "server"):
+        return MlflowTracker(cfg["tracking_uri"], cfg.get("artifact_root"), cfg["experiment"])
     if cfg.get("kind") == "none":
         return NullTracker()
-    raise ValueError(f"tracking kind={cfg.get('kind')!r} is unknown: allowed are mlflow, none")
+    raise ValueError(f"tracking.kind={cfg.get('kind')!r} is unknown: allowed are mlflow, none")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import secrets
 import signal
 import subprocess
 import sys
@@ -57,8 +58,18 @@ def _hook(event, args):
 
 sys.addaudithook(_hook)
 del _hook
+_done = sys.argv[1]
+del sys.argv[1:]
 _code = open("candidate.py", encoding="utf-8").read()
-exec(compile(_code, "candidate.py", "exec"), {"__name__": "__main__"})
+try:
+    exec(compile(_code, "candidate.py", "exec"), {"__name__": "__main__"})
+except SystemExit as _exit:
+    sys.stderr.write(f"sandbox: the program called sys.exit({_exit.code!r}) before its tests "
+                     "finished\n")
+    sys.stderr.flush()
+    os._exit(3)
+sys.stdout.flush()
+os.write(1, (_done + "\n").encode())
 '''
 
 _CLONE_NEWNET = 0x40000000
@@ -92,23 +103,31 @@ def _limit_child(limits: Limits) -> None:    # runs in the child between fork an
 
 
 def run_program(program: str, limits: Limits = Limits()) -> Outcome:
-    """Execute ``program`` (Python source) contained; passed iff it exits 0 within the limits."""
+    """Execute ``program`` (Python source) contained; passed iff it runs to its end and exits 0.
+
+    An early ``sys.exit(0)`` (or ``os._exit(0)``) before the asserts is a failure: the guard prints
+    a per-run token only after the whole program ran, and the token must be the last output line.
+    """
+    done = f"spectune-done-{secrets.token_hex(16)}"
     with tempfile.TemporaryDirectory(prefix="spectune-sandbox-") as folder:
         Path(folder, "candidate.py").write_text(program, encoding="utf-8")
         Path(folder, "guard.py").write_text(_GUARD, encoding="utf-8")
         child = subprocess.Popen(
-            [sys.executable, "-I", "-S", "guard.py"], cwd=folder, env={"PATH": "/usr/bin:/bin"},
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=lambda: _limit_child(limits))
+            [sys.executable, "-I", "-S", "guard.py", done], cwd=folder,
+            env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=lambda: _limit_child(limits))
         try:
-            _, stderr = child.communicate(timeout=limits.timeout_s)
+            stdout, stderr = child.communicate(timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(child)
             return Outcome(False, "timeout")
         finally:
             _kill_group(child)
     if child.returncode == 0:
-        return Outcome(True, "passed")
+        if stdout.rstrip(b"\n").rsplit(b"\n", 1)[-1] == done.encode():
+            return Outcome(True, "passed")
+        return Outcome(False, "exited 0 before the program's end (os._exit?)")
     lines = [ln for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
     if child.returncode < 0:
         return Outcome(False, f"killed by signal {-child.returncode}")

@@ -143,8 +143,9 @@ METRICS = {"gsm8k_exact_match": _score_gsm8k, "humaneval_pass_at_1":
 
 def load_records(name: str, data: Mapping[str, Any]) -> list[dict]:
     """The task's records: the shipped file, or a hub dataset; the error says what was tried."""
-    from datasets import load_dataset
+    from datasets import disable_progress_bars, load_dataset
 
+    disable_progress_bars()                 # a progress bar per shipped jsonl is noise
     source = data.get("source", "auto")
     if source not in ("auto", "local", "hub"):
         raise ValueError(f"task {name}: data.source={source!r} is invalid: allowed are auto, "

@@ -1,0 +1,92 @@
+"""A study's identity: the fingerprint of everything that changes what is measured.
+
+Stored in the study when it is created; a resume compares it key by key and refuses on any
+difference (naming the keys), unless ``resume=force``. The default study name ends in a short hash
+of it, so different settings never land in one study by accident. Not part of it: the number of
+trials and the timeout (resuming to extend a search is legitimate), where results are logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from typing import Any, Mapping
+
+import torch
+
+from tuner.errors import StudyMismatch
+
+
+def hardware(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name (speed depends on it)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids: list[str],
+                budget: Mapping[str, Any], sampling: Mapping[str, Any], seed: int,
+                models: Mapping[str, Any], method: Mapping[str, Any], search: Mapping[str, Any],
+                baseline: str, warmup_prompts: int, near_tie_tolerance: float,
+                device: torch.device) -> dict[str, str]:
+    """Flat ``{key: canonical JSON}``: easy to store, compare and report key by key."""
+    search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout")}
+    digest = hashlib.sha256(_canonical([tuning_ids, held_out_ids]).encode()).hexdigest()[:16]
+    raw = {
+        "task.name": task["name"], "task.template": task.get("template"),
+        "task.metric": task.get("metric"), "task.data": task.get("data"),
+        "prompts": f"{len(tuning_ids)}+{len(held_out_ids)} ids sha256:{digest}",
+        "budget.n_prompts": budget["n_prompts"], "budget.n_held_out": budget["n_held_out"],
+        "budget.max_new_tokens": budget["max_new_tokens"],
+        "sampling": dict(sampling), "seed": seed,
+        "models.target": models.get("target"), "models.draft": models.get("draft"),
+        "method._target_": method["_target_"], "method.params": method.get("params") or {},
+        "method.space": method.get("space") or {}, "search": search_keys,
+        "baseline": baseline, "warmup_prompts": warmup_prompts,
+        "near_tie_tolerance": near_tie_tolerance, "hardware": hardware(device),
+    }
+    return {key: _canonical(value) for key, value in raw.items()}
+
+
+def short_hash(print_: Mapping[str, str]) -> str:
+    return hashlib.sha256(_canonical(dict(print_)).encode()).hexdigest()[:8]
+
+
+def differences(stored: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
+    keys = sorted(set(stored) | set(wanted))
+    return [k for k in keys if stored.get(k) != wanted.get(k)]
+
+
+def check_resume(study_name: str, stored: Mapping[str, str] | None, wanted: Mapping[str, str],
+                 force: bool) -> list[str]:
+    """Raise ``StudyMismatch`` when a stored fingerprint differs (unless forced); returns diffs."""
+    if stored is None:
+        raise StudyMismatch(f"study {study_name!r} exists but records no settings fingerprint (made "
+                            "by an older version): use a new study_name=..., or resume=force")
+    diff = differences(stored, wanted)
+    if diff and not force:
+        shown = "; ".join(f"{k}: {_short(stored.get(k))} -> {_short(wanted.get(k))}"
+                          for k in diff[:4])
+        more = f" (+{len(diff) - 4} more)" if len(diff) > 4 else ""
+        raise StudyMismatch(f"study {study_name!r} was measured under other settings ({shown}"
+                            f"{more}); its trials and baseline do not apply. Use a new "
+                            "study_name=... (or leave study_name unset for one named after the "
+                            "settings), or resume=force to continue it anyway")
+    return diff
+
+
+def _short(value: str | None, width: int = 60) -> str:
+    if value is None:
+        return "(absent)"
+    return value if len(value) <= width else value[: width - 3] + "..."

