@@ -24,10 +24,12 @@ TASKS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "
 
 def _best_choice() -> str | None:
     from hydra.core.hydra_config import HydraConfig
-    try:
-        return HydraConfig.get().runtime.choices.get("best")
+    try:     # from the overrides: Hydra drops a +best whose search path folder is missing
+        overrides = list(HydraConfig.get().overrides.task)
     except ValueError:
         return None
+    found = [o.split("=", 1)[1] for o in overrides if o.lstrip("+~").startswith("best=")]
+    return found[-1] if found else None
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -50,7 +52,7 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(2)
     except KeyboardInterrupt as err:
         detail = str(err) if isinstance(err, Interrupted) else "interrupted"
-        print(f"\n{detail}; the running trial is marked FAIL (interrupted). Re-run the same "
+        print(f"{detail}; the running trial is marked FAIL (interrupted). Re-run the same "
               "command to resume.", file=sys.stderr, flush=True)
         sys.exit(130)
     return result.get("held_out_speedup", result.get("value"))

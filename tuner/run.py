@@ -48,7 +48,7 @@ from tuner.space import grid_size, suggest
 from tuner.storage import (RUN_TOKEN, fail_orphans, failure_reason, is_retried, journal_path,
                            make_storage, open_study)
 from tuner.tasks.task import Task
-from tuner.track import environment_tags, flatten, make_tracker
+from tuner.track import NullTracker, environment_tags, flatten, make_tracker
 from tuner.validate import check_journal, plain, validate
 
 VANILLA = {"_target_": "decoding.vanilla.Vanilla", "needs_draft": False}
@@ -530,6 +530,11 @@ class Study:
                 "energy": self.meter.reason or "nvml", **environment_tags(self.device)}
         config = OmegaConf.to_yaml(OmegaConf.masked_copy(
             self.cfg, [k for k in self.cfg if k != "hydra"]), resolve=True)
+        deadline = time.monotonic() + 30
+        while self.parent_id is None and not self.created and time.monotonic() < deadline and \
+                not isinstance(self.tracker, NullTracker):
+            time.sleep(0.5)                # the study's creator is about to record its parent run
+            self.parent_id = self.study.user_attrs.get("mlflow_parent_run_id")
         parent = self.tracker.start_study(self.name, self.parent_id, params, tags, config)
         if parent and parent != self.parent_id:
             self.study.set_user_attr("mlflow_parent_run_id", parent)
@@ -603,6 +608,7 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
 
 def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     """Run (or resume) the study described by ``cfg``; returns the final summary."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)   # our own lines say what happens
     if cfg.get("replay"):
         return replay(cfg, timer)
     s = Study(cfg, timer)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import platform
 import subprocess
 import tempfile
@@ -80,6 +81,8 @@ class MlflowTracker:
     def __init__(self, tracking_uri: str, artifact_root: str | None, experiment: str) -> None:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
+
+        logging.getLogger("mlflow").setLevel(logging.WARNING)    # schema set-up chatter
 
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)

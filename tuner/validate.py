@@ -44,19 +44,22 @@ def method_class(method_cfg: Mapping[str, Any]) -> type:
     if not target.startswith("decoding."):
         raise ConfigError(f"method._target_={target!r} is not allowed: only classes defined "
                           "under 'decoding.' can be instantiated")
+    from hydra.utils import get_class     # resolves exactly as instantiate() would
     module_name, _, attr = target.rpartition(".")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        raise ConfigError(f"method._target_={target!r}: module {module_name!r} does not exist "
-                          "(methods are classes in decoding/*.py)") from None
-    cls = getattr(module, attr, None)
-    if not inspect.isclass(cls):
-        raise ConfigError(f"method._target_={target!r}: {module_name} has no class {attr!r}")
-    if not cls.__module__.startswith("decoding.") or cls.__module__ != module_name:
-        raise ConfigError(f"method._target_={target!r} is not allowed: it resolves to "
-                          f"{cls.__module__}.{cls.__qualname__}, which is not defined in a "
-                          "'decoding.' module")
+        cls = get_class(target)
+    except (ImportError, ValueError):
+        found = importlib.util.find_spec(module_name) if "." in module_name else None
+        if found is None:
+            raise ConfigError(f"method._target_={target!r}: module {module_name!r} does not "
+                              "exist (methods are classes in decoding/*.py)") from None
+        raise ConfigError(f"method._target_={target!r}: {module_name} has no class "
+                          f"{attr!r}") from None
+    if not inspect.isclass(cls) or not cls.__module__.startswith("decoding.") or \
+            f"{cls.__module__}.{cls.__qualname__}" != target:
+        where = f"{cls.__module__}.{cls.__qualname__}" if inspect.isclass(cls) else repr(cls)
+        raise ConfigError(f"method._target_={target!r} is not allowed: it resolves to {where}, "
+                          "which is not defined in a 'decoding.' module")
     if not callable(getattr(cls, "stream", None)):
         raise ConfigError(f"method._target_={target!r} is not a decoding method (no stream())")
     return cls
@@ -187,7 +190,7 @@ def check_storage(storage: Any) -> None:
     if storage in (None, ""):
         return
     from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
     try:
         url = make_url(str(storage))
     except ArgumentError:
@@ -199,6 +202,10 @@ def check_storage(storage: Any) -> None:
                           "supported: allowed are postgresql, sqlite, mysql")
     try:
         url.get_dialect().import_dbapi()
+    except NoSuchModuleError:
+        raise ConfigError(f"storage={storage!r}: SQLAlchemy knows no driver "
+                          f"{url.drivername!r}: allowed are e.g. postgresql+psycopg, "
+                          "postgresql+psycopg2, sqlite") from None
     except ImportError as err:
         raise ConfigError(f"storage={storage!r}: its database driver is not installed "
                           f"({err}); e.g. pip install 'psycopg[binary]'") from None

@@ -1,0 +1,360 @@
+"""Studies that say exactly what was measured, under which settings, against which baseline.
+
+Every parameter reaches the method; a changed setting never resumes an old study; per-trial paired
+baselines resist drift; workers sharing a study never duplicate a point; Ctrl-C and torn journals
+are handled; small correctness fixes (block verification, peak memory, decoding outside the timed
+window, the sandbox, Table 9's grid)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+from optuna.trial import TrialState
+
+from decoding import generate
+from tests.test_tuner import compose_cfg, load_study
+from tuner.errors import ConfigError, StudyMismatch
+from tuner.storage import failure_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["models=tiny", "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=6",
+        "warmup_prompts=1"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def run(tmp_path, *overrides, timer=None):
+    from tuner.run import run as run_study
+    from tuner.measure import time_generation
+    return run_study(compose_cfg(tmp_path, *overrides), timer or time_generation)
+
+
+# -- every parameter reaches the method ---------------------------------------------------------
+
+
+def test_an_ablation_switch_reaches_the_method_mlflow_and_the_best_yaml(tmp_path, monkeypatch):
+    import mlflow
+
+    from decoding.ouroboros import Ouroboros
+    seen = []
+    real = Ouroboros.__init__
+
+    @functools.wraps(real)           # keeps the signature the validator reads
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs["lengthen_drafts"])
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ouroboros, "__init__", spy)
+    result = run(tmp_path, "method=ouroboros", *TINY, "method.params.lengthen_drafts=false",
+                 "method.params.window=8", "method.params.phrase_length=3",
+                 "search=tpe", "search.n_trials=1", "tracking.experiment=abl")
+    assert seen and set(seen) == {False}            # trial 0 and the held-out confirmation
+    assert result["params"]["lengthen_drafts"] is False
+    best = yaml.safe_load((tmp_path / "studies" / "best" / "t.yaml").read_text())
+    assert best["method"]["params"]["lengthen_drafts"] is False
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["abl"], output_format="list")
+    trial = next(r for r in runs if r.data.tags.get("kind") == "trial")
+    assert trial.data.params["lengthen_drafts"] == "False"
+    assert trial.data.params["num_phrases"] == "3"          # fixed (heuristic range of one value)
+    parent = next(r for r in runs if r.data.tags.get("kind") == "study")
+    assert parent.data.params["params.lengthen_drafts"] == "False"
+
+
+def test_an_unknown_parameter_is_refused_before_models_load(tmp_path, monkeypatch):
+    import tuner.run as run_module
+    monkeypatch.setattr(run_module, "load_models", lambda *a, **k: pytest.fail("models loaded"))
+    with pytest.raises(ConfigError, match=r"method.params.bogus=1 is not a parameter of "
+                                          r"decoding.speculative.SpeculativeDecoding"):
+        run(tmp_path, "method=speculative", *TINY, "+method.params.bogus=1")
+
+
+# -- study identity --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change,key", [
+    ("task.max_new_tokens=8", "budget.max_new_tokens"),
+    ("sampling.temperature=0.7", "sampling"),
+    ("models.target.seed=3", "models.target"),
+    ("search=grid", "search"),
+    ("baseline=per_study", "baseline"),
+])
+def test_changed_settings_never_resume_a_study(tmp_path, change, key, monkeypatch):
+    run(tmp_path, "method=speculative", *TINY, "search=tpe", "search.n_trials=1",
+        "tracking=none")
+    import tuner.run as run_module
+    monkeypatch.setattr(run_module, "load_models", lambda *a, **k: pytest.fail("models loaded"))
+    with pytest.raises(StudyMismatch, match=rf"study 't' was measured under other settings "
+                                            rf"\({key}: .*resume=force"):
+        run(tmp_path, "method=speculative", *TINY, "search=tpe", "search.n_trials=1",
+            "tracking=none", change)
+
+
+def test_the_default_study_name_follows_the_settings(tmp_path):
+    a = compose_cfg(tmp_path, "method=speculative", *TINY, "study_name=null")
+    b = compose_cfg(tmp_path, "method=speculative", *TINY, "study_name=null",
+                    "task.max_new_tokens=8")
+    from tuner.run import Study
+    names = []
+    for cfg in (a, b):
+        from tuner import run as run_module
+        study = Study.__new__(Study)
+        names.append(_default_name(cfg))
+    assert names[0] != names[1] and all(n.startswith("gsm8k-speculative-tiny-") for n in names)
+
+
+def _default_name(cfg):
+    from decoding.models import resolve_device
+    from tuner.identity import fingerprint, short_hash
+    from tuner.run import resolve_budget
+    from tuner.tasks.task import Task
+    from tuner.validate import plain
+    task = Task(plain(cfg.task))
+    budget = resolve_budget(cfg, False)
+    tuning, held = task.split(budget["n_prompts"], budget["n_held_out"])
+    fp = fingerprint(task=plain(cfg.task), tuning_ids=[p.id for p in tuning],
+                     held_out_ids=[p.id for p in held], budget=budget,
+                     sampling=plain(cfg.sampling), seed=0, models=plain(cfg.models),
+                     method=plain(cfg.method), search=plain(cfg.search), baseline="per_trial",
+                     warmup_prompts=1, near_tie_tolerance=1e-3, device=resolve_device("cpu"))
+    return f"{cfg.study_prefix}-{short_hash(fp)}"
+
+
+def test_resume_force_continues_a_changed_study(tmp_path):
+    run(tmp_path, "method=speculative", *TINY, "search=tpe", "search.n_trials=1",
+        "tracking=none")
+    run(tmp_path, "method=speculative", *TINY, "search=tpe", "search.n_trials=2",
+        "tracking=none", "warmup_prompts=0", "resume=force")
+    assert len(load_study(tmp_path).get_trials(states=(TrialState.COMPLETE,))) == 2
+
+
+# -- honest paired timing ----------------------------------------------------------------------
+
+
+class DriftingClock:
+    """Synthetic wall time: 1 ms per target forward + 0.4 ms per draft forward, times a factor
+    that changes once after ``switch`` generations (a machine that got slower or faster)."""
+
+    def __init__(self, switch: int, factor: float) -> None:
+        self.switch, self.factor, self.calls = switch, factor, 0
+
+    def __call__(self, method, ids, max_new_tokens, device):
+        out = generate(method, ids, max_new_tokens)
+        self.calls += 1
+        scale = self.factor if self.calls > self.switch else 1.0
+        return out, scale * (out.stats.steps + 0.4 * out.stats.draft_forwards) * 1e-3
+
+
+def _heuristic_study(tmp_path, name, baseline, clock):
+    run(tmp_path, "method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_out=0",
+        "task.max_new_tokens=16", "warmup_prompts=1", "search=heuristic", "tracking=none",
+        f"baseline={baseline}", f"study_name={name}", timer=clock)
+    study = load_study(tmp_path, name)
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    return {t.number: t.values[0] for t in done}, max(done, key=lambda t: t.values[0]).params
+
+
+def test_a_slowdown_half_way_does_not_bias_the_choice_with_per_trial_baselines(tmp_path):
+    # 1. the truth: no drift
+    values, truth = _heuristic_study(tmp_path, "truth", "per_trial", DriftingClock(10**9, 1.0))
+    best_trial = max(values, key=values.get)
+    # 2. drift at a trial boundary that hurts the true best: slower from its trial on, or faster
+    #    after trial 0 when trial 0 is the best (powers of two keep the ratios exact)
+    per_trial_calls = 2 + 2 * 2              # warm-up (vanilla + method) + 2 prompts x (A + B)
+    start, factor = (best_trial, 4.0) if best_trial > 0 else (1, 0.25)
+    _, paired = _heuristic_study(tmp_path, "paired", "per_trial",
+                                 DriftingClock(per_trial_calls * start, factor))
+    assert paired == truth
+    # 3. the same drift with one baseline per study picks another (wrong) configuration
+    per_study_calls = 1 + 2                  # warm-up + 2 prompts of the method per trial
+    _, stale = _heuristic_study(tmp_path, "stale", "per_study",
+                                DriftingClock(3 + per_study_calls * start, factor))
+    assert stale != truth
+
+
+def test_speedup_is_per_generated_token():
+    from tuner.measure import Measurement, paired_speedup
+    vanilla = Measurement("p", "", (1,) * 10, "", 1.0, 10, 0, 0, 0.0, 0.0, (), ())
+    shorter = Measurement("p", "", (2,) * 4, "", 0.5, 2, 4, 2, 0.0, 0.0, (), ())
+    # the method stopped after 4 tokens in half the time: 0.125 s/token vs 0.1 -> slower
+    assert paired_speedup(vanilla, shorter) == pytest.approx(0.8)
+
+
+def test_text_is_decoded_outside_the_timed_window():
+    from tuner.build import ByteTokenizer
+    from tuner.measure import measure_prompt
+    from tuner.tasks.task import Prompt
+    seen = []
+
+    def timer(method, ids, max_new_tokens, device):
+        out = generate(method, ids, max_new_tokens)
+        seen.append(out.text)
+        return out, 1.0
+
+    from decoding import build_method
+    from tests.conftest import tiny_pair
+    method = build_method("vanilla", tiny_pair("same"))
+    m = measure_prompt(method, Prompt("p", (), {}), [3, 4, 5], 5, ByteTokenizer(),
+                       torch.device("cpu"), timer)
+    assert seen == [None] and len(m.text) > 0 and m.truncated
+
+
+def test_peak_memory_is_reset_per_window():
+    from tuner.measure import peak_memory_bytes, reset_peak_memory
+    cpu = torch.device("cpu")
+    big = torch.ones(64 * 1024 * 1024 // 4)          # 64 MiB
+    del big
+    before = peak_memory_bytes(cpu)
+    reset_peak_memory(cpu)
+    assert peak_memory_bytes(cpu) < before - 32 * 1024 * 1024
+
+
+# -- concurrency and interruption ----------------------------------------------------------------
+
+
+def test_two_workers_on_one_journal_never_duplicate_a_point(tmp_path):
+    args = [sys.executable, "-m", "tuner", "+task=gsm8k", "method=speculative", *TINY,
+            "search=grid", "search.ranges=full", "method.space.num_draft_tokens.high=5",
+            "method.params.num_draft_tokens=2", "study_name=shared", "tracking.experiment=two"]
+    workers = [subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    assert all(w.returncode == 0 for w in workers), "\n".join(o[-1500:] for o in outputs)
+    study = load_study(tmp_path, "shared")
+    complete = [t.params["num_draft_tokens"] for t in study.get_trials(
+        states=(TrialState.COMPLETE,))]
+    assert sorted(complete) == [1, 2, 3, 4, 5]               # every planned point exactly once
+    assert [t.user_attrs.get("stage") for t in study.trials].count("default") == 1
+    assert study.trials[0].params == {"num_draft_tokens": 2}
+    assert all(failure_reason(study, t).startswith("duplicate")
+               for t in study.get_trials(states=(TrialState.FAIL,)))
+    import mlflow
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["two"], output_format="list")
+    parents = [r for r in runs if r.data.tags.get("kind") == "study"]
+    assert len(parents) == 1                                  # one parent, both workers' trials
+    trial_runs = [r for r in runs if r.data.tags.get("kind") == "trial"
+                  and r.data.tags.get("state") == "COMPLETE"]
+    assert len(trial_runs) == 5 and all(r.data.tags["mlflow.parentRunId"] ==
+                                        parents[0].info.run_id for r in trial_runs)
+
+
+def test_ctrl_c_fails_the_trial_kills_the_runs_and_the_rerun_finishes(tmp_path):
+    args = [sys.executable, "-m", "tuner", "+task=gsm8k", "method=speculative", "models=tiny",
+            "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=48", "search=grid",
+            "search.ranges=full", "method.space.num_draft_tokens.high=3",
+            "method.params.num_draft_tokens=1", "study_name=c", "tracking.experiment=cc"]
+    log = open(tmp_path / "first.log", "w")
+    proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 300
+    while "trial 1 prompt 1/" not in (tmp_path / "first.log").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "re-run the same command to resume" in lines[0].lower(), stderr
+    study = load_study(tmp_path, "c")
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert len(failed) == 1 and failure_reason(study, failed[0]).startswith("interrupted")
+    import mlflow
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["cc"], output_format="list")
+    status = {r.data.tags.get("mlflow.runName"): r.info.status for r in runs}
+    assert status["trial-1"] == "KILLED" and status["c"] == "KILLED", status
+    rerun = subprocess.run(args, cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-1500:] + rerun.stderr[-1500:]
+    study = load_study(tmp_path, "c")
+    assert sorted(t.params["num_draft_tokens"] for t in study.get_trials(
+        states=(TrialState.COMPLETE,))) == [1, 2, 3]
+    runs = mlflow.search_runs(experiment_names=["cc"], output_format="list")
+    parent = next(r for r in runs if r.data.tags.get("kind") == "study")
+    assert parent.info.status == "FINISHED"
+
+
+def test_a_torn_journal_is_reported_and_left_untouched(tmp_path):
+    run(tmp_path, "method=speculative", *TINY, "search=tpe", "search.n_trials=1",
+        "tracking=none")
+    journal = tmp_path / "studies" / "t.journal"
+    torn = journal.read_bytes() + b'{"op_code": 5, "worker_id": "x", "trial_id'
+    journal.write_bytes(torn)
+    with pytest.raises(ConfigError, match=rf"study journal {journal} ends in an incomplete line"
+                                          r".*nothing was changed"):
+        run(tmp_path, "method=speculative", *TINY, "search=tpe", "search.n_trials=2",
+            "tracking=none")
+    assert journal.read_bytes() == torn
+
+
+def test_an_orphan_check_does_not_trust_its_own_pid():
+    from optuna.trial import create_trial
+    from tuner.storage import RUN_TOKEN, orphaned
+    import socket
+    mine = {"host": socket.gethostname(), "pid": os.getpid()}
+    earlier = create_trial(state=TrialState.RUNNING, user_attrs={**mine, "run_token": "old"})
+    current = create_trial(state=TrialState.RUNNING, user_attrs={**mine, "run_token": RUN_TOKEN})
+    assert orphaned(earlier) and not orphaned(current)
+
+
+# -- small correctness fixes ------------------------------------------------------------------
+
+
+def test_block_verify_with_a_zero_uniform_never_accepts_a_zero_probability_token(monkeypatch):
+    import decoding.verify as verify
+    real_rand = torch.rand
+    monkeypatch.setattr(verify.torch, "rand", lambda *a, **k: torch.zeros_like(real_rand(*a, **k)))
+    target = torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    draft = torch.tensor([[1.0, 0.0, 0.0], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    tokens = torch.tensor([0, 2])                       # p(token 0) = 0 at position 1
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        verdict = verify.block_verify(tokens, draft, target, gen)
+        assert verdict.accepted == 0 and verdict.next_token != 0
+
+
+def test_table9_grid_is_the_papers_27_points():
+    from tuner.search import GridPlan
+    method = yaml.safe_load((ROOT / "conf" / "method" / "ouroboros.yaml").read_text())
+    plan = GridPlan(method["space"], {k: method["params"][k] for k in method["space"]}, "table9")
+    points = {(p["num_draft_tokens"], p["window"], p["phrase_length"], p["num_phrases"])
+              for p in plan.points}
+    assert plan.size() == 27 and points == {(g, w, b, 3) for g in (3, 4, 5)
+                                             for w in (14, 15, 16) for b in (5, 6, 7)}
+
+
+def test_a_truncated_grid_is_announced(tmp_path, capsys):
+    run(tmp_path, "method=speculative", *TINY, "search=grid", "search.ranges=full",
+        "method.space.num_draft_tokens.high=5", "method.params.num_draft_tokens=1",
+        "search.n_trials=2", "tracking=none")
+    assert "search.n_trials=2 truncates the full grid of 5 points: 3 points will not be " \
+           "evaluated" in capsys.readouterr().out
+
+
+def test_heuristic_ranges_are_clipped_to_the_space():
+    from tuner.space import search_values
+    space = {"g": {"type": "int", "low": 1, "high": 5, "heuristic": {"HH": [4, 9]}}}
+    with pytest.warns(UserWarning, match=r"clipped to \[4, 5\]"):
+        assert search_values(space, "heuristic", "HH") == {"g": [4, 5]}
+
+
+def test_the_sandbox_fails_a_program_that_exits_early():
+    from tuner.tasks.sandbox import run_program
+    assert run_program("assert 1 + 1 == 2").passed
+    assert not run_program("import sys\nsys.exit(0)\nassert 1 + 1 == 3").passed
+    assert not run_program("import os\nos._exit(0)\nassert 1 + 1 == 3").passed

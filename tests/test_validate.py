@@ -1,0 +1,147 @@
+"""Bad input: one clear line naming the setting, the value and what is allowed, before any model,
+storage or MLflow store is touched. Every row of the README's bad-input table is a case here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from tuner.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=2",
+        "task.n_held_out=1", "task.max_new_tokens=4", "tracking=none", "study_name=v"]
+
+# (overrides, fragment of the one-line message). The README's table lists the same cases.
+CASES = [
+    (["method._target_=os.system"], "method._target_='os.system' is not allowed"),
+    (["method._target_=decoding.models.torch.nn.Linear"],
+     "resolves to torch.nn.modules.linear.Linear, which is not defined in a 'decoding.' module"),
+    (["method._target_=decoding.nowhere.Method"], "module 'decoding.nowhere' does not exist"),
+    (["method._target_=decoding.speculative.Nope"], "decoding.speculative has no class 'Nope'"),
+    (["method._target_=decoding.models.ModelPair"], "is not a decoding method"),
+    (["+method.params.bogus=1"], "method.params.bogus=1 is not a parameter of"),
+    (["method.params.num_draft_tokens=0"], "method.params.num_draft_tokens=0 is outside its "
+                                           "search space (allowed: 1 to 16)"),
+    (["+method.params.temperature=0.5"], "set sampling.temperature instead"),
+    (["+method.space.bogus={type:int,low:1,high:2}"], "method.space.bogus is not a parameter"),
+    (["method.space.num_draft_tokens.type=integer"], "method.space.num_draft_tokens.type="
+                                                     "'integer' is unknown"),
+    (["method.space.num_draft_tokens.low=9", "method.space.num_draft_tokens.high=3"],
+     "low=9, high=3 is not a valid range"),
+    (["method=lookahead", "method.space.window.heuristic.LH=[30,40]"],
+     "method.space.window.heuristic.LH=[30, 40] has no value inside the space"),
+    (["sampling.temperature=-1"], "sampling.temperature=-1 is invalid"),
+    (["sampling.top_k=-2"], "sampling.top_k=-2 is invalid"),
+    (["sampling.top_p=1.5"], "sampling.top_p=1.5 is invalid"),
+    (["+sampling.min_p=0.1"], "sampling.min_p is unknown"),
+    (["seed=-3"], "seed=-3 is invalid"),
+    (["search.kind=annealing"], "search.kind='annealing' is unknown"),
+    (["search.n_trials=0"], "search.n_trials=0 is invalid: allowed is an integer >= 1"),
+    (["search.timeout=0"], "search.timeout=0 is invalid"),
+    (["search=grid", "search.ranges=table7"], "search.ranges='table7' is invalid for this "
+                                             "method: allowed are ['heuristic', 'full']"),
+    (["search=tpe", "search.sampler._target_=os.system"], "search.sampler._target_='os.system' "
+                                                          "is not allowed"),
+    (["storage=not a url"], "storage='not a url' is not a database URL"),
+    (["storage=oracle://u:p@h/db"], "backend 'oracle' is not supported"),
+    (["storage=postgresql+nosuchdriver://u:p@h/db"], "storage='postgresql+nosuchdriver"),
+    (["studies_dir=/proc/version/studies"], "studies_dir='/proc/version/studies' cannot be used "
+                                            "as a folder"),
+    (["tracking.kind=wandb"], "tracking.kind='wandb' is unknown"),
+    (["baseline=never"], "baseline='never' is invalid: allowed are ['per_trial', 'per_study']"),
+    (["resume=always"], "resume='always' is invalid"),
+    (["budget=huge"], "budget='huge' is invalid"),
+    (["warmup_prompts=-1"], "warmup_prompts=-1 is invalid"),
+    (["near_tie_tolerance=2.0"], "near_tie_tolerance=2.0 is invalid"),
+    (["drift_threshold=0"], "drift_threshold=0 is invalid"),
+    (["study_name=a/b"], "study_name='a/b' is invalid"),
+    (["task.n_prompts=0"], "task.n_prompts=0 is invalid: allowed is an integer >= 1"),
+    (["task.max_new_tokens=0"], "task.max_new_tokens=0 is invalid"),
+    (["task.n_held_out=-1"], "task.n_held_out=-1 is invalid"),
+    (["task.n_prompts=150", "task.n_held_out=100", "budget=full"],
+     "n_prompts=150 and n_held_out=100 do not fit its 200 prompts"),
+    (["task.template=essay"], "task.template='essay' is unknown"),
+    (["task.metric=vibes"], "task.metric='vibes' is unknown"),
+    (["task.task_class=XX"], "task.task_class='XX' is invalid"),
+    (["task.data.source=ftp"], "task.data.source='ftp' is invalid"),
+    (["task.data.source=local", "task.data.local=data/nope.jsonl"],
+     "task gsm8k: no data available; tried: shipped file"),
+    (["models.target.kind=onnx"], "models.target.kind='onnx' is unknown"),
+    (["models.draft.kind=medusa"], "models.draft.kind='medusa' is unknown"),
+    (["models.draft=null"], "models.draft=None: this method needs a draft model"),
+    (["+models.target.dtype=int4"], "models.target.dtype='int4' is not supported"),
+    (["models.target.kind=gguf_file", "+models.target.path=/nonexistent/m.gguf"],
+     "models.target.path='/nonexistent/m.gguf': no such GGUF file"),
+    (["models=smollm2", "models.target.package=no_such_model_pkg"],
+     "models.target.package='no_such_model_pkg' is not installed"),
+    (["models.target.kind=hub", "+models.target.path=/nonexistent/dir"],
+     "models.target.path='/nonexistent/dir': no such local directory"),
+    (["search=pareto"], "search=pareto needs GPU energy measurements"),
+]
+
+
+def compose_cfg(*overrides: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*BASE, *overrides], return_hydra_config=True)
+    from hydra.core.hydra_config import HydraConfig
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.parametrize("overrides,message", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
+def test_bad_input_is_refused_before_models_load(monkeypatch, overrides, message):
+    import tuner.run as run_module
+
+    def no_models(*args, **kwargs):
+        raise AssertionError("models were loaded before the config was validated")
+
+    monkeypatch.setattr(run_module, "load_models", no_models)
+    if "torch" in message:     # the bypass case: the real torch class must not be instantiated
+        pass
+    with pytest.raises((ConfigError, FileNotFoundError)) as caught:
+        run_module.run(compose_cfg(*overrides))
+    text = str(caught.value)
+    assert message in text and "\n" not in text.strip().split("; ")[0], text
+    assert not Path("studies/v.journal").exists() or Path("studies/v.journal").stat().st_size \
+        == 0 or "search=pareto" in " ".join(overrides)
+
+
+def test_there_are_at_least_25_documented_cases():
+    readme = (ROOT / "README.md").read_text()
+    assert len(CASES) >= 25
+    documented = [message for _, message in CASES if message.split("'")[0][:40] in readme]
+    assert len(documented) >= 25, f"only {len(documented)} cases in the README's table"
+
+
+def test_the_cli_prints_one_line_and_exits_2(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "tuner", *BASE, "search.n_trials=0"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.returncode == 2
+    assert lines == ["error: search.n_trials=0 is invalid: allowed is an integer >= 1"], lines
+    debug = subprocess.run([sys.executable, "-m", "tuner", *BASE, "search.n_trials=0",
+                            "debug=true"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr + debug.stdout
+
+
+def test_a_missing_best_config_is_an_error(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "tuner", *BASE, "+best=nosuchstudy"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "nosuchstudy" in result.stderr and "Traceback" not in result.stderr
