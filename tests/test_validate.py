@@ -57,6 +57,8 @@ CASES = [
     (["tracking.kind=wandb"], "tracking.kind='wandb' is unknown"),
     (["baseline=never"], "baseline='never' is invalid: allowed are ['per_trial', 'per_study']"),
     (["resume=always"], "resume='always' is invalid"),
+    (["phase=deploy"], "phase='deploy' is invalid: allowed are ['all', 'prepare', 'work', "
+                       "'finish']"),
     (["budget=huge"], "budget='huge' is invalid"),
     (["warmup_prompts=-1"], "warmup_prompts=-1 is invalid"),
     (["near_tie_tolerance=2.0"], "near_tie_tolerance=2.0 is invalid"),

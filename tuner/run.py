@@ -49,7 +49,7 @@ from tuner.storage import (RUN_TOKEN, fail_orphans, failure_reason, is_retried, 
                            make_storage, open_study)
 from tuner.tasks.task import Task
 from tuner.track import NullTracker, environment_tags, flatten, make_tracker
-from tuner.validate import check_journal, plain, validate
+from tuner.validate import PHASES, check_journal, plain, validate
 
 VANILLA = {"_target_": "decoding.vanilla.Vanilla", "needs_draft": False}
 POLL_S = 2.0          # how often a worker waiting for other workers' results looks again
@@ -133,13 +133,16 @@ class Study:
             instantiate(search["pruner"]) if search.get("pruner") else
             optuna.pruners.NopPruner(), self.fingerprint, self._searched(self.default),
             cfg.resume == "force", say)
-        # 3. models, prompts
-        self.pair, self.tokenizer = load_models(cfg.models, self.method_cfg["needs_draft"])
-        self.ids = {p.id: self.task.encode(p, self.tokenizer) for p in self.tuning + self.held_out}
-        self.vanilla = self._build(VANILLA, {})
-        # 4. tracking
+        # 3. tracking (the parent run is found again through the study)
         self.tracker = make_tracker(plain(cfg.tracking))
         self.parent_id = self.study.user_attrs.get("mlflow_parent_run_id")
+        self.pair = None
+
+    def load(self) -> None:
+        """Models and tokenised prompts: only the phases that measure need them."""
+        self.pair, self.tokenizer = load_models(self.cfg.models, self.method_cfg["needs_draft"])
+        self.ids = {p.id: self.task.encode(p, self.tokenizer) for p in self.tuning + self.held_out}
+        self.vanilla = self._build(VANILLA, {})
 
     # -- building and measuring -------------------------------------------------------------
 
@@ -584,12 +587,12 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     s.sampling = plain(cfg.sampling)
     s.greedy = float(s.sampling["temperature"]) == 0.0
     s.meter = EnergyMeter(s.device)
-    s.pair, s.tokenizer = load_models(cfg.models, s.method_cfg["needs_draft"])
-    s.ids = {p.id: s.task.encode(p, s.tokenizer) for p in s.tuning + s.held_out}
-    s.vanilla = s._build(VANILLA, {})
+    s.load()
     origin = plain(cfg.replay)
+    recorded = origin.get("held_out_speedup")
+    recorded = f"{recorded:.3f}x" if isinstance(recorded, (int, float)) else "none"
     say(f"replay of study {origin['study']} trial {origin['trial']} (recorded held-out speedup "
-        f"{origin.get('held_out_speedup')}): {s.default}")
+        f"{recorded}): {s.default}")
     confirmed = s.confirm(s.default)
     tracker = make_tracker(plain(cfg.tracking))
     tracker.start_study(f"replay-{origin['study']}", None,
@@ -602,21 +605,37 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
                          f"held-out speedup {confirmed['held_out_speedup']:.3f}x", {})
     say(f"replay: held-out speedup {confirmed['held_out_speedup']:.3f}x (min "
         f"{confirmed['held_out_speedup_min']:.3f}, max {confirmed['held_out_speedup_max']:.3f});"
-        f" recorded {origin.get('held_out_speedup')}")
+        f" recorded {recorded}")
     return {"params": s.default, **confirmed}
 
 
 def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
-    """Run (or resume) the study described by ``cfg``; returns the final summary."""
+    """Run (or resume) the study described by ``cfg``; returns the final summary.
+
+    ``phase``: all (default: prepare, work, finish in this process), prepare (create the study,
+    trial 0 and the MLflow parent; no models), work (a worker: trials until the search is done),
+    finish (best, held-out confirmation, YAML, summary). Any number of workers may run at once.
+    """
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # our own lines say what happens
     if cfg.get("replay"):
         return replay(cfg, timer)
+    phase = cfg.get("phase", "all")
+    if phase not in PHASES:
+        raise ConfigError(f"phase={phase!r} is invalid: allowed are {list(PHASES)}")
     s = Study(cfg, timer)
     s.describe()
     with sigterm_as_interrupt():
         try:
             s.start_tracking()
-            s.work()
+            if phase == "prepare":
+                say(f"prepared study {s.name}: {len(s.study.trials)} trial(s) recorded")
+                return {"study_name": s.name, "created": s.created}
+            s.load()
+            if phase in ("all", "work"):
+                s.work()
+            if phase == "work":
+                say(f"worker done: {s.spent()} trial(s) spent in study {s.name}")
+                return {"study_name": s.name}
             return s.finish()
         except KeyboardInterrupt as err:
             s.tracker.end_study("KILLED")

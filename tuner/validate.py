@@ -24,6 +24,7 @@ from tuner.space import distributions, grid_names, heuristic_values, validate_pa
 SEARCH_KINDS = ("heuristic", "grid", "sampler")
 BASELINES = ("per_trial", "per_study")
 RESUME = ("auto", "force")
+PHASES = ("all", "prepare", "work", "finish")
 TRACKING = ("mlflow", "none", "server")
 SAMPLING_ARGS = ("temperature", "top_k", "top_p", "seed")
 
@@ -291,8 +292,8 @@ def validate(cfg: DictConfig) -> None:
     check_sampling(plain(cfg.sampling), cfg.seed)
     check_models(plain(cfg.models), method["needs_draft"])
     check_search(plain(cfg.search), method.get("space") or {}, task.get("task_class", "LH"))
-    for name, allowed in (("baseline", BASELINES), ("resume", RESUME), ("budget", ("auto",
-                                                                                 "full"))):
+    for name, allowed in (("baseline", BASELINES), ("resume", RESUME),
+                          ("budget", ("auto", "full")), ("phase", PHASES)):
         if cfg.get(name) not in allowed:
             raise ConfigError(f"{name}={cfg.get(name)!r} is invalid: allowed are {list(allowed)}")
     _int("warmup_prompts", cfg.warmup_prompts, 0, "an integer >= 0")
