@@ -358,3 +358,27 @@ def test_the_sandbox_fails_a_program_that_exits_early():
     assert run_program("assert 1 + 1 == 2").passed
     assert not run_program("import sys\nsys.exit(0)\nassert 1 + 1 == 3").passed
     assert not run_program("import os\nos._exit(0)\nassert 1 + 1 == 3").passed
+
+
+def test_prepare_work_finish_phases(tmp_path, monkeypatch):
+    import tuner.run as run_module
+    common = ["method=speculative", *TINY, "search=grid", "search.ranges=full",
+              "method.space.num_draft_tokens.high=3", "method.params.num_draft_tokens=2",
+              "tracking.experiment=ph"]
+    real_load = run_module.load_models
+    monkeypatch.setattr(run_module, "load_models", lambda *a, **k: pytest.fail("models loaded"))
+    prepared = run(tmp_path, *common, "phase=prepare")
+    assert prepared["created"] is True
+    study = load_study(tmp_path)
+    assert [t.state for t in study.trials] == [TrialState.WAITING]
+    assert study.user_attrs["mlflow_parent_run_id"] and study.user_attrs["fingerprint"]
+    assert run(tmp_path, *common, "phase=prepare")["created"] is False    # idempotent
+    assert len(load_study(tmp_path).trials) == 1
+    monkeypatch.setattr(run_module, "load_models", real_load)
+    run(tmp_path, *common, "phase=work")
+    assert not (tmp_path / "studies" / "best").exists()
+    done = load_study(tmp_path).get_trials(states=(TrialState.COMPLETE,))
+    assert sorted(t.params["num_draft_tokens"] for t in done) == [1, 2, 3]
+    result = run(tmp_path, *common, "phase=finish")
+    assert (tmp_path / "studies" / "best" / "t.yaml").is_file()
+    assert len(load_study(tmp_path).trials) == 3 and result["trial"] in (0, 1, 2)
