@@ -97,6 +97,9 @@ def plots_html(study: optuna.Study, path: Path) -> Path | None:
                                                 target_name="paired speedup vs vanilla")
         history.add_hline(y=1.0, line_dash="dash", line_color="gray",
                           annotation_text="vanilla = 1.0")
+        numbers, best = best_so_far(study)
+        history.add_scatter(x=numbers, y=best, mode="lines", name="best so far",
+                            line={"shape": "hv", "color": "firebrick"})
         figures = [history]
         if study.best_trials and study.best_trials[0].params:
             figures.append(vis.plot_slice(study, target=lambda t: t.values[0],
@@ -106,4 +109,36 @@ def plots_html(study: optuna.Study, path: Path) -> Path | None:
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures)]
     path.write_text("<!doctype html><html><head><meta charset='utf-8'><title>"
                     f"{study.study_name}</title></head><body>{''.join(parts)}</body></html>")
+    return path
+
+
+def best_so_far(study: optuna.Study) -> tuple[list[int], list[float]]:
+    numbers, best, top = [], [], float("-inf")
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        top = max(top, t.values[0])
+        numbers.append(t.number)
+        best.append(top)
+    return numbers, best
+
+
+def plots_png(study: optuna.Study, path: Path) -> Path | None:
+    """The same history as a PNG: the MLflow UI previews images inline (large HTML it does not)."""
+    numbers, best = best_so_far(study)
+    if not numbers:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=110)
+    ax.scatter([t.number for t in done], [t.values[0] for t in done], label="trial")
+    ax.step(numbers, best, where="post", color="firebrick", label="best so far")
+    ax.axhline(1.0, color="gray", linestyle="--", label="vanilla = 1.0")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("paired speedup vs vanilla")
+    ax.set_title(study.study_name)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
     return path

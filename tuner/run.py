@@ -504,10 +504,11 @@ class Study:
         rows = report.summary_rows(self.name, params, best, confirmed, summary, self.budget,
                                    notes, self.meter.reason)
         advice = report.recommendation(confirmed)
-        files = {"best": path}
-        plots = report.plots_html(self.study, Path(path).with_suffix(".plots.html"))
-        if plots:
-            files["plots"] = plots
+        files = [("best", path)]
+        for plot in (report.plots_png(self.study, Path(path).with_suffix(".history.png")),
+                     report.plots_html(self.study, Path(path).with_suffix(".plots.html"))):
+            if plot:
+                files.append(("plots", plot))
         self.tracker.mark_winner(best.get("run_id"), best["trial"])
         numeric = {k: v for k, v in summary.items() if k in (
             "speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate")}
@@ -602,7 +603,7 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
                             OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
                             resolve=True))
     tracker.finish_study(confirmed, {}, f"Replay of {origin['study']} trial {origin['trial']}: "
-                         f"held-out speedup {confirmed['held_out_speedup']:.3f}x", {})
+                         f"held-out speedup {confirmed['held_out_speedup']:.3f}x", [])
     say(f"replay: held-out speedup {confirmed['held_out_speedup']:.3f}x (min "
         f"{confirmed['held_out_speedup_min']:.3f}, max {confirmed['held_out_speedup_max']:.3f});"
         f" recorded {recorded}")

@@ -40,7 +40,7 @@ class NullTracker:
     def mark_winner(self, run_id: str | None, trial_number: int) -> None: ...
 
     def finish_study(self, metrics: Mapping[str, float], tags: Mapping[str, str],
-                     description: str, files: Mapping[str, Path], status: str = "FINISHED"
+                     description: str, files: list[tuple[str, Path]], status: str = "FINISHED"
                      ) -> None: ...
 
     def end_study(self, status: str) -> None: ...
@@ -50,8 +50,9 @@ def environment_tags(device: torch.device) -> dict[str, str]:
     tags = {"torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "device": str(device)}
     try:
-        tags["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                            text=True, check=True).stdout.strip()
+        tags["git_commit"] = subprocess.run(   # of this code, wherever the study runs from
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+            cwd=Path(__file__).resolve().parents[1]).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         tags["git_commit"] = "unknown"
     if device.type == "cuda":
@@ -97,9 +98,10 @@ class MlflowTracker:
             if found is None:
                 location = (Path(artifact_root).resolve() / experiment).as_uri() \
                     if artifact_root else None
-                try:
+                try:   # a model-training experiment: the UI opens on the runs table
                     self.experiment_id = self.client.create_experiment(
-                        experiment, artifact_location=location)
+                        experiment, artifact_location=location,
+                        tags={"mlflow.experimentKind": "custom_model_development"})
                 except MlflowException:
                     self.experiment_id = self.client.get_experiment_by_name(
                         experiment).experiment_id
@@ -124,8 +126,8 @@ class MlflowTracker:
     def finish_study(self, metrics, tags, description, files, status="FINISHED") -> None:
         self._log(self.parent_id, metrics=metrics,
                   tags={**tags, "mlflow.note.content": description})
-        for name, path in files.items():
-            self.client.log_artifact(self.parent_id, str(path), name)
+        for folder, path in files:
+            self.client.log_artifact(self.parent_id, str(path), folder)
         self.client.set_terminated(self.parent_id, status)
 
     def end_study(self, status: str) -> None:
