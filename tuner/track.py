@@ -85,8 +85,10 @@ class MlflowTracker:
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)    # schema set-up chatter
 
-        if tracking_uri.startswith("sqlite:///"):
-            Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        if tracking_uri.startswith("sqlite:///"):   # absolute: MLflow caches stores by URI
+            db = Path(tracking_uri[len("sqlite:///"):]).resolve()
+            db.parent.mkdir(parents=True, exist_ok=True)
+            tracking_uri = f"sqlite:///{db}"
         # one process at a time creates the SQLite schema and the experiment (two fresh runs in
         # one folder otherwise race in MLflow's database set-up)
         lock_dir = Path(tracking_uri[len("sqlite:///"):]).parent \
