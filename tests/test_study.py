@@ -382,3 +382,21 @@ def test_prepare_work_finish_phases(tmp_path, monkeypatch):
     result = run(tmp_path, *common, "phase=finish")
     assert (tmp_path / "studies" / "best" / "t.yaml").is_file()
     assert len(load_study(tmp_path).trials) == 3 and result["trial"] in (0, 1, 2)
+
+
+def test_a_scheduled_rerun_says_what_changed_since_the_previous_run(tmp_path):
+    from tuner.report import compare_previous, write_best_yaml
+    folder = tmp_path / "best"
+    args = dict(task="gsm8k", method_choice="speculative", models={"target": {"kind": "tiny"}},
+                sampling={"temperature": 0.0}, seed=0)
+    write_best_yaml(folder, "fam-20261120", params={"num_draft_tokens": 4},
+                    best={"trial": 0, "value": 1.2}, confirmed={"held_out_speedup": 1.25},
+                    **args)
+    assert compare_previous(folder, "fam", "fam-20261120", {"num_draft_tokens": 4}, {}) is None
+    same = compare_previous(folder, "fam", "fam-20261121", {"num_draft_tokens": 4},
+                            {"held_out_speedup": 1.0})
+    assert same == ("since fam-20261120: best parameters unchanged; held-out speedup 1.250x -> "
+                    "1.000x (-20.0 %)")
+    moved = compare_previous(folder, "fam", "fam-20261121", {"num_draft_tokens": 6},
+                             {"held_out_speedup": 1.3})
+    assert moved.startswith("since fam-20261120: best parameters changed: num_draft_tokens 4 -> 6")

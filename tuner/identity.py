@@ -69,12 +69,16 @@ def differences(stored: Mapping[str, str], wanted: Mapping[str, str]) -> list[st
 
 
 def check_resume(study_name: str, stored: Mapping[str, str] | None, wanted: Mapping[str, str],
-                 force: bool) -> list[str]:
-    """Raise ``StudyMismatch`` when a stored fingerprint differs (unless forced); returns diffs."""
+                 force: bool, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Raise ``StudyMismatch`` when a stored fingerprint differs (unless forced); returns diffs.
+
+    ``ignore``: keys allowed to differ (a worker with per-trial baselines on another GPU model
+    measures its own paired vanilla timings and records its hardware on every trial).
+    """
     if stored is None:
         raise StudyMismatch(f"study {study_name!r} exists but records no settings fingerprint (made "
                             "by an older version): use a new study_name=..., or resume=force")
-    diff = differences(stored, wanted)
+    diff = [k for k in differences(stored, wanted) if k not in ignore]
     if diff and not force:
         shown = "; ".join(f"{k}: {_short(stored.get(k))} -> {_short(wanted.get(k))}"
                           for k in diff[:4])

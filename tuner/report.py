@@ -142,3 +142,24 @@ def plots_png(study: optuna.Study, path: Path) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def compare_previous(folder: Path, family: str, name: str, params: Mapping[str, Any],
+                     confirmed: Mapping[str, float]) -> str | None:
+    """For scheduled re-runs (``<family>-<tag>`` studies): did the winner or its speedup change?"""
+    import yaml
+    earlier = sorted(p for p in folder.glob(f"{family}-*.yaml") if p.stem < name
+                     and not p.stem.endswith((".plots", ".history")))
+    if not earlier:
+        return None
+    previous = yaml.safe_load(earlier[-1].read_text())
+    old_params = (previous.get("method") or {}).get("params") or {}
+    old_speed = (previous.get("replay") or {}).get("held_out_speedup")
+    changed = {k: (old_params.get(k), v) for k, v in params.items() if old_params.get(k) != v}
+    what = ("best parameters unchanged" if not changed else "best parameters changed: " +
+            ", ".join(f"{k} {a} -> {b}" for k, a, b in ((k, *v) for k, v in changed.items())))
+    new_speed = confirmed.get("held_out_speedup")
+    if isinstance(old_speed, (int, float)) and new_speed:
+        what += (f"; held-out speedup {old_speed:.3f}x -> {new_speed:.3f}x "
+                 f"({(new_speed / old_speed - 1) * 100:+.1f} %)")
+    return f"since {earlier[-1].stem}: {what}"

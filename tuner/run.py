@@ -122,7 +122,9 @@ class Study:
             method={k: v for k, v in self.method_cfg.items()}, search=search,
             baseline=str(cfg.baseline), warmup_prompts=int(cfg.warmup_prompts),
             near_tie_tolerance=float(cfg.near_tie_tolerance), device=self.device)
-        self.name = str(cfg.study_name or f"{cfg.study_prefix}-{short_hash(self.fingerprint)}")
+        self.family = f"{cfg.study_prefix}-{short_hash(self.fingerprint)}"
+        tag = cfg.get("study_tag")
+        self.name = str(cfg.study_name or (f"{self.family}-{tag}" if tag else self.family))
         if not cfg.storage:
             check_journal(journal_path(cfg.studies_dir, self.name))
         self.plan = self._plan()
@@ -132,7 +134,8 @@ class Study:
             instantiate(search["sampler"]) if search.get("sampler") else None,
             instantiate(search["pruner"]) if search.get("pruner") else
             optuna.pruners.NopPruner(), self.fingerprint, self._searched(self.default),
-            cfg.resume == "force", say)
+            cfg.resume == "force", say, ignore=("hardware",) if cfg.phase == "work" and
+            cfg.baseline == "per_trial" else ())
         # 3. tracking (the parent run is found again through the study)
         self.tracker = make_tracker(plain(cfg.tracking))
         self.parent_id = self.study.user_attrs.get("mlflow_parent_run_id")
@@ -501,6 +504,10 @@ class Study:
                                       self.task.name, choice, plain(self.cfg.models),
                                       self.sampling, int(self.cfg.seed), params, best, confirmed)
         notes = self.notes(confirmed, summary)
+        since = report.compare_previous(Path(self.cfg.studies_dir) / "best", self.family,
+                                        self.name, params, confirmed)
+        if since:
+            notes.insert(0, since)
         rows = report.summary_rows(self.name, params, best, confirmed, summary, self.budget,
                                    notes, self.meter.reason)
         advice = report.recommendation(confirmed)

@@ -47,7 +47,8 @@ def make_storage(storage_url: str | None, studies_dir: str, study_name: str) -> 
 
 def open_study(storage: Any, study_name: str, directions: list[str], sampler: Any, pruner: Any,
                fingerprint: Mapping[str, str], default: Mapping[str, Any], force: bool,
-               say: Callable[[str], None], wait_s: float = 60.0) -> tuple[optuna.Study, bool]:
+               say: Callable[[str], None], wait_s: float = 60.0,
+               ignore: tuple[str, ...] = ()) -> tuple[optuna.Study, bool]:
     """Create the study (trial 0 enqueued once) or load it and check its fingerprint."""
     common = dict(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner)
     try:
@@ -65,7 +66,8 @@ def open_study(storage: Any, study_name: str, directions: list[str], sampler: An
     while "fingerprint" not in study.user_attrs and len(study.trials) <= 1 and \
             time.monotonic() < deadline:           # its creator is between enqueue and fingerprint
         time.sleep(0.2)
-    diff = check_resume(study_name, study.user_attrs.get("fingerprint"), fingerprint, force)
+    diff = check_resume(study_name, study.user_attrs.get("fingerprint"), fingerprint, force,
+                        ignore)
     if diff:
         say(f"resume=force: continuing study {study_name} although {diff} changed")
     return study, False
