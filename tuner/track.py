@@ -48,14 +48,16 @@ def environment_tags(device: torch.device) -> dict[str, str]:
 
 
 class MlflowTracker:
-    def __init__(self, tracking_uri: str, artifact_root: str, experiment: str) -> None:
+    def __init__(self, tracking_uri: str, artifact_root: str | None, experiment: str) -> None:
         import mlflow
 
         self.mlflow = mlflow
         Path("mlruns").mkdir(exist_ok=True)
         mlflow.set_tracking_uri(tracking_uri)
         found = mlflow.get_experiment_by_name(experiment)
-        if found is None:
+        if found is None and artifact_root is None:   # a tracking server stores artifacts itself
+            mlflow.create_experiment(experiment)
+        elif found is None:
             location = Path(artifact_root).resolve() / experiment
             mlflow.create_experiment(experiment, artifact_location=location.as_uri())
         mlflow.set_experiment(experiment)
@@ -99,6 +101,8 @@ class MlflowTracker:
 def make_tracker(cfg: Mapping[str, Any]) -> NullTracker | MlflowTracker:
     if cfg.get("kind") == "mlflow":
         return MlflowTracker(cfg["tracking_uri"], cfg["artifact_root"], cfg["experiment"])
+    if cfg.get("kind") == "server":   # started (if needed) by the launcher: tuner/mlflow_server.py
+        return MlflowTracker(cfg["tracking_uri"], None, cfg["experiment"])
     if cfg.get("kind") == "none":
         return NullTracker()
-    raise ValueError(f"tracking kind={cfg.get('kind')!r} is unknown: allowed are mlflow, none")
+    raise ValueError(f"tracking kind={cfg.get('kind')!r} is unknown: allowed are mlflow, server, none")
