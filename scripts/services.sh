@@ -11,7 +11,8 @@
 #   * Slurm 22.05 from Debian packages, one node named `hostname -s` with `nproc` CPUs and
 #     MemTotal minus headroom as RealMemory, partition `debug`, no accounting (sacct is off),
 #     DefMemPerCPU set so array tasks run side by side (without it CR_Core_Memory hands each job the
-#     whole node's memory and an array runs one task at a time).
+#     whole node's memory and an array runs one task at a time). GPUs found as /dev/nvidia0.. are
+#     declared as gres gpu:N (untested: the dev VM has none).
 #   * PostgreSQL 15 cluster `15/main` on 127.0.0.1:5432 with role+database spectune/spectune,
 #     password `spectune` (Optuna storage: postgresql+psycopg://spectune:spectune@127.0.0.1:5432/spectune).
 # Settings (environment): SLURM_DEF_MEM_PER_CPU (MB, default 1000), SLURM_MEM_HEADROOM_MB (default 2048),
@@ -111,6 +112,14 @@ write_slurm_conf() {
   mem=$(( $(awk '/^MemTotal/{print int($2/1024)}' /proc/meminfo) - MEM_HEADROOM_MB ))
   [ "$mem" -ge 1024 ] || mem=1024
   mkdir -p /etc/slurm "$SPOOL/ctld" "$SPOOL/d" "$LOG"
+  # GPUs (untested here: no GPU on the dev VM): /dev/nvidia0.. become gres gpu:N for --gres=gpu:K.
+  local gpus gres_types="" node_gres=""
+  gpus=$(find /dev -maxdepth 1 -name 'nvidia[0-9]*' 2>/dev/null | wc -l)
+  if [ "$gpus" -gt 0 ]; then
+    gres_types="GresTypes=gpu"
+    node_gres=" Gres=gpu:${gpus}"
+    echo "NodeName=${node} Name=gpu File=/dev/nvidia[0-$((gpus - 1))]" > /etc/slurm/gres.conf
+  fi
   cat > "$CONF.new" <<CONF
 # Written by spectune scripts/services.sh: single-node Slurm for sweeps and tests.
 ClusterName=spectune
@@ -139,7 +148,8 @@ SlurmctldPidFile=/run/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=${LOG}/slurmctld.log
 SlurmdLogFile=${LOG}/slurmd.log
-NodeName=${node} NodeAddr=127.0.0.1 CPUs=${cpus} RealMemory=${mem} State=UNKNOWN
+${gres_types}
+NodeName=${node} NodeAddr=127.0.0.1 CPUs=${cpus} RealMemory=${mem}${node_gres} State=UNKNOWN
 PartitionName=debug Nodes=${node} Default=YES MaxTime=INFINITE State=UP
 CONF
   mv "$CONF.new" "$CONF"
