@@ -7,6 +7,7 @@ tmp_path (Slurm runs as root here). Every test cancels what it leaves queued.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -62,8 +63,9 @@ def test_settings_from_config_and_errors():
         SlurmSettings.from_config({"workers": 0})
     with pytest.raises(ValueError, match="launcher.schedule='weekly' is invalid: allowed are"):
         SlurmSettings.from_config({"schedule": "weekly"})
-    with pytest.raises(ValueError, match="launcher.extra_sbatch entry 'qos=high' is invalid"):
-        SlurmSettings.from_config({"extra_sbatch": ["qos=high"]})
+    for bad in ("qos=high", "--comment=a b"):
+        with pytest.raises(ValueError, match=f"launcher.extra_sbatch entry '{bad}' is invalid"):
+            SlurmSettings.from_config({"extra_sbatch": [bad]})
 
 
 def test_render_headers_and_quoting(tmp_path):
@@ -217,6 +219,23 @@ def test_fail_dead_workers_on_journal_storage(cluster, tmp_path):
     again = study.ask()   # the re-queued point comes first, with the dead trial's value
     assert again.number == 3 and local.number == 2
     assert again.suggest_int("k", 1, 8) == study.get_trials()[1].params["k"]
+
+
+def test_no_answer_from_slurm_is_not_death(tmp_path, monkeypatch):
+    """With the controller unreachable, job_alive raises and no trial is failed (fake squeue)."""
+    for tool in ("squeue", "scontrol"):
+        fake = tmp_path / tool
+        fake.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm "
+                        "controller (connect failure)' >&2\nexit 1\n")
+        fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(slurm.SlurmError, match="Unable to contact"):
+        slurm.job_alive("12_3")
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.set_user_attr("slurm_job_id", "12_3")
+    assert liveness.fail_dead_workers(study) == []
+    assert study.get_trials()[0].state == optuna.trial.TrialState.RUNNING
 
 
 def test_worker_identity(monkeypatch):

@@ -92,9 +92,9 @@ class SlurmSettings:
             raise ValueError(f"launcher.time={self.time!r} is invalid: allowed are Slurm --time "
                              "forms (MM, HH:MM:SS, D-HH:MM:SS)")
         for line in self.extra_sbatch:
-            if not line.startswith("-") or "\n" in line:
+            if not line.startswith("-") or any(c.isspace() for c in line):
                 raise ValueError(f"launcher.extra_sbatch entry {line!r} is invalid: allowed is one "
-                                 "sbatch option per entry, e.g. --qos=high")
+                                 "sbatch option without spaces per entry, e.g. --qos=high")
         if self.schedule is not None:
             next_begin(self.schedule)   # validates
 
@@ -168,8 +168,12 @@ def render_scheduled(s: SlurmSettings, argv: Sequence[str], log_dir: str | Path,
         "set -euo pipefail",
         f"# schedule: {s.schedule} (Debian 12 Slurm has no scrontab: this job queues its successor)",
         f"next=$({_begin_shell(s.schedule)})",
-        f'successor=$(sbatch --parsable --begin="$next" --dependency=singleton {path})',
-        'echo "spectune: queued the next run as job ${successor%%;*} to begin at $next"',
+        # A failed resubmission must not cost today's run: warn, and run the sweep anyway.
+        f'if successor=$(sbatch --parsable --begin="$next" --dependency=singleton {path}); then',
+        '  echo "spectune: queued the next run as job ${successor%%;*} to begin at $next"',
+        "else",
+        '  echo "spectune: could not queue the next run: the schedule stops after this one" >&2',
+        "fi",
         f"export SPECTUNE_RUN_DATE=$(date +{stamp})",
     ] + _body(argv)[1:]
     return "\n".join(lines) + "\n"
