@@ -244,3 +244,81 @@ def test_worker_identity(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     ident = slurm.worker_identity()
     assert ident["slurm_job_id"] == "12_3" and ident["gpu"] == "1" and ident["host"]
+
+
+SWEEP_WORKER = """
+import os, sys, time, warnings, optuna
+from tuner import liveness, slurm
+warnings.simplefilter("ignore")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+where, name, n, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if where.startswith("postgresql"):
+    storage = liveness.heartbeat_storage(where, interval=1, grace=2)
+else:
+    path = where
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        path, lock_obj=optuna.storages.journal.JournalFileOpenLock(path)))
+study = optuna.load_study(study_name=name, storage=storage)
+task = os.environ["SLURM_ARRAY_TASK_ID"]
+while True:
+    liveness.reap(study)
+    trials = study.get_trials(deepcopy=False)
+    done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    running = any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
+    waiting = any(t.state == optuna.trial.TrialState.WAITING for t in trials)
+    if done >= n and not running and not waiting:
+        break
+    if done >= n and not waiting:   # wait for in-flight trials: dead ones get reaped, re-queued
+        time.sleep(0.5)
+        continue
+    trial = study.ask()
+    for key, value in slurm.worker_identity().items():
+        trial.set_user_attr(key, value)
+    x = trial.suggest_int("x", 0, 10**6)
+    with liveness.Heartbeat.for_trial(study, trial):
+        if task == "0":      # task 0 hangs in its first trial until the test kills it
+            open(out, "w").write(str(trial.number))
+            time.sleep(300)
+        time.sleep(0.3)
+    study.tell(trial, float(x))
+"""
+
+
+@pytest.mark.parametrize("backend", ["journal", "postgresql"])
+def test_killed_array_task_trial_fails_and_its_point_is_rerun(cluster, tmp_path, backend):
+    """The issue's promise, end to end: 2 Slurm array workers on one study; task 0 is scancel'ed
+    mid-trial; the survivor reaps the trial (heartbeat on PostgreSQL, job id on journal storage)
+    to FAIL and evaluates the same point again."""
+    from tests.services import PG_URL, require_postgres
+
+    name = f"kill-{uuid.uuid4().hex[:8]}"
+    if backend == "postgresql":
+        require_postgres()
+        where = PG_URL
+        storage = liveness.heartbeat_storage(where, interval=1, grace=2)
+    else:
+        where = str(tmp_path / "journal.log")
+        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+            where, lock_obj=optuna.storages.journal.JournalFileOpenLock(where)))
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+    stuck = tmp_path / "stuck"
+    s = settings(workers=2, workdir=str(Path(__file__).resolve().parents[1]))
+    script = tmp_path / "work.sbatch"
+    script.write_text(slurm.render_workers(s, [PY, "-c", SWEEP_WORKER, where, name, "4",
+                                               str(stuck)], tmp_path))
+    array = slurm.submit(script)
+    cluster.append(array)
+    wait_for(stuck.exists, timeout=45)
+    subprocess.run(["scancel", f"{array}_0"], check=True)
+    wait_for(lambda: not slurm.job_alive(array), timeout=60)
+
+    trials = study.get_trials()
+    dead = trials[int(stuck.read_text())]
+    assert dead.state == optuna.trial.TrialState.FAIL
+    assert dead.user_attrs["slurm_job_id"] == f"{array}_0" and dead.user_attrs["host"]
+    rerun = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE
+             and t.params == dead.params]
+    assert len(rerun) == 1 and rerun[0].user_attrs["slurm_job_id"] == f"{array}_1"
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) >= 4
+    out = (tmp_path / f"{s.job_name}-work_{array}_1.out").read_text()
+    assert "Traceback" not in out, out
