@@ -6,6 +6,7 @@ the connection). Under ``CI=true`` a missing service is a failure: CI starts the
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -23,14 +24,23 @@ def _absent(reason: str) -> None:
     pytest.skip(f"{reason}; start it with `make services`")
 
 
+@functools.lru_cache(maxsize=1)
+def _sinfo_error() -> str | None:
+    """None when the controller answers, else sinfo's complaint (asked once per session: a
+    missing controller makes sinfo retry for ~10 s)."""
+    done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0 or not done.stdout.strip():
+        return done.stderr.strip() or "no partitions"
+    return None
+
+
 def require_slurm() -> None:
     """Skip when sbatch is absent; fail when it is installed but the controller does not answer."""
     if shutil.which("sbatch") is None:
         _absent("sbatch not found")
-    done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0 or not done.stdout.strip():
-        pytest.fail(f"Slurm is installed but sinfo fails ({done.stderr.strip()}): "
-                    "run `make services`")
+    error = _sinfo_error()
+    if error:
+        pytest.fail(f"Slurm is installed but sinfo fails ({error}): run `make services`")
 
 
 def require_postgres(url: str = PG_URL) -> None:
