@@ -77,7 +77,7 @@ class Heartbeat:
 
     @classmethod
     def for_trial(cls, study: optuna.Study, trial: optuna.Trial) -> Heartbeat:
-        """The heartbeat of a trial from ``study.ask()`` (reads Optuna's private ids once, here)."""
+        """The heartbeat of a trial from ``study.ask()`` (Optuna's private ids are read here)."""
         return cls(study._storage, trial._trial_id)
 
     @property
@@ -131,7 +131,8 @@ def fail_dead_workers(study: optuna.Study, alive: Callable[[str], bool] | None =
 
     Trials without that attr (local runs) are left alone, as are all trials when Slurm does not
     answer (``SlurmError``): "no answer" is not "dead". With ``retry`` the failed trial's point is
-    enqueued again (user attr ``retry_of`` = the failed trial's number). Returns the failed numbers.
+    enqueued again (user attr ``retry_of`` = the failed trial's number). Returns the numbers of
+    the failed trials.
     """
     from tuner.slurm import SlurmError, job_alive
 

@@ -4,7 +4,8 @@ Many Slurm workers logging into one SQLite file lock each other out; instead one
 keeps runs in PostgreSQL and proxies artifacts to a shared directory, and workers log over HTTP.
 The command it runs (``server_command``):
 
-    mlflow server --backend-store-uri postgresql+psycopg://spectune:spectune@127.0.0.1:5432/mlflow \\
+    mlflow server \\
+        --backend-store-uri postgresql+psycopg://spectune:spectune@127.0.0.1:5432/mlflow \\
         --artifacts-destination <shared dir> --host 127.0.0.1 --port 5000 --workers 2
 
 (with ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: MLflow's GenAI job runner is not needed and
@@ -37,7 +38,7 @@ DEFAULT_BACKEND = "postgresql+psycopg://spectune:spectune@127.0.0.1:5432/mlflow"
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """Where the server keeps runs and artifacts, and where it listens (conf/tracking/server.yaml)."""
+    """Where the server keeps runs and artifacts, where it listens (conf/tracking/server.yaml)."""
 
     backend_store_uri: str = DEFAULT_BACKEND     # PostgreSQL database of runs (created if missing)
     artifacts_destination: str = "mlruns/server-artifacts"   # shared dir the server writes to
@@ -45,8 +46,8 @@ class ServerSettings:
     port: int = 5000
     workers: int = 2                             # uvicorn workers (fewer start faster)
     allowed_hosts: str | None = None             # --allowed-hosts, needed for remote clients
-    job_execution: bool = False                  # MLflow's GenAI job runner: unused here, and it
-                                                 # doubles the start-up time (6 s vs 12 s, 1 worker)
+    job_execution: bool = False                  # MLflow's GenAI job runner: unused here; it
+                                                 # doubles the start-up (6 s vs 12 s, 1 worker)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ServerSettings:
@@ -157,7 +158,7 @@ def stop_server(proc: subprocess.Popen, timeout: float = 15.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m tuner.mlflow_server [options]``: create the database, run the server in front."""
+    """``python -m tuner.mlflow_server [options]``: create the database, run the server."""
     d = ServerSettings()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend-store-uri", default=d.backend_store_uri)

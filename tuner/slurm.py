@@ -2,7 +2,7 @@
 
 One sweep on Slurm is three jobs on the same study (``conf/launcher/slurm.yaml``):
 
-  prepare  ──afterok──▶  workers (``--array=0-{N-1}``, one Optuna worker each)  ──afterany──▶  finish
+  prepare ──afterok──▶ workers (``--array=0-{N-1}``, one Optuna worker each) ──afterany──▶ finish
 
 The commands are argv lists supplied by the caller (the tuner's ``phase=prepare|work|finish``);
 they are shell-quoted here, so ``${oc.env:SPECTUNE_RUN_DATE}`` reaches Hydra untouched. Each worker
@@ -81,7 +81,8 @@ class SlurmSettings:
     def check(self) -> None:
         """Raise ValueError naming the first bad setting."""
         if not isinstance(self.workers, int) or self.workers < 1:
-            raise ValueError(f"launcher.workers={self.workers!r} is invalid: allowed is an int >= 1")
+            raise ValueError(f"launcher.workers={self.workers!r} is invalid: "
+                             "allowed is an int >= 1")
         if not isinstance(self.gpus_per_worker, int) or self.gpus_per_worker < 0:
             raise ValueError(f"launcher.gpus_per_worker={self.gpus_per_worker!r} is invalid: "
                              "allowed is an int >= 0")
@@ -93,8 +94,8 @@ class SlurmSettings:
                              "forms (MM, HH:MM:SS, D-HH:MM:SS)")
         for line in self.extra_sbatch:
             if not line.startswith("-") or any(c.isspace() for c in line):
-                raise ValueError(f"launcher.extra_sbatch entry {line!r} is invalid: allowed is one "
-                                 "sbatch option without spaces per entry, e.g. --qos=high")
+                raise ValueError(f"launcher.extra_sbatch entry {line!r} is invalid: allowed is "
+                                 "one sbatch option without spaces per entry, e.g. --qos=high")
         if self.schedule is not None:
             next_begin(self.schedule)   # validates
 
@@ -120,7 +121,8 @@ def _header(s: SlurmSettings, name: str, output: str, extra: Sequence[str] = ())
 
 def _body(argv: Sequence[str]) -> list[str]:
     if not argv:
-        raise ValueError("slurm: the command argv is empty: allowed is a non-empty list of strings")
+        raise ValueError("slurm: the command argv is empty: allowed is a non-empty list of "
+                         "strings")
     return ["set -euo pipefail",
             'echo "spectune: job ${SLURM_JOB_ID:-?} task ${SLURM_ARRAY_TASK_ID:-none} on '
             '$(hostname -s) GPUs ${CUDA_VISIBLE_DEVICES:-none}"',
@@ -166,7 +168,7 @@ def render_scheduled(s: SlurmSettings, argv: Sequence[str], log_dir: str | Path,
     stamp = "%Y-%m-%d" if s.schedule.startswith("daily") else "%Y-%m-%d-%H%M"
     lines = _header(s, name, out) + [
         "set -euo pipefail",
-        f"# schedule: {s.schedule} (Debian 12 Slurm has no scrontab: this job queues its successor)",
+        f"# schedule: {s.schedule} (no scrontab on Debian 12: this job queues its successor)",
         f"next=$({_begin_shell(s.schedule)})",
         # A failed resubmission must not cost today's run: warn, and run the sweep anyway.
         f'if successor=$(sbatch --parsable --begin="$next" --dependency=singleton {path}); then',
@@ -267,7 +269,8 @@ class SweepJobs:
 
 def write_sweep(s: SlurmSettings, study_dir: str | Path, prepare: Sequence[str],
                 work: Sequence[str], finish: Sequence[str]) -> dict[str, Path]:
-    """Write prepare.sbatch and work.sbatch (finish comes at submit time: it needs the array id)."""
+    """Write prepare.sbatch and work.sbatch (finish is written at submit time: it needs the
+    array's job id)."""
     out = _out_dir(s, study_dir)
     paths = {"prepare": out / "prepare.sbatch", "work": out / "work.sbatch"}
     paths["prepare"].write_text(render_prepare(s, prepare, out))

@@ -105,4 +105,5 @@ def make_tracker(cfg: Mapping[str, Any]) -> NullTracker | MlflowTracker:
         return MlflowTracker(cfg["tracking_uri"], None, cfg["experiment"])
     if cfg.get("kind") == "none":
         return NullTracker()
-    raise ValueError(f"tracking kind={cfg.get('kind')!r} is unknown: allowed are mlflow, server, none")
+    raise ValueError(f"tracking kind={cfg.get('kind')!r} is unknown: "
+                     "allowed are mlflow, server, none")
