@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -87,7 +87,18 @@ def test_next_begin():
     assert slurm.next_begin("hourly", now) == "2026-11-22T22:00:00"
     assert slurm.next_begin("daily", now) == "2026-11-23T00:00:00"
     assert slurm.next_begin("daily@02:15", now) == "2026-11-23T02:15:00"
+    assert slurm.next_begin("daily@23:05", now) == "2026-11-22T23:05:00"
+    assert slurm.next_begin("daily@21:30", now) == "2026-11-23T21:30:00"   # strictly after
     assert slurm.next_begin("now+6hours", now) == "now+6hours"
+
+
+@pytest.mark.parametrize("schedule", ["hourly", "daily", "daily@00:00", "daily@23:59",
+                                      "now+90minutes"])
+def test_job_computes_the_same_next_begin_as_python(schedule):
+    """The scheduled job computes its successor's begin with GNU date at run time."""
+    shell = subprocess.run(["bash", "-c", slurm._begin_shell(schedule)], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert shell == slurm.next_begin(schedule)
 
 
 # ---------------------------------------------------------------- real Slurm
@@ -163,7 +174,7 @@ def test_scheduled_run_resubmits_itself_with_begin_time(cluster, tmp_path):
     rows = wait_for(successor, timeout=45)
     cluster.append(rows[0][0])
     wait_for(lambda: marker.exists() and not slurm.job_alive(first), timeout=45)
-    expected = (datetime.now() + timedelta(days=1)).strftime("%Y-%m-%dT03:00:00")
+    expected = slurm.next_begin("daily@03:00")   # the shell's answer must match Python's
     job, start, state = successor()[0]
     assert (start, state) == (expected, "PENDING")
     assert marker.read_text() == datetime.now().strftime("%Y-%m-%d")

@@ -189,8 +189,9 @@ def next_begin(schedule: str, now: datetime | None = None) -> str:
     if schedule == "daily":
         return (now + timedelta(days=1)).strftime("%Y-%m-%dT00:00:00")
     at = _DAILY_AT.match(schedule)
-    if at:
-        return (now + timedelta(days=1)).strftime(f"%Y-%m-%dT{at[1]}:{at[2]}:00")
+    if at:   # the next HH:MM strictly after now: today's, or else tomorrow's
+        slot = now.replace(hour=int(at[1]), minute=int(at[2]), second=0, microsecond=0)
+        return (slot if slot > now else slot + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S")
     if _RELATIVE.match(schedule):
         return schedule
     raise ValueError(f"launcher.schedule={schedule!r} is invalid: allowed are {_SCHEDULES}")
@@ -205,7 +206,9 @@ def _begin_shell(schedule: str) -> str:
         return "date -d tomorrow +%Y-%m-%dT00:00:00"
     at = _DAILY_AT.match(schedule)
     if at:
-        return f"date -d tomorrow +%Y-%m-%dT{at[1]}:{at[2]}:00"
+        hm, fmt = f"{at[1]}:{at[2]}", "+%Y-%m-%dT%H:%M:%S"
+        return (f"s=$(date -d 'today {hm}' +%s); if [ \"$s\" -gt \"$(date +%s)\" ]; "
+                f"then date -d @$s {fmt}; else date -d 'tomorrow {hm}' {fmt}; fi")
     return f"echo {schedule}"
 
 
