@@ -68,6 +68,27 @@ def test_settings_from_config_and_errors():
             SlurmSettings.from_config({"extra_sbatch": [bad]})
 
 
+def test_launcher_configs_compose_into_settings():
+    """conf/launcher/*.yaml and conf/tracking/server.yaml compose with Hydra and are accepted."""
+    from hydra import compose, initialize_config_dir
+
+    from tuner.mlflow_server import ServerSettings
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        cfg = compose("config", overrides=[
+            "+task=gsm8k", "+launcher=slurm", "tracking=server", "launcher.workers=8",
+            "launcher.time=08:00:00", 'launcher.extra_sbatch=["--qos=high"]',
+            "launcher.schedule=daily@02:00"])
+        local = compose("config", overrides=["+task=gsm8k", "+launcher=local"])
+    s = SlurmSettings.from_config(cfg.launcher)
+    assert (s.workers, s.time, s.extra_sbatch, s.schedule) == (8, "08:00:00", ("--qos=high",),
+                                                               "daily@02:00")
+    assert ServerSettings.from_config(cfg.tracking).port == 5000
+    assert cfg.tracking.tracking_uri == "http://127.0.0.1:5000"
+    assert dict(local.launcher) == {"kind": "local", "workers": 1}
+
+
 def test_render_headers_and_quoting(tmp_path):
     s = SlurmSettings(workers=4, partition="gpu", gpus_per_worker=2, cpus_per_worker=8,
                       mem_per_worker="32G", account="proj", extra_sbatch=("--qos=high",))
