@@ -113,8 +113,10 @@ def start_server(s: ServerSettings, log_path: str | Path | None = None,
                  timeout: float = 120.0) -> subprocess.Popen:
     """Create the database if missing, start ``mlflow server`` and wait until it answers.
 
-    The server runs in its own session (stop it with ``stop_server``); output goes to
-    ``log_path`` (default: ``<artifacts_destination>/../mlflow-server.log``).
+    The server runs in its own session, so it outlives the caller (a launcher that submits Slurm
+    jobs and exits); stop it with ``stop_server`` or ``kill -- -$(cat <pid file>)``. Output goes to
+    ``log_path`` (default: ``<artifacts_destination>/../mlflow-server.log``), the process group id
+    to ``mlflow-server.pid`` next to it.
     """
     ensure_database(s.backend_store_uri)
     dest = Path(s.artifacts_destination).resolve()
@@ -124,6 +126,7 @@ def start_server(s: ServerSettings, log_path: str | Path | None = None,
         proc = subprocess.Popen(server_command(s), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env=server_env(s))
+    log.with_name("mlflow-server.pid").write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + timeout
     while not answers(s.url):
         if proc.poll() is not None:
