@@ -175,6 +175,18 @@ def test_sweep_array_runs_concurrently_then_finish(cluster, tmp_path):
     assert len(list((tmp_path / "slurm").glob("*-work_*_*.out"))) == 4
 
 
+def test_failed_prepare_cancels_workers_and_finish_still_runs(cluster, tmp_path):
+    s = settings(workers=2)
+    jobs = slurm.launch_sweep(s, tmp_path, prepare=["false"],
+                              work=["touch", str(tmp_path / "worker-ran")],
+                              finish=["touch", str(tmp_path / "finish-ran")])
+    cluster += [jobs.prepare, jobs.workers, jobs.finish]
+    wait_for(lambda: not slurm.job_alive(jobs.finish), timeout=60)
+    assert slurm.job_state(jobs.prepare) == "FAILED"
+    assert slurm.job_state(jobs.workers) == "CANCELLED"
+    assert (tmp_path / "finish-ran").exists() and not (tmp_path / "worker-ran").exists()
+
+
 def test_scheduled_run_resubmits_itself_with_begin_time(cluster, tmp_path):
     s = settings(schedule="daily@03:00")
     marker = tmp_path / "ran"

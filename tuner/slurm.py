@@ -137,10 +137,15 @@ def render_prepare(s: SlurmSettings, argv: Sequence[str], log_dir: str | Path) -
 
 def render_workers(s: SlurmSettings, argv: Sequence[str], log_dir: str | Path,
                    n: int | None = None) -> str:
-    """The worker array: ``n`` (default ``s.workers``) tasks, each runs ``argv``."""
+    """The worker array: ``n`` (default ``s.workers``) tasks, each runs ``argv``.
+
+    ``--kill-on-invalid-dep=yes``: when prepare fails, the array is cancelled instead of pending
+    forever, so finish (afterany) still runs and reports.
+    """
     n = s.workers if n is None else n
     out = f"{Path(log_dir)}/%x_%A_%a.out"
-    head = _header(s, f"{s.job_name}-work", out, [f"--array=0-{n - 1}"])
+    head = _header(s, f"{s.job_name}-work", out, [f"--array=0-{n - 1}",
+                                                   "--kill-on-invalid-dep=yes"])
     return "\n".join(head + _body(argv)) + "\n"
 
 
