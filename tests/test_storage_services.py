@@ -135,6 +135,17 @@ def mlflow_url(tmp_path_factory):
         mlflow_server.stop_server(proc)
 
 
+@pytest.fixture
+def server(mlflow_url):
+    """The session's server URL; afterwards this process's MLflow tracking URI is unset again."""
+    import mlflow
+
+    yield mlflow_url
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(None)
+
+
 MLFLOW_WRITER = """
 import sys, mlflow
 mlflow.set_tracking_uri(sys.argv[1])
@@ -147,13 +158,13 @@ with mlflow.start_run(run_name=sys.argv[3]):
 """
 
 
-def test_two_processes_log_over_http(mlflow_url):
+def test_two_processes_log_over_http(server):
     import mlflow
 
     experiment = f"two-writers-{uuid.uuid4().hex[:8]}"
-    mlflow.set_tracking_uri(mlflow_url)
+    mlflow.set_tracking_uri(server)
     mlflow.create_experiment(experiment)   # once, as the launcher would
-    writers = [spawn(MLFLOW_WRITER, mlflow_url, experiment, f"w{i}") for i in range(2)]
+    writers = [spawn(MLFLOW_WRITER, server, experiment, f"w{i}") for i in range(2)]
     for w in writers:
         assert w.wait(120) == 0, w.stderr.read()
     runs = mlflow.search_runs(experiment_names=[experiment], output_format="list")
@@ -164,4 +175,27 @@ def test_two_processes_log_over_http(mlflow_url):
         text = mlflow.artifacts.load_text(f"{run.info.artifact_uri}/note.txt")
         assert text == f"written by {run.data.params['worker']}"
     assert mlflow_server.ensure_server(mlflow_server.ServerSettings(
-        port=int(mlflow_url.rsplit(":", 1)[1])))[1] is None   # answering: reused, not restarted
+        port=int(server.rsplit(":", 1)[1])))[1] is None   # answering: reused, not restarted
+
+
+def test_tracker_logs_a_study_through_the_server(server, tmp_path):
+    """``tracking=server``: the tuner's tracker (parent run + nested trial run + files) over HTTP,
+    artifacts stored by the server (no local artifact_location)."""
+    import mlflow
+    import torch
+
+    from tuner.track import make_tracker
+
+    experiment = f"tracker-{uuid.uuid4().hex[:8]}"
+    tracker = make_tracker({"kind": "server", "tracking_uri": server,
+                            "experiment": experiment})
+    tracker.start_study("s1", {"method": "ouroboros"}, "seed: 0\n", torch.device("cpu"))
+    run_id = tracker.log_run("trial-0", {"k": 3}, {"speedup": 1.5}, {"kind": "trial"})
+    (tmp_path / "best.yaml").write_text("k: 3\n")
+    tracker.log_best({"speedup": 1.5}, {"k": 3}, {}, {"best": tmp_path / "best.yaml"})
+    tracker.close()
+    trial = mlflow.get_run(run_id)
+    assert trial.data.metrics["speedup"] == 1.5
+    parent = mlflow.get_run(trial.data.tags["mlflow.parentRunId"])
+    assert parent.info.artifact_uri.startswith("mlflow-artifacts:/")
+    assert mlflow.artifacts.load_text(f"{parent.info.artifact_uri}/best/best.yaml") == "k: 3\n"
