@@ -3,7 +3,7 @@
 #
 #   scripts/services.sh install   apt-get the Debian 12 packages that are missing (root)
 #   scripts/services.sh start     start munged, slurmctld, slurmd and PostgreSQL (no systemd needed)
-#   scripts/services.sh stop      stop what `start` started (by recorded PID / pg_ctlcluster)
+#   scripts/services.sh stop      stop what `start` started (PIDs and a marker under /run/spectune-services)
 #   scripts/services.sh status    one line per service
 #   scripts/services.sh ensure    install + start; a no-op when everything is already up
 #
@@ -72,8 +72,15 @@ pid_alive() {  # pid_alive NAME: the PID recorded for NAME is a running process
 }
 
 munge_up() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+# A slurm.conf written by someone else (a real cluster's node) is never touched: then Slurm is
+# "up" when sinfo answers, and `start` only checks that.
+own_conf() { [ ! -e "$CONF" ] || head -1 "$CONF" | grep -q '^# Written by spectune'; }
+sinfo_idle() { sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated|completing)'; }
 # pgrep first: sinfo without a controller retries for ~9 s before it fails.
-slurm_up() { pgrep -x slurmctld >/dev/null && pgrep -x slurmd >/dev/null && sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated|completing)'; }
+slurm_up() {
+  if own_conf; then pgrep -x slurmctld >/dev/null && pgrep -x slurmd >/dev/null && sinfo_idle
+  else sinfo_idle; fi
+}
 pg_up() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
 db_up() { PGPASSWORD=spectune psql -h 127.0.0.1 -U spectune -d spectune -tAqc 'SELECT 1' >/dev/null 2>&1; }
 all_up() { munge_up && slurm_up && db_up; }
@@ -157,6 +164,11 @@ CONF
 
 start_slurm() {
   slurm_up && return 0
+  if ! own_conf; then
+    echo "services: $CONF belongs to another Slurm setup and sinfo shows no usable node;" \
+      "not touching it" >&2
+    return 1
+  fi
   write_slurm_conf
   if ! pid_alive slurmctld; then
     rm -f /run/slurmctld.pid
@@ -179,6 +191,7 @@ start_postgres() {
   if ! pg_up; then
     [ -d "/etc/postgresql/$PG_VERSION/$PG_CLUSTER" ] || pg_createcluster "$PG_VERSION" "$PG_CLUSTER" >/dev/null
     pg_ctlcluster "$PG_VERSION" "$PG_CLUSTER" start
+    mkdir -p "$STATE" && touch "$STATE/postgresql.started"   # so `stop` stops only what we started
     wait_for 30 pg_up
   fi
   # Role + database (idempotent). md5/scram over TCP on 127.0.0.1 is Debian's default pg_hba.
@@ -195,11 +208,11 @@ SQL
 }
 
 # ---------------------------------------------------------------- stop / status
-stop_all() {
+stop_all() {  # only what `start` started (recorded under $STATE), never a site's own daemons
   local d p
   for d in slurmd slurmctld; do
-    [ -s "$STATE/$d.pid" ] || [ -s "/run/$d.pid" ] || continue
-    p=$(cat "$STATE/$d.pid" 2>/dev/null || cat "/run/$d.pid")
+    [ -s "$STATE/$d.pid" ] || continue
+    p=$(cat "$STATE/$d.pid")
     kill "$p" 2>/dev/null || true
     wait_for 15 bash -c "! kill -0 $p 2>/dev/null" || true
     rm -f "$STATE/$d.pid"
@@ -209,7 +222,10 @@ stop_all() {
     kill "$p" 2>/dev/null || true
     rm -f "$STATE/munged.pid"
   fi
-  pg_up && pg_ctlcluster "$PG_VERSION" "$PG_CLUSTER" stop || true
+  if [ -e "$STATE/postgresql.started" ]; then
+    pg_ctlcluster "$PG_VERSION" "$PG_CLUSTER" stop 2>/dev/null || true
+    rm -f "$STATE/postgresql.started"
+  fi
 }
 
 status() {
