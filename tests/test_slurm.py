@@ -259,7 +259,9 @@ def test_fail_dead_workers_on_journal_storage(cluster, tmp_path):
                           optuna.trial.TrialState.RUNNING]
     retried = study.get_trials()[3]
     assert retried.state == optuna.trial.TrialState.WAITING
-    assert retried.user_attrs["retry_of"] == 1
+    assert retried.user_attrs == {"retry_of": 1}      # not the dead worker's slurm_job_id
+    assert study.get_trials()[1].user_attrs["error"].startswith("orphaned: Slurm job")
+    assert liveness.orphans(study) == {1}
     again = study.ask()   # the re-queued point comes first, with the dead trial's value
     assert again.number == 3 and local.number == 2
     assert again.suggest_int("k", 1, 8) == study.get_trials()[1].params["k"]
@@ -363,6 +365,7 @@ def test_killed_array_task_trial_fails_and_its_point_is_rerun(cluster, tmp_path,
     rerun = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE
              and t.params == dead.params]
     assert len(rerun) == 1 and rerun[0].user_attrs["slurm_job_id"] == f"{array}_1"
+    assert liveness.orphans(study) == {dead.number}
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) >= 4
     out = (tmp_path / f"{s.job_name}-work_{array}_1.out").read_text()
     assert "Traceback" not in out, out

@@ -107,6 +107,7 @@ def test_killed_worker_trial_becomes_fail_and_is_requeued(pg):
     assert trials[mine.number].state == optuna.trial.TrialState.RUNNING
     retry = [t for t in trials.values() if t.state == optuna.trial.TrialState.WAITING]
     assert len(retry) == 1 and retry[0].params == trials[number].params
+    assert liveness.orphans(study) == {number}
     study.tell(mine, 0.0)
 
 

@@ -14,6 +14,8 @@ ask/tell, so:
     heartbeat, so a RUNNING trial whose user attr ``slurm_job_id`` (``1234_2``) is no longer alive
     in Slurm is failed and its point re-queued.
   * ``reap(study)`` does whichever applies; call it in each worker before ``study.ask()``.
+  * ``orphans(study)``: the numbers of trials failed this way (not failed evaluations), so that
+    they count neither as failed points nor against the trial budget.
 
 ``study.ask()`` on a heartbeat storage warns "Heartbeat of storage is supposed to be used with
 Study.optimize"; that is expected here (``Heartbeat`` is the ask/tell replacement).
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
     from optuna.storages import BaseStorage
 
 log = logging.getLogger(__name__)
+ORPHANED = "orphaned"   # prefix of the ``error`` user attr of a trial whose worker died
+_IDENTITY = ("host", "pid", "gpu", "slurm_job_id", "error")   # not copied to a retry
 
 
 def heartbeat_storage(url: str, interval: int = 60, grace: int | None = None,
@@ -148,14 +152,35 @@ def fail_dead_workers(study: optuna.Study, alive: Callable[[str], bool] | None =
         except SlurmError as e:
             log.warning("cannot tell whether Slurm job %s is alive: %s", job, e)
             return failed
-        try:
+        try:   # the same mark as the tuner's own orphan check (tuner/run.py), then FAIL
+            study._storage.set_trial_user_attr(t._trial_id, "error",
+                                               f"{ORPHANED}: Slurm job {job} is gone")
             study.tell(t.number, state=TrialState.FAIL)
         except (ValueError, RuntimeError):   # another worker failed or finished it first
             continue
         failed.append(t.number)
-        if retry:
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+        if retry:   # keep e.g. "stage"; the dead worker's identity goes
+            attrs = {k: v for k, v in t.user_attrs.items() if k not in _IDENTITY}
+            study.enqueue_trial(t.params, user_attrs={**attrs, "retry_of": t.number})
     return failed
+
+
+def orphans(study: optuna.Study) -> set[int]:
+    """Numbers of FAIL trials whose worker died (rather than whose evaluation failed).
+
+    Their points are evaluated again, so they should count neither as failed points nor against
+    the trial budget. Recognised: the ``error`` mark ``orphaned: ...`` (``fail_dead_workers``, the
+    tuner's local check) and the trials named by a retry (``retry_of`` user attr, or the
+    ``failed_trial`` system attr set by Optuna's ``RetryHeartbeatStaleTrialCallback``).
+    """
+    found = set()
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.FAIL and str(t.user_attrs.get("error", "")).startswith(ORPHANED):
+            found.add(t.number)
+        origin = t.user_attrs.get("retry_of", t.system_attrs.get("failed_trial"))
+        if origin is not None:
+            found.add(int(origin))
+    return found
 
 
 def reap(study: optuna.Study) -> list[int]:
