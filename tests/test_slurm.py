@@ -259,7 +259,7 @@ def test_fail_dead_workers_on_journal_storage(cluster, tmp_path):
                           optuna.trial.TrialState.RUNNING]
     retried = study.get_trials()[3]
     assert retried.state == optuna.trial.TrialState.WAITING
-    assert retried.user_attrs == {"retry_of": 1}      # not the dead worker's slurm_job_id
+    assert retried.user_attrs == {"retry_of": 1, "retries": 1}   # not the dead slurm_job_id
     assert study.get_trials()[1].user_attrs["error"].startswith("orphaned: Slurm job")
     assert liveness.orphans(study) == {1}
     again = study.ask()   # the re-queued point comes first, with the dead trial's value

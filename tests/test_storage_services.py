@@ -106,8 +106,12 @@ def test_killed_worker_trial_becomes_fail_and_is_requeued(pg):
     assert trials[number].state == optuna.trial.TrialState.FAIL
     assert trials[mine.number].state == optuna.trial.TrialState.RUNNING
     retry = [t for t in trials.values() if t.state == optuna.trial.TrialState.WAITING]
-    assert len(retry) == 1 and retry[0].params == trials[number].params
+    assert len(retry) == 1 and retry[0].user_attrs == {"retry_of": number, "retries": 1}
     assert liveness.orphans(study) == {number}
+    again = study.ask()   # the re-queued point is next, with the dead trial's value
+    assert again.number == retry[0].number
+    assert again.suggest_int("k", 1, 1000) == trials[number].params["k"]
+    study.tell(again, 1.0)
     study.tell(mine, 0.0)
 
 

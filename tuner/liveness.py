@@ -4,15 +4,15 @@ Optuna's own heartbeat only runs inside ``study.optimize()``; the tuner drives t
 ask/tell, so:
 
   * ``heartbeat_storage(url, interval, grace)`` builds an ``RDBStorage`` (PostgreSQL) with a
-    heartbeat and ``RetryHeartbeatStaleTrialCallback``: a failed stale trial is re-queued as a
-    WAITING trial with the same parameters, so its point is evaluated again.
+    heartbeat and the ``Requeue`` callback: a failed stale trial's point is enqueued again (a
+    WAITING trial with the same parameters and user attr ``retry_of``), so it is re-evaluated.
   * ``with Heartbeat(storage, trial_id):`` records the trial's heartbeat every ``interval`` seconds
     while the trial runs (a no-op for storages without heartbeat support, e.g. journal files).
   * ``fail_stale(study)`` fails RUNNING trials whose heartbeat is older than the grace period
     (``optuna.storages.fail_stale_trials``, public but experimental) and returns their numbers.
   * ``fail_dead_workers(study)`` is the journal-storage equivalent: journal storage has no
     heartbeat, so a RUNNING trial whose user attr ``slurm_job_id`` (``1234_2``) is no longer alive
-    in Slurm is failed and its point re-queued.
+    in Slurm is marked ``error="orphaned: ..."``, failed, and its point re-queued by ``Requeue``.
   * ``reap(study)`` does whichever applies; call it in each worker before ``study.ask()``.
   * ``orphans(study)``: the numbers of trials failed this way (not failed evaluations), so that
     they count neither as failed points nor against the trial budget.
@@ -29,7 +29,7 @@ import warnings
 from typing import TYPE_CHECKING, Callable
 
 import optuna
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 if TYPE_CHECKING:
@@ -37,7 +37,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ORPHANED = "orphaned"   # prefix of the ``error`` user attr of a trial whose worker died
-_IDENTITY = ("host", "pid", "gpu", "slurm_job_id", "error")   # not copied to a retry
+_IDENTITY = ("host", "pid", "gpu", "slurm_job_id", "error", "retry_of", "retries")   # not copied
+
+
+class Requeue:
+    """Stale-trial callback: enqueue the dead trial's point again, at most ``max_retry`` times.
+
+    Unlike Optuna's ``RetryHeartbeatStaleTrialCallback`` (which copies every user attr), the
+    retry does not inherit the dead worker's identity (host, pid, gpu, slurm_job_id), so a reaper
+    never mistakes the retry for the dead trial before its new worker stamps it. User attrs:
+    ``retry_of`` (the dead trial's number) and ``retries`` (how many times this point died).
+    """
+
+    def __init__(self, max_retry: int | None = 1) -> None:
+        self.max_retry = max_retry
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        retries = int(trial.user_attrs.get("retries", 0)) + 1
+        if self.max_retry is not None and retries > self.max_retry:
+            return
+        attrs = {k: v for k, v in trial.user_attrs.items() if k not in _IDENTITY}
+        study.enqueue_trial(trial.params, user_attrs={**attrs, "retry_of": trial.number,
+                                                      "retries": retries})
 
 
 def heartbeat_storage(url: str, interval: int = 60, grace: int | None = None,
@@ -52,8 +73,7 @@ def heartbeat_storage(url: str, interval: int = 60, grace: int | None = None,
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        callback = (None if max_retry == 0
-                    else RetryHeartbeatStaleTrialCallback(max_retry=max_retry))
+        callback = None if max_retry == 0 else Requeue(max_retry)
         return RDBStorage(url, heartbeat_interval=interval, grace_period=grace,
                           heartbeat_stale_trial_callback=callback)
 
@@ -130,17 +150,17 @@ def fail_stale(study: optuna.Study) -> list[int]:
 
 
 def fail_dead_workers(study: optuna.Study, alive: Callable[[str], bool] | None = None,
-                      retry: bool = True) -> list[int]:
+                      max_retry: int | None = 1) -> list[int]:
     """Fail RUNNING trials whose ``slurm_job_id`` user attr names a job Slurm says is gone.
 
     Trials without that attr (local runs) are left alone, as are all trials when Slurm does not
-    answer (``SlurmError``): "no answer" is not "dead". With ``retry`` the failed trial's point is
-    enqueued again (user attr ``retry_of`` = the failed trial's number). Returns the numbers of
-    the failed trials.
+    answer (``SlurmError``): "no answer" is not "dead". The failed trial's point is enqueued again
+    by ``Requeue(max_retry)`` (0: never). Returns the numbers of the failed trials.
     """
     from tuner.slurm import SlurmError, job_alive
 
     alive = alive or job_alive
+    requeue = Requeue(max_retry) if max_retry != 0 else None
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         job = t.user_attrs.get("slurm_job_id")
@@ -159,9 +179,8 @@ def fail_dead_workers(study: optuna.Study, alive: Callable[[str], bool] | None =
         except (ValueError, RuntimeError):   # another worker failed or finished it first
             continue
         failed.append(t.number)
-        if retry:   # keep e.g. "stage"; the dead worker's identity goes
-            attrs = {k: v for k, v in t.user_attrs.items() if k not in _IDENTITY}
-            study.enqueue_trial(t.params, user_attrs={**attrs, "retry_of": t.number})
+        if requeue is not None:
+            requeue(study, t)
     return failed
 
 
@@ -170,8 +189,8 @@ def orphans(study: optuna.Study) -> set[int]:
 
     Their points are evaluated again, so they should count neither as failed points nor against
     the trial budget. Recognised: the ``error`` mark ``orphaned: ...`` (``fail_dead_workers``, the
-    tuner's local check) and the trials named by a retry (``retry_of`` user attr, or the
-    ``failed_trial`` system attr set by Optuna's ``RetryHeartbeatStaleTrialCallback``).
+    tuner's local check) and the trials named by a retry (``retry_of`` user attr from ``Requeue``,
+    or the ``failed_trial`` system attr of Optuna's ``RetryHeartbeatStaleTrialCallback``).
     """
     found = set()
     for t in study.get_trials(deepcopy=False):
