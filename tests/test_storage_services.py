@@ -204,3 +204,18 @@ def test_tracker_logs_a_study_through_the_server(server, tmp_path):
     parent = mlflow.get_run(trial.data.tags["mlflow.parentRunId"])
     assert parent.info.artifact_uri.startswith("mlflow-artifacts:/")
     assert mlflow.artifacts.load_text(f"{parent.info.artifact_uri}/best/best.yaml") == "k: 3\n"
+
+
+def test_make_storage_journal_by_default_and_heartbeat_on_postgresql(pg, tmp_path):
+    from tuner.storage import make_storage
+
+    journal = make_storage(None, tmp_path / "studies" / "s.journal")
+    assert isinstance(journal, optuna.storages.JournalStorage)
+    optuna.create_study(study_name="s", storage=journal)
+    assert (tmp_path / "studies" / "s.journal").stat().st_size > 0
+    rdb = make_storage(pg, tmp_path / "unused.journal", heartbeat_interval=7, grace=20)
+    assert isinstance(rdb, optuna.storages.RDBStorage)
+    assert (rdb.get_heartbeat_interval(), rdb.grace_period) == (7, 20)
+    assert isinstance(rdb.get_heartbeat_stale_trial_callback(), liveness.Requeue)
+    assert make_storage(journal, "x") is journal
+    assert not (tmp_path / "unused.journal").exists()
