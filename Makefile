@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo tune test bench
+.PHONY: setup demo tune test bench services
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -22,7 +22,14 @@ tune: setup
 demo: setup
 	$(PY) -m decoding.demo
 
+# Slurm + PostgreSQL for the sweep tests. `make test` starts them (apt-get included) only under CI=true
+# or SPECTUNE_SERVICES=1: a user's plain `make test` never installs system packages behind their back
+# (without the services, the Slurm/PostgreSQL tests skip; under CI=true they fail instead).
+services:
+	bash scripts/services.sh ensure
+
 test: setup
+	@if [ "$$CI" = true ] || [ "$$SPECTUNE_SERVICES" = 1 ]; then bash scripts/services.sh ensure; fi
 	$(PY) -m pytest
 
 bench: setup

@@ -369,11 +369,11 @@ import os, time, optuna
 from pathlib import Path
 from tuner.storage import make_storage
 optuna.logging.set_verbosity(optuna.logging.ERROR)
-optuna.create_study(study_name="s", storage=make_storage(None, "studies", "s"))
+optuna.create_study(study_name="s", storage=make_storage(None, "studies/s.journal"))
 lock = Path("studies/s.journal.lock")
 lock.write_text("")                                    # the lock a killed writer leaves behind
 os.utime(lock, (time.time() - 100, time.time() - 100))
-optuna.load_study(study_name="s", storage=make_storage(None, "studies", "s")).ask()
+optuna.load_study(study_name="s", storage=make_storage(None, "studies/s.journal")).ask()
 print("released")
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,

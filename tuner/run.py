@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from decoding.models import resolve_device
-from tuner import report
+from tuner import liveness, report
 from tuner.build import build_method, load_models
 from tuner.energy import EnergyMeter, EnergyReading
 from tuner.errors import ConfigError, Interrupted
@@ -91,7 +91,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 class Study:
     """One tuning study; its state lives in the Optuna storage, this object wires things up."""
 
-    def __init__(self, cfg: DictConfig, timer: Timer = time_generation) -> None:
+    def __init__(self, cfg: DictConfig, timer: Timer = time_generation,
+                 open_storage: bool = True) -> None:
         # 1. validate everything cheap before anything expensive
         validate(cfg)
         self.cfg, self.timer = cfg, timer
@@ -128,9 +129,14 @@ class Study:
         if not cfg.storage:
             check_journal(journal_path(cfg.studies_dir, self.name))
         self.plan = self._plan()
+        if not open_storage:           # the Slurm launcher only needs the name and the checks
+            return
         # 2. the study: created (trial 0 enqueued once) or resumed after the fingerprint check
+        beat = plain(cfg.get("heartbeat")) or {}
+        storage = make_storage(cfg.storage, journal_path(cfg.studies_dir, self.name),
+                               int(beat.get("interval", 60)), beat.get("grace"))
         self.study, self.created = open_study(
-            make_storage(cfg.storage, cfg.studies_dir, self.name), self.name, self.directions,
+            storage, self.name, self.directions,
             instantiate(search["sampler"]) if search.get("sampler") else None,
             instantiate(search["pruner"]) if search.get("pruner") else
             optuna.pruners.NopPruner(), self.fingerprint, self._searched(self.default),
@@ -266,25 +272,30 @@ class Study:
             return self.budget["n_trials"]
         return min(self.budget["n_trials"], self.plan.size() + 1)
 
-    def _counts(self, trial) -> bool:
+    def _counts(self, trial, dead: set[int] | None = None) -> bool:
         """Trials that used budget: finished ones, except failures that say nothing of their point."""
+        if dead is None:
+            dead = liveness.orphans(self.study)
         return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) or \
-            (trial.state == TrialState.FAIL and not is_retried(self.study, trial))
+            (trial.state == TrialState.FAIL and not is_retried(self.study, trial, dead))
 
     def spent(self) -> int:
-        return sum(self._counts(t) for t in self.study.get_trials(deepcopy=False))
+        dead = liveness.orphans(self.study)
+        return sum(self._counts(t, dead) for t in self.study.get_trials(deepcopy=False))
 
     def _points(self) -> tuple[dict[tuple, float], set[tuple]]:
         results, taken = {}, set()
+        dead = liveness.orphans(self.study)
         for t in self.study.get_trials(deepcopy=False):
             if t.state == TrialState.COMPLETE and "pruned_at" not in t.user_attrs:
                 results[point_key(t.params)] = t.values[0]
-            elif t.state == TrialState.FAIL and self._counts(t):
+            elif t.state == TrialState.FAIL and self._counts(t, dead):
                 results[point_key(t.params)] = -math.inf
             elif t.state == TrialState.RUNNING:
                 taken.add(point_key(t.params))
-            elif t.state == TrialState.WAITING:
-                taken.add(point_key(json.loads(t.user_attrs.get("point", "{}"))))
+            elif t.state == TrialState.WAITING:    # enqueued by a plan, or a dead trial's retry
+                point = t.user_attrs.get("point")
+                taken.add(point_key(json.loads(point)) if point else point_key(t.params))
         return results, taken
 
     def next_trial(self) -> optuna.Trial | str | None:
@@ -327,7 +338,7 @@ class Study:
         """Run trials until the plan is done, the trial budget is spent or the timeout passes."""
         began, timeout = time.monotonic(), self.cfg.search.get("timeout")
         while True:
-            fail_orphans(self.study, say)
+            self.reap()
             running = len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
             if self.spent() + running >= self._limit():
                 break
@@ -342,6 +353,13 @@ class Study:
                     time.sleep(POLL_S)     # other workers hold this stage's remaining points
                 continue
             self.run_trial(trial)
+
+    def reap(self) -> None:
+        """Fail the trials of dead workers (same host: pid; Slurm: job id; RDB: heartbeat)."""
+        fail_orphans(self.study, say)
+        for number in liveness.reap(self.study):
+            say(f"trial {number}: its worker is gone (Slurm job ended or heartbeat stale); "
+                "marked FAIL, its point is queued again")
 
     def run_trial(self, trial: optuna.Trial) -> None:
         values = suggest(trial, self.space)
@@ -362,7 +380,8 @@ class Study:
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
         try:
-            summary, ms, refs = self.evaluate(trial, params)
+            with liveness.Heartbeat.for_trial(self.study, trial):
+                summary, ms, refs = self.evaluate(trial, params)
             values_out = ([summary["speedup"]] if len(self.directions) == 1 else
                           [summary["tokens_per_s"], summary["energy_j_per_token"]])
         except KeyboardInterrupt:
@@ -630,6 +649,10 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     phase = cfg.get("phase", "all")
     if phase not in PHASES:
         raise ConfigError(f"phase={phase!r} is invalid: allowed are {list(PHASES)}")
+    if (cfg.get("launcher") or {}).get("kind") == "slurm" and phase == "all":
+        from tuner.launch import launch   # noqa: PLC0415 - only for Slurm
+        planned = Study(cfg, timer, open_storage=False)     # validated and named; nothing loaded
+        return launch(cfg, planned.name, say)
     s = Study(cfg, timer)
     s.describe()
     with sigterm_as_interrupt():

@@ -26,23 +26,39 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError
 from tuner.identity import check_resume
+from tuner.liveness import heartbeat_storage
 
 RUN_TOKEN = uuid.uuid4().hex          # this process's identity in trial attributes (pids repeat)
 RETRIED = ("orphaned", "interrupted", "duplicate")   # failures whose point is evaluated again
+RDB_SCHEMES = ("postgresql", "mysql", "sqlite", "mariadb", "oracle", "mssql")
 
 
 def journal_path(studies_dir: str, study_name: str) -> Path:
     return (Path(studies_dir) / f"{study_name}.journal").resolve()
 
 
-def make_storage(storage_url: str | None, studies_dir: str, study_name: str) -> Any:
-    if storage_url:
-        return str(storage_url)
-    path = journal_path(studies_dir, study_name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = optuna.storages.journal.JournalFileOpenLock(str(path))
-    return optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(path), lock_obj=lock))
+def make_storage(url: Any, journal_path: str | Path, heartbeat_interval: int = 60,
+                 grace: int | None = None, max_retry: int | None = 1) -> Any:
+    """The storage for ``url`` (None: a journal file at ``journal_path``).
+
+    Args:
+        url: None, an SQLAlchemy URL (RDB storage with a heartbeat: a killed worker's trial
+            becomes FAIL after ``grace`` seconds and its point is re-queued), or a storage object.
+        journal_path: the journal file used when ``url`` is None (made absolute; parent created).
+        heartbeat_interval: seconds between heartbeats of a RUNNING trial (RDB only).
+        grace: seconds without a heartbeat before a trial is stale (None: 2 * interval).
+        max_retry: how often a dead trial's point is re-queued (0: never, None: no limit).
+    """
+    if url is None or url == "":
+        path = Path(journal_path).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = optuna.storages.journal.JournalFileOpenLock(str(path))
+        return optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(path), lock_obj=lock))
+    if isinstance(url, str) and url.split(":", 1)[0].split("+", 1)[0] in RDB_SCHEMES:
+        return heartbeat_storage(url, interval=heartbeat_interval, grace=grace,
+                                 max_retry=max_retry)
+    return url
 
 
 def open_study(storage: Any, study_name: str, directions: list[str], sampler: Any, pruner: Any,
@@ -78,12 +94,15 @@ def failure_reason(study: optuna.Study, trial: FrozenTrial) -> str:
                study.user_attrs.get(f"trial_{trial.number}_error", ""))
 
 
-def is_retried(study: optuna.Study, trial: FrozenTrial) -> bool:
-    """A failure that says nothing about its point: the point is evaluated again."""
+def is_retried(study: optuna.Study, trial: FrozenTrial, dead: set[int] = frozenset()) -> bool:
+    """A failure that says nothing about its point: the point is evaluated again.
+
+    ``dead``: trials whose worker died (``tuner.liveness.orphans``: stale heartbeat, gone job).
+    """
     if trial.state != TrialState.FAIL:
         return False
     reason = failure_reason(study, trial)
-    if reason.startswith(RETRIED):
+    if reason.startswith(RETRIED) or trial.number in dead:
         return True
     # a configuration error found by an earlier run does not burn budget once the config is fixed
     return trial.user_attrs.get("error_kind") == "config" and \
@@ -111,8 +130,8 @@ def orphaned(trial: FrozenTrial, host: str | None = None,
     """
     attrs = trial.user_attrs
     job = attrs.get("slurm_job_id")
-    if job and job_alive is not None:
-        return not job_alive(str(job))
+    if job:                       # a Slurm worker: judged by its job id (tuner.liveness)
+        return job_alive is not None and not job_alive(str(job))
     if attrs.get("host") != (host or socket.gethostname()):
         return False
     pid = int(attrs.get("pid", -1))

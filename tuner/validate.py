@@ -254,11 +254,33 @@ def check_tracking(tracking: Mapping[str, Any]) -> None:
     kind = tracking.get("kind")
     if kind not in TRACKING:
         raise ConfigError(f"tracking.kind={kind!r} is unknown: allowed are {list(TRACKING)}")
+    if kind == "server":
+        uri = str(tracking.get("tracking_uri", ""))
+        if not uri.startswith(("http://", "https://")):
+            raise ConfigError(f"tracking.tracking_uri={uri!r} is invalid for tracking=server: "
+                              "allowed is an http(s):// URL of an MLflow server")
     if kind == "mlflow":
         uri = str(tracking.get("tracking_uri", ""))
         if uri.startswith("sqlite:///"):
             check_folder("tracking.tracking_uri", Path(uri[len("sqlite:///"):]).parent or ".")
         check_folder("tracking.artifact_root", tracking.get("artifact_root", "mlruns"))
+
+
+def check_launcher(launcher: Mapping[str, Any]) -> None:
+    kind = launcher.get("kind")
+    if kind == "local":
+        return
+    if kind != "slurm":
+        raise ConfigError(f"launcher.kind={kind!r} is unknown: allowed are local, slurm")
+    from tuner.slurm import SlurmSettings
+    try:
+        SlurmSettings.from_config(launcher)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+    import shutil
+    if shutil.which("sbatch") is None:
+        raise ConfigError("launcher=slurm: sbatch is not installed here (allowed: a Slurm "
+                          "login node, or scripts/services.sh for a one-machine cluster)")
 
 
 def check_task(task: Mapping[str, Any]) -> None:
@@ -309,5 +331,11 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"study_name={cfg.study_name!r} is invalid: allowed are letters, "
                           "digits, '-', '_' and '.'")
     check_storage(cfg.storage)
+    beat = plain(cfg.get("heartbeat")) or {}
+    _int("heartbeat.interval", beat.get("interval", 60), 1, "an integer >= 1 (seconds)")
+    if beat.get("grace") is not None:
+        _int("heartbeat.grace", beat.get("grace"), int(beat.get("interval", 60)) + 1,
+             "an integer > heartbeat.interval (seconds), or null")
     check_folder("studies_dir", cfg.studies_dir)
     check_tracking(plain(cfg.tracking))
+    check_launcher(plain(cfg.get("launcher")) or {"kind": "local"})

@@ -1,0 +1,58 @@
+"""Skip-or-fail guards for tests that drive the real Slurm and PostgreSQL (scripts/services.sh).
+
+Locally a test skips only when the tool is truly absent (no ``sbatch`` on PATH, PostgreSQL refuses
+the connection). Under ``CI=true`` a missing service is a failure: CI starts them (`make test`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+
+import pytest
+
+PG_URL = os.environ.get("SPECTUNE_PG_URL",
+                        "postgresql+psycopg://spectune:spectune@127.0.0.1:5432/spectune")
+IN_CI = os.environ.get("CI") == "true"
+
+
+def _absent(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: scripts/services.sh ensure must have started it)")
+    pytest.skip(f"{reason}; start it with `make services`")
+
+
+@functools.lru_cache(maxsize=1)
+def _sinfo_error() -> str | None:
+    """None when the controller answers, else sinfo's complaint (asked once per session: a
+    missing controller makes sinfo retry for ~10 s)."""
+    done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0 or not done.stdout.strip():
+        return done.stderr.strip() or "no partitions"
+    return None
+
+
+def require_slurm() -> None:
+    """Skip when sbatch is absent; fail when it is installed but the controller does not answer."""
+    if shutil.which("sbatch") is None:
+        _absent("sbatch not found")
+    error = _sinfo_error()
+    if error:
+        pytest.fail(f"Slurm is installed but sinfo fails ({error}): run `make services`")
+
+
+def require_postgres(url: str = PG_URL) -> None:
+    """Skip when PostgreSQL refuses the connection (fail under CI); other errors fail."""
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(url)
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT 1"))
+        engine.dispose()
+    except sqlalchemy.exc.OperationalError as e:
+        if "refused" in str(e) or "could not connect" in str(e).lower():
+            _absent(f"PostgreSQL at {url} refused the connection")
+        raise
