@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -47,6 +48,21 @@ def default_pair() -> ModelPair:
 def gsm8k_questions() -> list[str]:
     lines = (ROOT / "data" / "gsm8k" / "test_200.jsonl").read_text().splitlines()
     return [json.loads(line)["question"] for line in lines]
+
+
+@pytest.fixture(scope="session")
+def mlflow_url(tmp_path_factory):
+    """One ``mlflow server`` (PostgreSQL backend, 1 worker) per test session: starts in 6-12 s."""
+    from tests.services import require_postgres
+    from tuner import mlflow_server
+    require_postgres()
+    settings = mlflow_server.ServerSettings(
+        artifacts_destination=str(tmp_path_factory.mktemp("mlflow") / "artifacts"),
+        port=int(os.environ.get("SPECTUNE_TEST_MLFLOW_PORT", "5057")), workers=1)
+    url, proc = mlflow_server.ensure_server(settings)
+    yield url
+    if proc is not None:
+        mlflow_server.stop_server(proc)
 
 
 __all__ = ["LoadedModel", "tiny_pair"]

@@ -127,19 +127,6 @@ def test_heartbeat_is_a_noop_without_heartbeat_storage(tmp_path):
 
 # ---------------------------------------------------------------- MLflow server
 
-@pytest.fixture(scope="session")
-def mlflow_url(tmp_path_factory):
-    """One ``mlflow server`` (PostgreSQL backend, 1 worker) per test session: starts in 6-12 s."""
-    require_postgres()
-    settings = mlflow_server.ServerSettings(
-        artifacts_destination=str(tmp_path_factory.mktemp("mlflow") / "artifacts"),
-        port=int(os.environ.get("SPECTUNE_TEST_MLFLOW_PORT", "5057")), workers=1)
-    url, proc = mlflow_server.ensure_server(settings)
-    yield url
-    if proc is not None:
-        mlflow_server.stop_server(proc)
-
-
 @pytest.fixture
 def server(mlflow_url):
     """The session's server URL; afterwards this process's MLflow tracking URI is unset again."""

@@ -69,5 +69,6 @@ def launch(cfg: DictConfig, name: str, say) -> dict[str, Any]:
         f"{jobs.workers}_[0-{settings.workers - 1}], finish {jobs.finish}; scripts and logs in "
         f"{folder}\n  watch: squeue -j {jobs.prepare},{jobs.workers},{jobs.finish}   summary: "
         f"{folder}/{settings.job_name}-finish_{jobs.finish}.out")
+    say(f"jobs: prepare={jobs.prepare} workers={jobs.workers} finish={jobs.finish}")
     return {"study_name": name, "prepare": jobs.prepare, "workers": jobs.workers,
             "finish": jobs.finish, "scripts": {k: str(v) for k, v in jobs.scripts.items()}}

@@ -335,24 +335,35 @@ class Study:
         self.tracker.end_run(run_id, {}, {"state": "FAIL", "error": message[:500]}, status)
 
     def work(self) -> None:
-        """Run trials until the plan is done, the trial budget is spent or the timeout passes."""
+        """Run trials until the plan is done, the trial budget is spent or the timeout passes.
+
+        With other workers on the study, a worker that finds the remaining points held by them
+        waits (polling) instead of leaving: if one of them dies, its point comes back here.
+        """
         began, timeout = time.monotonic(), self.cfg.search.get("timeout")
         while True:
             self.reap()
             running = len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-            if self.spent() + running >= self._limit():
+            spent = self.spent()
+            if spent >= self._limit():
                 break
             if timeout and time.monotonic() - began > float(timeout):
                 say(f"search.timeout={timeout}s reached: no new trials")
                 break
-            trial = self.next_trial()
-            if trial is None:
-                break
-            if trial in (WAIT, "retry"):
-                if trial == WAIT:
-                    time.sleep(POLL_S)     # other workers hold this stage's remaining points
+            if spent + running >= self._limit():
+                time.sleep(POLL_S)         # the rest is held by other workers
                 continue
-            self.run_trial(trial)
+            trial = self.next_trial()
+            if trial is None and not running:
+                break
+            if trial in (None, WAIT, "retry"):
+                if trial != "retry":
+                    time.sleep(POLL_S)     # other workers hold points this plan depends on
+                continue
+            # beat from the moment the trial exists: a worker that dies before its first
+            # heartbeat would leave a trial that never looks stale
+            with liveness.Heartbeat.for_trial(self.study, trial):
+                self.run_trial(trial)
 
     def reap(self) -> None:
         """Fail the trials of dead workers (same host: pid; Slurm: job id; RDB: heartbeat)."""
@@ -380,8 +391,7 @@ class Study:
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
         try:
-            with liveness.Heartbeat.for_trial(self.study, trial):
-                summary, ms, refs = self.evaluate(trial, params)
+            summary, ms, refs = self.evaluate(trial, params)
             values_out = ([summary["speedup"]] if len(self.directions) == 1 else
                           [summary["tokens_per_s"], summary["energy_j_per_token"]])
         except KeyboardInterrupt:
