@@ -148,3 +148,20 @@ def test_a_scheduled_sweep_queues_itself_with_its_begin_time(tmp_path):
         slurm.validate(script)
     finally:
         subprocess.run(["scancel", job], capture_output=True)
+
+
+def test_hydra_multirun_submits_one_study_per_combination(tmp_path):
+    require_slurm()
+    done = tuner(tmp_path, "-m", "+task=gsm8k", "method=speculative,block", "models=tiny",
+                 "tracking=none", "launcher=slurm", "launcher.workers=2",
+                 "launcher.job_name=multirun-test")
+    jobs = [dict(x.split("=", 1) for x in line.split()[1:])
+            for line in done.stdout.splitlines() if line.startswith("jobs: ")]
+    try:
+        assert done.returncode == 0 and len(jobs) == 2, done.stdout[-2000:] + done.stderr[-2000:]
+        studies = sorted(p.name for p in (tmp_path / "studies").iterdir() if p.is_dir())
+        assert [s.split("-")[1] for s in studies] == ["block", "speculative"]
+    finally:
+        ids = [j[k] for j in jobs for k in ("prepare", "workers", "finish")]
+        if ids:
+            subprocess.run(["scancel", *ids], capture_output=True)
