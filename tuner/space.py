@@ -105,14 +105,14 @@ def heuristic_values(name: str, spec: Mapping[str, Any], dist: BaseDistribution,
                      task_class: str) -> list[Any] | None:
     """The parameter's heuristic values for ``task_class``, clipped to the space; None if absent.
 
-    ``heuristic`` entries are ``[lo, hi]`` integer ranges or, for categorical/float parameters,
-    explicit value lists (``{HH: {values: [...]}}``).
+    ``heuristic`` entries are ``[lo, hi]`` integer ranges for int parameters and the list of
+    values itself for categorical and float ones (``{HH: [a, b, c]}``).
     """
     entry = (spec.get("heuristic") or {}).get(task_class)
     if entry is None:
         return None
-    if isinstance(entry, Mapping):
-        wanted = list(entry["values"])
+    if spec.get("type") != "int":
+        wanted = list(entry)
     else:
         wanted = list(range(int(entry[0]), int(entry[1]) + 1))
     kept = [v for v in wanted if contains(dist, v)]
