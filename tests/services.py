@@ -10,6 +10,7 @@ import functools
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -56,3 +57,14 @@ def require_postgres(url: str = PG_URL) -> None:
         if "refused" in str(e) or "could not connect" in str(e).lower():
             _absent(f"PostgreSQL at {url} refused the connection")
         raise
+
+
+def wait_for(cond, timeout: float = 60.0, every: float = 0.3, what: str = ""):
+    """Poll ``cond()`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout} s waiting for {what or cond}")

@@ -18,22 +18,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.services import require_slurm
+from tests.services import require_slurm, wait_for
 from tuner import liveness, slurm
 from tuner.slurm import SlurmSettings
 
 PY = sys.executable
-
-
-def wait_for(cond, timeout: float = 60.0, every: float = 0.3):
-    """Poll ``cond()`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout} s waiting for {cond}")
 
 
 def settings(**kw) -> SlurmSettings:

@@ -18,7 +18,7 @@ import uuid
 import optuna
 import pytest
 
-from tests.services import PG_URL, require_postgres
+from tests.services import PG_URL, require_postgres, wait_for as poll
 from tuner import liveness, mlflow_server
 
 PY = sys.executable
@@ -36,16 +36,6 @@ def spawn(code: str, *args: str, **kw) -> subprocess.Popen:
     """A Python child running ``code`` from the repo root (so it imports this checkout)."""
     return subprocess.Popen([PY, "-c", textwrap.dedent(code), *args], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
-
-
-def poll(cond, timeout: float, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout} s waiting for {cond}")
 
 
 ASK_TELL_WORKER = """

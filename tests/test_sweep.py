@@ -18,7 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.services import PG_URL, require_postgres, require_slurm
+from tests.services import PG_URL, require_postgres, require_slurm, wait_for
 from tuner import slurm
 from tuner.storage import failure_reason, make_storage
 
@@ -28,16 +28,6 @@ GRID = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=2",
         "task.n_held_out=1", "task.max_new_tokens=6", "warmup_prompts=0", "search=grid",
         "search.ranges=full", "method.space.num_draft_tokens.high=6",
         "method.params.num_draft_tokens=2"]
-
-
-def wait_for(cond, timeout: float, every: float = 0.5, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout} s waiting for {what or cond}")
 
 
 def tuner(tmp_path, *overrides, timeout=300) -> subprocess.CompletedProcess:
