@@ -606,24 +606,10 @@ def _slurm_job_id() -> str | None:
 
 def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     """``+best=<study>``: a fresh paired measurement of exactly that configuration vs vanilla."""
-    validate(cfg)
-    s = Study.__new__(Study)
-    s.cfg, s.timer = cfg, timer
-    s.method_cfg = plain(cfg.method)
-    s.space, s.default = {}, dict(s.method_cfg.get("params") or {})
-    s.task = Task(plain(cfg.task))
-    s.device = resolve_device(plain(cfg.models)["target"].get("device"))
-    s.budget = resolve_budget(cfg, s.device.type == "cuda")
-    try:
-        s.tuning, s.held_out = s.task.split(s.budget["n_prompts"], s.budget["n_held_out"])
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    s = Study(cfg, timer, open_storage=False)       # validated; no study storage is touched
     if not s.held_out:
         raise ConfigError("replay (+best=...) measures on held-out prompts: task.n_held_out=0 "
                           "leaves none; allowed is an integer >= 1")
-    s.sampling = plain(cfg.sampling)
-    s.greedy = float(s.sampling["temperature"]) == 0.0
-    s.meter = EnergyMeter(s.device)
     s.load()
     origin = plain(cfg.replay)
     recorded = origin.get("held_out_speedup")
