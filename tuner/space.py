@@ -64,13 +64,16 @@ def grid(space: Mapping[str, Mapping[str, Any]]) -> dict[str, list[Any]]:
 def search_values(space: Mapping[str, Mapping[str, Any]], task_class: str | None = None
                   ) -> dict[str, list[Any]]:
     """Values per parameter: its heuristic range for ``task_class`` (Ouroboros Table 10) when it
-    declares one, else the full grid."""
+    declares one, else the full grid. An int heuristic is a range [low, high]; a categorical or
+    float heuristic is the list of values itself."""
     full = grid(space)
     values = {}
     for name, spec in space.items():
         heuristic = (spec.get("heuristic") or {}).get(task_class) if task_class else None
-        values[name] = list(range(int(heuristic[0]), int(heuristic[1]) + 1)) if heuristic \
-            else full[name]
+        if heuristic and spec.get("type") == "int":
+            values[name] = list(range(int(heuristic[0]), int(heuristic[1]) + 1))
+        else:
+            values[name] = list(heuristic) if heuristic else full[name]
     return values
 
 
