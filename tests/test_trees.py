@@ -386,3 +386,48 @@ def test_bad_tree_settings_are_rejected(tiny_pairs):
         build_method("tree", pair, confidence_threshold=1.5)
     with pytest.raises(ValueError, match="num_drafts=0 is invalid"):
         build_method("specinfer", pair, num_drafts=0)
+
+
+@pytest.mark.parametrize("name,kw", [("speculative", {}), ("tree", dict(shape="3-2-1"))])
+def test_feature_drafters_receive_the_targets_hidden_states(tiny_pairs, name, kw):
+    """A drafter that sets ``needs_hidden`` gets the target's last-layer states of the last
+    committed rows (the token before the step and the accepted path) in its context."""
+    pair = tiny_pairs["related"]
+    m = build_method(name, pair, **kw)
+    seen = []
+
+    class Recording:
+        needs_hidden = True
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def reset(self):
+            self.inner.reset()
+
+        def commit(self, num_valid):
+            self.inner.commit(num_valid)
+
+        def propose(self, context):
+            seen.append((context.ids.tolist(), context.hidden))
+            return self.inner.propose(context)
+
+    m.drafter = Recording(m.drafter)
+    generate(m, PROMPTS[1], 16)
+    assert seen[0][1] is None and len(seen) > 2
+    for ids, hidden in seen[1:]:
+        with torch.no_grad():
+            states = pair.target(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        rows = hidden.shape[0]
+        assert torch.allclose(hidden, states[-1][0, -(rows + 1):-1], atol=1e-5)
+
+
+@pytest.mark.real_model
+def test_trees_equal_vanilla_on_the_default_model(default_pair, gsm8k_questions):
+    from decoding import encode_prompt
+    prompts = [encode_prompt(default_pair.tokenizer, q) for q in gsm8k_questions[:2]]
+    reference = [generate(build_method("vanilla", default_pair), p, 48).tokens for p in prompts]
+    for name, kw in (("tree", {}), ("tree", dict(shape="2-2")), ("specinfer", {})):
+        outs = [generate(build_method(name, default_pair, **kw), p, 48) for p in prompts]
+        assert [o.tokens for o in outs] == reference, (name, kw)
+        assert 0 < sum(o.stats.accepted for o in outs) < sum(o.stats.drafted for o in outs)
