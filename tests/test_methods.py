@@ -30,6 +30,12 @@ ALL = sorted(DEFAULTS)
 DRAFT_METHODS = [n for n in ALL if n in METHODS and issubclass(METHODS[n], SpeculativeDecoding)]
 GAMMA_METHODS = [n for n in ALL if "num_draft_tokens" in DEFAULTS[n]]   # methods that take γ
 SAMPLING_KW = {name: cfg.get("test_params") or {} for name, cfg in CONFIGS.items()}
+SAMPLINGS = {"t1": dict(temperature=1.0), "topk": dict(temperature=0.7, top_k=5),
+             "topp": dict(temperature=1.3, top_p=0.8)}
+# (method, sampling id) pairs of the chi-square test; a YAML may narrow its own list with
+# ``test_samplings`` (tree methods: their rules are checked exactly in tests/test_trees.py)
+LAW_CASES = [(name, sid) for name in ALL if name != "vanilla"
+             for sid in CONFIGS[name].get("test_samplings", list(SAMPLINGS))]
 GAMMAS = [1, 2, 4, 8, 16]
 
 
@@ -146,13 +152,11 @@ def exact_two_token_law(model, prompt, sampling):
     return law
 
 
-@pytest.mark.parametrize("method", [n for n in ALL if n != "vanilla"])
-@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=5),
-                                      dict(temperature=1.3, top_p=0.8)],
-                         ids=["t1", "topk", "topp"])
-def test_sampled_tokens_follow_the_target_law(method, sampling):
+@pytest.mark.parametrize("method,sampling_id", LAW_CASES)
+def test_sampled_tokens_follow_the_target_law(method, sampling_id):
     """End to end at T > 0: the first two generated tokens are distributed as the target says."""
     from decoding.sampling import SamplingConfig
+    sampling = SAMPLINGS[sampling_id]
     pair = tiny_pair("related", vocab_size=12, initializer_range=0.3)
     prompt = [3, 1, 4]
     law = exact_two_token_law(pair.target, prompt, SamplingConfig(**sampling))
