@@ -20,7 +20,7 @@ step never overshoots the budget.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -33,9 +33,12 @@ from decoding.tree import Forest, keep_cache_rows, merge_duplicates, node_depths
 from decoding.verify import greedy_match, greedy_tree, token_verify, tree_verify
 
 if TYPE_CHECKING:
+    from transformers import DynamicCache
+
     from decoding.base import Drafter
     from decoding.clock import PhaseClock
 
+Scored = Tuple[Verdict, torch.Tensor, Optional[torch.Tensor], Optional[List[int]]]
 VerifyRule = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Generator | None"],
                       Verdict]
 
@@ -102,9 +105,12 @@ class DraftVerifyLoop(DecodingMethod):
             if finished:
                 return
 
-    def _chain(self, uncached: torch.Tensor, draft: Draft, cache, start: int,
-               generator: torch.Generator, wants_hidden: bool):
-        """Fast path for chains: plain causal forward, no 4D mask."""
+    def _chain(self, uncached: torch.Tensor, draft: Draft, cache: DynamicCache, start: int,
+               generator: torch.Generator, wants_hidden: bool) -> Scored:
+        """Fast path for chains: plain causal forward, no 4D mask.
+
+        Returns (verdict, logits [γ+1, V], hidden [accepted+1, H] or None, slots None).
+        """
         gamma = draft.size
         inputs = torch.cat([uncached, draft.tokens])[None]                      # [1, u+γ]
         positions = torch.arange(start, start + inputs.shape[1], device=inputs.device)
@@ -123,9 +129,12 @@ class DraftVerifyLoop(DecodingMethod):
             hidden = states[: verdict.accepted + 1]
         return verdict, logits, hidden, None
 
-    def _tree(self, uncached: torch.Tensor, draft: Draft, cache, start: int,
-              generator: torch.Generator, wants_hidden: bool):
-        """Trees: merge duplicate draws into slots, one masked forward, walk the tree."""
+    def _tree(self, uncached: torch.Tensor, draft: Draft, cache: DynamicCache, start: int,
+              generator: torch.Generator, wants_hidden: bool) -> Scored:
+        """Trees: merge duplicate draws into slots, one masked forward, walk the tree.
+
+        Returns (verdict, logits [S+1, V], hidden [accepted+1, H] or None, slot_of [n]).
+        """
         tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
         slot_of, slot_tokens, slot_parents = merge_duplicates(tokens, parents)
         forest = Forest()
@@ -142,8 +151,7 @@ class DraftVerifyLoop(DecodingMethod):
             verdict = tree_verify(tokens, parents, slot_of, draft.probs,
                                   logits_to_probs(logits, self.sampling),
                                   draft.without_replacement, generator)
-        # the target cache holds slot s at position start + base + s; keep_cache_rows wants
-        # "length + s" offsets, and length == start + base
+        # slot s now sits at cache position start + base + s == length + s (see ``stream``)
         hidden = None
         if wants_hidden:
             keep = [0] + [1 + slot_of[n] for n in verdict.nodes]
