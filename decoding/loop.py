@@ -105,6 +105,14 @@ class DraftVerifyLoop(DecodingMethod):
             if finished:
                 return
 
+    def _verify(self, draft: Draft, logits: torch.Tensor,
+                generator: torch.Generator) -> Verdict:
+        """Chain verification: greedy match at temperature 0, else ``verify_rule``."""
+        if self.sampling.greedy:
+            return greedy_match(draft.tokens, logits)
+        return self.verify_rule(draft.tokens, draft.probs,
+                                logits_to_probs(logits, self.sampling), generator)
+
     def _chain(self, uncached: torch.Tensor, draft: Draft, cache: DynamicCache, start: int,
                generator: torch.Generator, wants_hidden: bool) -> Scored:
         """Fast path for chains: plain causal forward, no 4D mask.
@@ -118,11 +126,7 @@ class DraftVerifyLoop(DecodingMethod):
                           position_ids=positions[None], cache_position=positions,
                           logits_to_keep=gamma + 1, output_hidden_states=wants_hidden)
         logits = out.logits[0]                                                  # [γ+1, V]
-        if self.sampling.greedy:
-            verdict = greedy_match(draft.tokens, logits)
-        else:
-            verdict = self.verify_rule(draft.tokens, draft.probs,
-                                       logits_to_probs(logits, self.sampling), generator)
+        verdict = self._verify(draft, logits, generator)
         hidden = None
         if wants_hidden:   # rows of the last committed token and the accepted draft tokens
             states = out.hidden_states[-1][0, -(gamma + 1):]                  # [γ+1, H]
