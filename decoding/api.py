@@ -9,29 +9,43 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+import decoding
+from decoding.base import DecodingMethod
 from decoding.clock import PhaseClock
-from decoding.lookahead import LookaheadDecoding
-from decoding.ouroboros import Ouroboros
-from decoding.speculative import BlockVerification, SpeculativeDecoding
-from decoding.vanilla import Vanilla
 
 if TYPE_CHECKING:
     from decoding.base import Method, Step
     from decoding.models import ModelPair
 
-METHODS: dict[str, type] = {
-    "vanilla": Vanilla,
-    "speculative": SpeculativeDecoding,
-    "block": BlockVerification,
-    "lookahead": LookaheadDecoding,
-    "ouroboros": Ouroboros,
-}
+NOT_METHODS = ("api", "demo", "models")   # modules that define no method (demo is a CLI)
+
+
+def discover_methods() -> dict[str, type]:
+    """Every ``DecodingMethod`` subclass defined in a ``decoding`` module, by its ``name``.
+
+    Adding a method means adding its module (and its ``conf/method`` YAML): no list to edit here.
+    """
+    found: dict[str, type] = {}
+    for info in pkgutil.iter_modules(decoding.__path__):
+        if info.name in NOT_METHODS:
+            continue
+        module = importlib.import_module(f"decoding.{info.name}")
+        for cls in vars(module).values():
+            if isinstance(cls, type) and issubclass(cls, DecodingMethod) \
+                    and cls is not DecodingMethod and cls.__module__ == module.__name__ and "name" in vars(cls):
+                found[cls.name] = cls
+    return dict(sorted(found.items()))
+
+
+METHODS: dict[str, type] = discover_methods()
 
 
 @dataclass(frozen=True)
@@ -40,6 +54,9 @@ class GenerationStats:
 
     ``mean_accepted_tokens`` follows vLLM/Spec-Bench: 1 + accepted / steps (bonus included, so
     vanilla scores exactly 1). Collected from Python ints the loop already has: no device sync.
+    For token trees ``drafted`` counts verified tree tokens and positions are tree depths:
+    ``accepted_per_position[i] / drafted_per_position[i]`` is the acceptance per drafted token at
+    depth i; the extras hold ``tree_size``, ``tree_depth`` and ``tree_draws`` summed over steps.
     """
 
     new_tokens: int
@@ -47,8 +64,8 @@ class GenerationStats:
     draft_forwards: int
     drafted: int
     accepted: int
-    drafted_per_position: tuple[int, ...]   # [γ_max] steps that drafted position i
-    accepted_per_position: tuple[int, ...]  # [γ_max] steps that accepted position i
+    drafted_per_position: tuple[int, ...]   # [γ_max] tokens drafted at position (tree depth) i
+    accepted_per_position: tuple[int, ...]  # [γ_max] steps that accepted position (tree depth) i
     accepted_length_hist: tuple[int, ...]   # [γ_max + 1] steps that accepted exactly j tokens
     draft_time_s: float
     verify_time_s: float
@@ -64,15 +81,15 @@ class GenerationStats:
 
     @classmethod
     def from_steps(cls, steps: Sequence[Step], times: dict[str, float]) -> GenerationStats:
-        width = max((s.drafted for s in steps), default=0)
+        width = max((len(s.drafted_per_depth) for s in steps), default=0)
         drafted_pos, accepted_pos = [0] * width, [0] * width
         hist = [0] * (width + 1)
         extras: dict[str, float] = {}
         for s in steps:
             for key, value in (s.extras or {}).items():   # "*_last" keys are gauges
                 extras[key] = value if key.endswith("_last") else extras.get(key, 0.0) + value
-            for i in range(s.drafted):
-                drafted_pos[i] += 1
+            for i, size in enumerate(s.drafted_per_depth):
+                drafted_pos[i] += size
             for i in range(s.accepted):
                 accepted_pos[i] += 1
             hist[s.accepted] += 1
@@ -112,7 +129,7 @@ def build_method(name: str, pair: ModelPair, **hyperparameters: Any) -> Method:
                          f"{allowed}")
     models = {"target": pair.target}
     if "draft" in inspect.signature(cls).parameters:
-        models["draft"] = pair.draft
+        models["draft"] = pair.drafts if len(pair.drafts) > 1 else pair.draft
     return cls(**models, **hyperparameters)
 
 

@@ -8,19 +8,24 @@ Vocabulary (vLLM's, used everywhere in this project):
 One step (= one target forward) commits accepted + 1 tokens (the recovered or bonus token), before
 truncation at EOS or ``max_new_tokens``.
 
-Data flows one way: a ``Drafter`` proposes a ``Draft``; the target scores it; a verify function (pure,
-``decoding.verify``) turns probabilities into a ``Verdict``; the method yields a ``Step``.
-Methods whose drafting is fused into the verification forward (lookahead, Ouroboros) need not use
-the Drafter seam; they only have to yield ``Step``s.
+Data flows one way: a ``Drafter`` proposes a ``Draft`` from a ``DraftContext``; the target scores
+it in one forward; a verify function (pure, ``decoding.verify``) turns probabilities into a
+``Verdict``; the shared loop (``decoding.loop``) commits it and yields a ``Step``. A chain is the
+special case ``Draft.parents is None``. Lookahead fuses its Jacobi window into the verification
+forward and keeps its own loop (see ``decoding.lookahead``); it still yields ``Step``s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence
+
+from decoding.runtime import stop_ids
+from decoding.sampling import SamplingConfig
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from decoding.clock import PhaseClock
 
@@ -34,22 +39,33 @@ class Step:
     accepted: int             # leading draft tokens accepted (≤ drafted)
     draft_forwards: int = 0   # draft-model forwards spent proposing this step's draft
     extras: Mapping[str, float] | None = None   # method-specific counters (summed per generation)
+    level_sizes: tuple[int, ...] | None = None   # [depth] tree tokens verified at each depth
+    #                                                (None: a chain, one token per position)
+
+    @property
+    def drafted_per_depth(self) -> tuple[int, ...]:
+        return (1,) * self.drafted if self.level_sizes is None else self.level_sizes
 
 
 @dataclass(frozen=True)
 class Draft:
     """Proposed continuation: new tokens only.
 
-    ``probs`` None means each token is a point mass (greedy or n-gram drafts): requirement R2 of
-    notes/verification.md — q must be the distribution the token was actually drawn from.
+    ``probs`` None means each token is a point mass (greedy, top-k or n-gram drafts): requirement R2
+    of notes/verification.md — q must be the distribution the token was actually drawn from.
     ``parents`` None means a chain; a token tree gives each node's parent index (-1 = the root, i.e.
-    the last committed token), nodes in creation order (parents before children).
+    the last committed token), nodes in creation order (parents before children). Sibling nodes
+    that are separate draws of the same token (i.i.d. drafts) may repeat: the forward merges them,
+    the verifier counts each draw (``decoding.tree``).
+    ``without_replacement``: siblings were drawn without replacement from their parent's q (then
+    ``probs`` holds that q before any exclusion), so the verifier also updates q (§3.1).
     """
 
     tokens: torch.Tensor                  # [n] int64
     probs: torch.Tensor | None = None     # [n, V] float32 draft distributions, or None
     parents: torch.Tensor | None = None   # [n] int64 parent index per node, or None (chain)
     forwards: int = 0                     # draft-model forwards spent
+    without_replacement: bool = False     # sibling scheme of a tree (ignored for chains)
 
     @property
     def size(self) -> int:
@@ -58,24 +74,72 @@ class Draft:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Outcome of verifying a chain draft: keep ``tokens[:accepted]`` then emit ``next_token``."""
+    """Outcome of verifying a draft (chain or tree): keep the accepted path, then ``next_token``.
 
-    accepted: int     # τ (block) / n (token): number of leading draft tokens accepted
-    next_token: int   # recovered (after a rejection) or bonus (all accepted) token id
+    For a chain the path is ``0..accepted−1`` and ``path`` may be left None; a tree gives the node
+    indices of the accepted root-to-node path.
+    """
+
+    accepted: int                       # τ (block) / n (token) / accepted tree depth
+    next_token: int                     # recovered (after a rejection) or bonus token id
+    path: tuple[int, ...] | None = None  # [accepted] accepted node indices (None: a chain prefix)
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return self.path if self.path is not None else tuple(range(self.accepted))
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """Everything a drafter may read, in one object (new drafters need no new arguments)."""
+
+    ids: torch.Tensor                    # [L] committed token ids (prompt + generated)
+    budget: int                          # most tokens a draft path may hold (≥ 1)
+    generator: torch.Generator | None    # the generation's only source of randomness
+    verdict: Verdict | None = None       # the last verdict (None on the first step)
+    hidden: torch.Tensor | None = None   # [m, H] target last-layer states of the last committed
+    #                                      rows (only when the drafter sets ``needs_hidden``)
 
 
 class Drafter(Protocol):
-    """Proposes drafts for a target model; owns (and rolls back) its own state."""
+    """Proposes drafts for a target model; owns (and rolls back) its own state.
+
+    Optional: a class attribute ``needs_hidden = True`` makes the loop pass the target's hidden
+    states in ``DraftContext.hidden`` (feature-level drafters such as EAGLE heads).
+    """
 
     def reset(self) -> None:
         """Forget everything about the previous sequence (called once per generation)."""
 
-    def propose(self, context: torch.Tensor, num_tokens: int,
-                generator: torch.Generator | None) -> Draft:
-        """Propose up to ``num_tokens`` tokens continuing ``context`` ([L] committed ids)."""
+    def propose(self, context: DraftContext) -> Draft:
+        """Propose a chain or tree whose paths hold at most ``context.budget`` tokens."""
 
     def commit(self, num_valid: int) -> None:
-        """The first ``num_valid`` tokens of the last context + draft are now committed."""
+        """The first ``num_valid`` tokens of the last context + accepted path are committed."""
+
+
+class DecodingMethod:
+    """Shared constructor arguments of every method: sampling, seed and stop ids.
+
+    Args:
+        target: the target causal LM.
+        temperature, top_k, top_p: sampling settings (temperature 0 = greedy).
+        seed: seeds the ``torch.Generator`` created for each generation.
+        eos_token_ids: stop ids; default: the target's generation config.
+    """
+
+    name = "base"
+
+    def __init__(self, target: nn.Module, *, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0,
+                 eos_token_ids: Sequence[int] | None = None) -> None:
+        self.target = target
+        self.sampling = SamplingConfig(temperature, top_k, top_p)
+        self.seed = seed
+        self.eos_ids = stop_ids(target, eos_token_ids)
+
+    def reset(self) -> None:
+        """Forget state kept across generations (no-op unless a method keeps history)."""
 
 
 class Method(Protocol):

@@ -6,27 +6,37 @@ Each step feeds, in ONE forward of a single model (notes/phrase_drafting.md §1)
     block0[j] → level1[j] → … → level_{N−2}[j] at consecutive positions; block0 = c + level0;
   * the verification branch: up to G pool n-grams keyed by c, merged into a trie hanging off c.
 The mask and positions come from parent pointers (``decoding.tree``). The trie is verified with
-``verify_tree`` (greedy, or EAGLE's point-mass sampling rule at temperature > 0, so sampling keeps the
-target's distribution); the KV rows of the accepted path are kept, everything else is dropped.
+``verify_point_masses`` (greedy, or EAGLE's point-mass sampling rule at temperature > 0, so sampling
+keeps the target's distribution); the KV rows of the accepted path are kept, everything else is
+dropped.
 The window then advances one Jacobi step (always greedy; it only proposes) and, once full, every
 column yields an n-gram for the pool (harvest). Warm-up fills one level per step as in LADE.
 Unlike the reference, a full match keeps the bonus token (N tokens per step at most).
+
+Why lookahead keeps its own loop instead of ``decoding.loop``: its draft (the trie of pool n-grams)
+is not the only thing in the verification forward. The same forward also carries the Jacobi window,
+whose outputs are not verified but feed the next window and the pool, and the window's KV rows
+must be dropped while the accepted path's are kept. Expressing that through the Drafter seam would
+need the drafter to inject non-draft nodes into the target's forward and read their logits back,
+i.e. a second, lookahead-only interface; the engine below does it in ~40 lines instead and yields
+the same ``Step``s. Ouroboros, whose draft model runs this engine, does use the shared loop.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
-from decoding.base import Step
+from decoding.base import DecodingMethod, Step, Verdict
 from decoding.phrases import PhrasePool
 from decoding.runtime import (check_positive_int, check_request, make_generator, new_cache, phase,
-                              truncate_at_eos, stop_ids)
-from decoding.sampling import SamplingConfig
-from decoding.tree import keep_cache_rows, tree_forward, verify_tree
+                              truncate_at_eos)
+from decoding.sampling import SamplingConfig, logits_to_probs
+from decoding.tree import Forest, keep_cache_rows, tree_forward
+from decoding.verify import greedy_tree, tree_verify
 
 if TYPE_CHECKING:
     from torch import nn
@@ -36,39 +46,17 @@ if TYPE_CHECKING:
 GREEDY = SamplingConfig()
 
 
-@dataclass
-class Forest:
-    """New tokens of one forward, as a forest over the cached prefix."""
+def verify_point_masses(tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor,
+                        sampling: SamplingConfig, generator: torch.Generator | None) -> Verdict:
+    """Verify a trie of point-mass candidates (no duplicate siblings): greedy or EAGLE's rule.
 
-    tokens: list[int] = field(default_factory=list)
-    parents: list[int] = field(default_factory=list)
-
-    def add(self, token: int, parent: int) -> int:
-        self.tokens.append(int(token))
-        self.parents.append(parent)
-        return len(self.tokens) - 1
-
-    def chain(self, tokens: Sequence[int], parent: int) -> list[int]:
-        nodes = []
-        for token in tokens:
-            parent = self.add(token, parent)
-            nodes.append(parent)
-        return nodes
-
-    def trie(self, phrases: Sequence[Sequence[int]], parent: int) -> tuple[list[int], list[list[int]]]:
-        """Merge phrases sharing prefixes under ``parent``; returns (new nodes, nodes per phrase)."""
-        index: dict[tuple[int, int], int] = {}
-        created, paths = [], []
-        for phrase in phrases:
-            node, path = parent, []
-            for token in phrase:
-                if (node, token) not in index:
-                    index[(node, token)] = self.add(token, node)
-                    created.append(index[(node, token)])
-                node = index[(node, token)]
-                path.append(node)
-            paths.append(path)
-        return created, paths
+    ``logits`` [n+1, V]: row 0 after the root, row i+1 after node i.
+    """
+    identity = list(range(len(tokens)))
+    if sampling.greedy:
+        return greedy_tree(tokens, parents, identity, logits)
+    return tree_verify(tokens, parents, identity, None, logits_to_probs(logits, sampling), False,
+                       generator)
 
 
 @dataclass(frozen=True)
@@ -145,10 +133,10 @@ class LookaheadEngine:
         rows = [c_node] + candidates + newest
         logits = tree_forward(self.model, forest.tokens, forest.parents, self.cache, rows)
         local = {node: i for i, node in enumerate(candidates)}
-        verdict = verify_tree([forest.tokens[n] for n in candidates],
-                              [local.get(forest.parents[n], -1) for n in candidates],
-                              logits[: 1 + len(candidates)], sampling, generator)
-        path = [candidates[i] for i in verdict.path]
+        verdict = verify_point_masses([forest.tokens[n] for n in candidates],
+                                      [local.get(forest.parents[n], -1) for n in candidates],
+                                      logits[: 1 + len(candidates)], sampling, generator)
+        path = [candidates[i] for i in verdict.nodes]
         keep_cache_rows(self.cache, len(seq), [self.cached + n for n in path])   # node n: slot cached+n
         self.cached = len(seq) + len(path)
         if self.window:
@@ -166,7 +154,7 @@ def check_lookahead_params(window: int, ngram: int, guess_set: int) -> None:
     check_positive_int("guess_set", guess_set, "G")
 
 
-class LookaheadDecoding:
+class LookaheadDecoding(DecodingMethod):
     """Lookahead decoding with the target alone.
 
     Args:
@@ -184,10 +172,9 @@ class LookaheadDecoding:
                  top_p: float = 1.0, seed: int = 0,
                  eos_token_ids: Sequence[int] | None = None) -> None:
         check_lookahead_params(window, ngram, guess_set)
-        self.target, self.window, self.ngram, self.guess_set = target, window, ngram, guess_set
-        self.sampling = SamplingConfig(temperature, top_k, top_p)
-        self.seed = seed
-        self.eos_ids = stop_ids(target, eos_token_ids)
+        super().__init__(target, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         eos_token_ids=eos_token_ids)
+        self.window, self.ngram, self.guess_set = window, ngram, guess_set
 
     @torch.inference_mode()
     def stream(self, prompt_ids: torch.Tensor, max_new_tokens: int,

@@ -26,7 +26,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -60,7 +60,11 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class ModelPair:
-    """Target and draft sharing one vocabulary. ``draft`` is None for single-model methods."""
+    """Target and draft(s) sharing one vocabulary. ``draft`` is None for single-model methods.
+
+    Several drafts (SpecInfer) are in ``drafts``; ``draft`` is then the first of them, so every
+    single-draft caller keeps working.
+    """
 
     target: nn.Module
     draft: nn.Module | None
@@ -68,6 +72,12 @@ class ModelPair:
     target_name: str
     draft_name: str | None
     specs: dict = field(default_factory=dict)
+    all_drafts: tuple = ()      # every draft when several were loaded (else empty)
+
+    @property
+    def drafts(self) -> tuple[nn.Module, ...]:
+        """Every draft model, in spec order (one or none for an ordinary pair)."""
+        return self.all_drafts or ((self.draft,) if self.draft is not None else ())
 
     @property
     def device(self) -> torch.device:
@@ -319,14 +329,17 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
 
 
 def load_pair(target: Mapping[str, Any] | str = "smollm2",
-              draft: Mapping[str, Any] | None = None) -> ModelPair:
-    """Load a target and a draft.
+              draft: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> ModelPair:
+    """Load a target and a draft (or several).
 
     Args:
         target: a spec mapping, or a preset name (``PRESETS``: smollm2, smollm2_early_exit, tiny,
             tiny_same) which also supplies the draft unless ``draft`` is given.
-        draft: a draft spec (``kind`` in ``DRAFT_KINDS``), ``{kind: none}`` for a target alone.
+        draft: a draft spec (``kind`` in ``DRAFT_KINDS``), ``{kind: none}`` for a target alone, or
+            a list of draft specs (several drafts, for SpecInfer; ``pair.draft`` is the first).
     """
+    if isinstance(draft, (list, tuple)):
+        return _load_drafts(target, list(draft))
     if isinstance(target, str):
         if target not in PRESETS:
             raise ValueError(f"model preset {target!r} is unknown: allowed are {sorted(PRESETS)}")
@@ -342,3 +355,22 @@ def load_pair(target: Mapping[str, Any] | str = "smollm2",
     return ModelPair(loaded_target.model, loaded_draft.model, loaded_target.tokenizer,
                      loaded_target.name, loaded_draft.name,
                      {"target": dict(target), "draft": dict(draft)})
+
+
+def _load_drafts(target: Mapping[str, Any] | str, drafts: list[Mapping[str, Any]]) -> ModelPair:
+    """A pair with several drafts: each is loaded (and vocabulary-checked) as for one draft."""
+    if not drafts:
+        raise ValueError("draft: an empty list of draft specs; give at least one")
+    pairs = [load_pair(target, spec) for spec in drafts[:1]]
+    loaded_target = LoadedModel(pairs[0].target, pairs[0].tokenizer, pairs[0].target_name)
+    models, names = [pairs[0].draft], [pairs[0].draft_name]
+    for spec in drafts[1:]:
+        extra = load_draft(spec, loaded_target)
+        check_same_vocabulary(loaded_target, extra)
+        models.append(extra.model)
+        names.append(extra.name)
+    if any(m is None for m in models):
+        raise ValueError("draft: kind=none cannot be part of a list of drafts")
+    return ModelPair(pairs[0].target, models[0], pairs[0].tokenizer, pairs[0].target_name,
+                     " + ".join(names), {**pairs[0].specs, "draft": [dict(d) for d in drafts]},
+                     tuple(models))

@@ -12,7 +12,9 @@ One round (paper §3; reference behaviour and its bugs in notes/phrase_drafting.
      tried suffix is replaced by the target's own continuation of it;
   5. *reusing history*: the pool survives across prompts (within one method object), ``reset()``
      clears it.
-Each component has a switch, reproducing the ablation ladder of Table 4.
+Each component has a switch, reproducing the ablation ladder of Table 4. Steps 1–2 are the drafter
+(``PhraseDrafter``: the draft chain and its suffixes form one tree ``Draft`` of point masses), step 3
+is the shared loop (``decoding.loop``), step 4 its ``step_extras`` hook.
 
 Symbols → arguments: γ ``num_draft_tokens``, W ``window``, β ``phrase_length`` (a phrase is its key
 token + β−1 tokens, the paper's p_1..p_β; it is also the draft's lookahead n-gram size N), K
@@ -25,22 +27,21 @@ global RNG is touched.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from decoding.base import Step
-from decoding.lookahead import GREEDY, Forest, LookaheadEngine, check_lookahead_params
+from decoding.base import Draft, DraftContext, Verdict
+from decoding.lookahead import GREEDY, LookaheadEngine, check_lookahead_params
+from decoding.loop import DraftVerifyLoop
 from decoding.phrases import PhrasePool
-from decoding.runtime import (check_positive_int, check_request, make_generator, new_cache, phase,
-                              truncate_at_eos, stop_ids)
-from decoding.sampling import SamplingConfig
-from decoding.tree import keep_cache_rows, tree_forward, verify_tree
+from decoding.runtime import check_positive_int
+from decoding.speculative import single_draft
+from decoding.tree import Forest
 
 if TYPE_CHECKING:
     from torch import nn
-
-    from decoding.clock import PhaseClock
 
 
 def mine_misplaced_phrases(tail: Sequence[int], target_next: Sequence[int],
@@ -65,18 +66,34 @@ def mine_misplaced_phrases(tail: Sequence[int], target_next: Sequence[int],
     return found
 
 
-class PhraseDrafter:
-    """The draft model drafting γ greedy tokens, phrase by phrase (lookahead) or token by token."""
+@dataclass(frozen=True)
+class Proposal:
+    """What the last draft was made of (read back when mining phrases)."""
 
-    def __init__(self, model: nn.Module, window: int, phrase_length: int, guess_set: int,
-                 pool: PhrasePool, use_phrases: bool, seed: int) -> None:
+    draft: list[int]                      # [γ_eff] the draft model's greedy chain
+    suffixes: list[tuple[int, ...]]       # pool phrases appended after the chain
+    suffix_paths: list[list[int]]         # draft node indices of each suffix
+
+
+class PhraseDrafter:
+    """The draft model drafting γ greedy tokens, phrase by phrase (lookahead) or token by token,
+    then lengthened by up to K pool phrases keyed by its last token (a tree of point masses)."""
+
+    def __init__(self, model: nn.Module, pool: PhrasePool, *, num_tokens: int, window: int,
+                 phrase_length: int, guess_set: int, num_phrases: int, use_phrases: bool,
+                 lengthen: bool, keep_history: bool, seed: int) -> None:
         self.engine = LookaheadEngine(model, window if use_phrases else 0, phrase_length, pool,
                                       guess_set if use_phrases else 0, seed)
+        self.pool, self.num_tokens, self.num_phrases = pool, num_tokens, num_phrases
+        self.lengthen, self.keep_history = lengthen, keep_history
+        self.last = Proposal([], [], [])
 
     def reset(self) -> None:
         self.engine.reset()
+        if not self.keep_history:
+            self.pool.reset()
 
-    def propose(self, seq: Sequence[int], num_tokens: int) -> tuple[list[int], int]:
+    def _chain(self, seq: list[int], num_tokens: int) -> tuple[list[int], int]:
         local, draft, forwards = list(seq), [], 0
         while len(draft) < num_tokens:
             step = self.engine.advance(local, num_tokens - len(draft), GREEDY)
@@ -85,11 +102,31 @@ class PhraseDrafter:
             forwards += 1
         return draft, forwards
 
+    def _suffixes(self, key: int, room: int) -> list[tuple[int, ...]]:
+        if not self.lengthen or self.num_phrases == 0 or room < 1:
+            return []
+        trimmed = [p[:room] for p in self.pool.get(key, self.num_phrases, newest=True)]
+        return list(dict.fromkeys(trimmed))
+
+    def propose(self, context: DraftContext) -> Draft:
+        seq = context.ids.tolist()
+        gamma = min(self.num_tokens, context.budget)
+        draft, forwards = self._chain(seq, gamma)
+        suffixes = self._suffixes(draft[-1] if draft else seq[-1], context.budget - gamma)
+        forest = Forest()
+        nodes = forest.chain(draft, -1)
+        _, suffix_paths = forest.trie(suffixes, nodes[-1] if nodes else -1)
+        self.last = Proposal(draft, suffixes, suffix_paths)
+        device = context.ids.device
+        return Draft(tokens=torch.tensor(forest.tokens, dtype=torch.long, device=device),
+                     parents=torch.tensor(forest.parents, dtype=torch.long, device=device),
+                     forwards=forwards)
+
     def commit(self, num_valid: int) -> None:
         self.engine.rollback(num_valid)
 
 
-class Ouroboros:
+class Ouroboros(DraftVerifyLoop):
     """Draft + target speculative decoding with phrases.
 
     Args:
@@ -109,95 +146,50 @@ class Ouroboros:
                  reuse_history: bool = True, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0,
                  eos_token_ids: Sequence[int] | None = None) -> None:
-        if draft is None:
-            raise ValueError("method 'ouroboros' needs a draft model; load a pair with a draft")
+        draft = single_draft(draft, self.name)
         self.num_draft_tokens = check_positive_int("num_draft_tokens", num_draft_tokens, "γ")
         guess_set = window if guess_set is None else guess_set
         check_lookahead_params(window, phrase_length, guess_set)
         if isinstance(num_phrases, bool) or not isinstance(num_phrases, int) or num_phrases < 0:
             raise ValueError(f"num_phrases (K)={num_phrases!r} is invalid: allowed is an integer "
                              ">= 0")
-        self.target, self.phrase_length, self.num_phrases = target, phrase_length, num_phrases
-        self.lengthen, self.mine, self.history = lengthen_drafts, verification_phrases, \
-            reuse_history
-        self.sampling = SamplingConfig(temperature, top_k, top_p)
-        self.seed = seed
+        super().__init__(target, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         eos_token_ids=eos_token_ids)
+        self.phrase_length, self.num_phrases = phrase_length, num_phrases
+        self.mine = verification_phrases
         self.pool = PhrasePool(guess_set)
-        self.drafter = PhraseDrafter(draft, window, phrase_length, guess_set, self.pool,
-                                     draft_lookahead, seed)
-        self.eos_ids = stop_ids(target, eos_token_ids)
+        self.drafter = PhraseDrafter(
+            draft, self.pool, num_tokens=self.num_draft_tokens, window=window,
+            phrase_length=phrase_length, guess_set=guess_set, num_phrases=num_phrases,
+            use_phrases=draft_lookahead, lengthen=lengthen_drafts, keep_history=reuse_history,
+            seed=seed)
 
     def reset(self) -> None:
         """Forget the phrase history (e.g. after untimed warm-up runs)."""
         self.pool.reset()
 
-    def _suffixes(self, key: int, room: int) -> list[tuple[int, ...]]:
-        if not self.lengthen or self.num_phrases == 0 or room < 1:
-            return []
-        trimmed = [p[:room] for p in self.pool.get(key, self.num_phrases, newest=True)]
-        return list(dict.fromkeys(trimmed))
+    def step_extras(self, draft: Draft, verdict: Verdict, logits: torch.Tensor,
+                    slots: list[int] | None) -> dict[str, float]:
+        """Step 4: mine the verification forward into the pool; suffix and pool counters."""
+        last = self.drafter.last if draft.size else Proposal([], [], [])   # no draft this step
+        gamma = len(last.draft)
+        accepted_draft = min(verdict.accepted, gamma)      # suffixes hang below the draft
+        extras = self._learn(last, accepted_draft, logits)
+        extras.update({"suffix_drafted": float(draft.size - gamma),
+                       "suffix_accepted": float(verdict.accepted - accepted_draft),
+                       "pool_lookups": 1.0, "pool_hit": float(bool(last.suffixes)),
+                       "pool_size_last": float(len(self.pool))})
+        return extras
 
-    @torch.inference_mode()
-    def stream(self, prompt_ids: torch.Tensor, max_new_tokens: int,
-               clock: PhaseClock | None = None) -> Iterator[Step]:
-        prompt = check_request(self.target, prompt_ids, max_new_tokens)
-        generator = make_generator(self.seed, prompt.device)
-        if not self.history:
-            self.pool.reset()
-        self.drafter.reset()
-        cache, cached = new_cache(self.target), 0
-        seq, produced = prompt.tolist(), 0
-        while produced < max_new_tokens:
-            remaining = max_new_tokens - produced
-            gamma = min(self.num_draft_tokens, remaining - 1)
-            # 1. phrase-level drafting with the draft model
-            draft, forwards = [], 0
-            if gamma:
-                with phase(clock, "draft"):
-                    draft, forwards = self.drafter.propose(seq, gamma)
-            with phase(clock, "verify"):
-                # 2. the tree: uncached committed chain, draft chain, K suffixes after the draft
-                forest = Forest()
-                c_node = forest.chain(seq[cached:], -1)[-1]
-                draft_nodes = forest.chain(draft, c_node)
-                anchor = draft_nodes[-1] if draft_nodes else c_node
-                suffixes = self._suffixes(draft[-1] if draft else seq[-1], remaining - 1 - gamma)
-                suffix_nodes, suffix_paths = forest.trie(suffixes, anchor)
-                candidates = draft_nodes + suffix_nodes
-                logits = tree_forward(self.target, forest.tokens, forest.parents, cache,
-                                      [c_node] + candidates)                # [1+n, V]
-                # 3. verify the whole tree
-                local = {node: i for i, node in enumerate(candidates)}
-                verdict = verify_tree([forest.tokens[n] for n in candidates],
-                                      [local.get(forest.parents[n], -1) for n in candidates],
-                                      logits, self.sampling, generator)
-                path = [candidates[i] for i in verdict.path]
-                accepted_draft = min(len(path), gamma)   # suffixes hang below the draft
-                keep_cache_rows(cache, len(seq), [cached + n for n in path])
-                self.drafter.commit(len(seq) + accepted_draft)
-                # 4. phrases from verification (target argmax ids only)
-                extras = self._learn(draft, accepted_draft, suffixes, suffix_paths, logits,
-                                     local)
-            emitted = [forest.tokens[n] for n in path] + [verdict.next_token]
-            tokens, finished = truncate_at_eos(emitted, self.eos_ids)
-            cached = len(seq) + len(path)
-            seq += tokens
-            produced += len(tokens)
-            extras.update({"suffix_drafted": float(len(suffix_nodes)),
-                           "suffix_accepted": float(len(path) - accepted_draft),
-                           "pool_lookups": 1.0, "pool_hit": float(bool(suffixes)),
-                           "pool_size_last": float(len(self.pool))})
-            yield Step(tokens=tuple(tokens), drafted=len(candidates), accepted=len(path),
-                       draft_forwards=forwards, extras=extras)
-            if finished:
-                return
+    def _learn(self, last: Proposal, accepted_draft: int, logits: torch.Tensor
+               ) -> dict[str, float]:
+        """Mine the verification results into the pool; returns #Match for the statistics.
 
-    def _learn(self, draft: list[int], accepted_draft: int, suffixes: list[tuple[int, ...]],
-               suffix_paths: list[list[int]], logits: torch.Tensor,
-               local: dict[int, int]) -> dict[str, float]:
-        """Mine the verification results into the pool; returns #Match for the statistics."""
-        choice = logits.argmax(dim=-1).tolist()       # row 0: after c; row i+1: after node i
-        gamma = len(draft)
+        ``logits`` [1+n, V]: row 0 after the last committed token, row i+1 after draft node i (the
+        draft's nodes are distinct, so slots are nodes).
+        """
+        choice = logits.argmax(dim=-1).tolist()
+        draft, gamma = last.draft, len(last.draft)
         match = sum(draft[i] == choice[i] for i in range(gamma))   # #Match(d, v), Eq. 10
         if not self.mine:
             return {"match": float(match)}
@@ -205,11 +197,11 @@ class Ouroboros:
             tail = draft[accepted_draft:]
             after = [choice[1 + i] for i in range(accepted_draft, gamma)]
             self.pool.insert_all(mine_misplaced_phrases(tail, after, self.phrase_length - 1))
-        elif suffixes:
+        elif last.suffixes:
             bonus = choice[gamma]                      # the target's token after the whole draft
             key = draft[-1] if draft else None
-            for phrase, nodes in zip(suffixes, suffix_paths):
-                corrected = (bonus, *(choice[1 + local[n]] for n in nodes[:-1]))
+            for phrase, nodes in zip(last.suffixes, last.suffix_paths):
+                corrected = (bonus, *(choice[1 + n] for n in nodes[:-1]))
                 if key is not None and corrected != phrase:
                     self.pool.replace(key, phrase, corrected)
         return {"match": float(match)}

@@ -1,4 +1,4 @@
-"""Token trees in one forward: attention masks, positions, KV-row selection, tree verification.
+"""Token trees in one forward: the forest of new tokens, attention masks, positions, KV-row selection.
 
 A forward over new tokens arranged as a forest hanging off the cached prefix (lookahead windows,
 n-gram candidates, Ouroboros' lengthened drafts, token trees) is described by ``parents``: for node i,
@@ -6,17 +6,20 @@ the index of its parent node (< i), or -1 when it follows the cached prefix dire
 the whole cached prefix, its ancestors and itself; its position is ``prefix_len + depth`` so RoPE
 positions are those plain decoding would give. The mask is additive float (0 / dtype min): boolean
 4D masks are silently misread by eager attention in transformers 5.x.
+
+Drafts may hold several draws of the same token under one parent (i.i.d. siblings, several drafts
+of SpecInfer). ``merge_duplicates`` maps such nodes onto one *slot* of the forward: the target
+scores each distinct path once, and the verifier (``decoding.verify.tree_verify``) still counts
+every draw. Verification rules live in ``decoding.verify``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 from transformers import DynamicCache
-
-from decoding.sampling import SamplingConfig, logits_to_probs
 
 
 def tree_inputs(parents: Sequence[int], prefix_len: int, dtype: torch.dtype,
@@ -44,15 +47,54 @@ def tree_inputs(parents: Sequence[int], prefix_len: int, dtype: torch.dtype,
 def tree_forward(model: torch.nn.Module, tokens: Sequence[int], parents: Sequence[int],
                  cache: DynamicCache, rows: Sequence[int]) -> torch.Tensor:
     """One forward of a forest of new tokens; returns logits [len(rows), V] for the given nodes."""
+    return tree_forward_states(model, tokens, parents, cache, rows, False)[0]
+
+
+def tree_forward_states(model: torch.nn.Module, tokens: Sequence[int], parents: Sequence[int],
+                        cache: DynamicCache, rows: Sequence[int], hidden: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``tree_forward`` plus, when ``hidden``, the last-layer states [len(rows), H] of those rows."""
     device = next(model.parameters()).device
     prefix = cache.get_seq_length()
     mask, positions = tree_inputs(parents, prefix, model.dtype, device)
     ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
     slots = torch.arange(prefix, prefix + len(tokens), device=device)
     keep = torch.tensor(list(rows), dtype=torch.long, device=device)
-    return model(input_ids=ids, attention_mask=mask, position_ids=positions[None],
-                 cache_position=slots, past_key_values=cache, use_cache=True,
-                 logits_to_keep=keep).logits[0]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions[None],
+                cache_position=slots, past_key_values=cache, use_cache=True,
+                logits_to_keep=keep, output_hidden_states=hidden)
+    states = out.hidden_states[-1][0].index_select(0, keep) if hidden else None
+    return out.logits[0], states
+
+
+def extend_forward(model: torch.nn.Module, cache: DynamicCache, prefix_len: int,
+                   tokens: Sequence[int], ancestors: Sequence[Sequence[int]],
+                   depths: Sequence[int]) -> torch.Tensor:
+    """Feed tree nodes after earlier tree nodes already in ``cache`` (a draft model growing a tree).
+
+    Args:
+        prefix_len: committed context positions at the front of the cache (seen by every node).
+        tokens: [q] new node tokens, appended at cache slots cache_len..cache_len+q−1.
+        ancestors: per new node, the cache slots of its ancestors (tree nodes fed earlier, or
+            earlier new nodes as cache_len + j).
+        depths: per new node, its depth (1 = child of the last committed token).
+
+    Returns:
+        [q, V] logits of the new nodes.
+    """
+    device = next(model.parameters()).device
+    cached, q = cache.get_seq_length(), len(tokens)
+    allowed = torch.zeros(q, cached + q, dtype=torch.bool)
+    allowed[:, :prefix_len] = True
+    for i, slots in enumerate(ancestors):
+        allowed[i, list(slots) + [cached + i]] = True
+    mask = torch.zeros(q, cached + q, dtype=model.dtype)
+    mask.masked_fill_(~allowed, torch.finfo(model.dtype).min)
+    positions = torch.tensor([prefix_len - 1 + d for d in depths], device=device)
+    ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
+    return model(input_ids=ids, attention_mask=mask[None, None].to(device),
+                 position_ids=positions[None], past_key_values=cache, use_cache=True,
+                 cache_position=torch.arange(cached, cached + q, device=device)).logits[0]
 
 
 def keep_cache_rows(cache: DynamicCache, prefix: int, extra: Sequence[int]) -> None:
@@ -69,60 +111,86 @@ def keep_cache_rows(cache: DynamicCache, prefix: int, extra: Sequence[int]) -> N
         layer.keys, layer.values = keys, values
 
 
-@dataclass(frozen=True)
-class TreeVerdict:
-    """Accepted root-to-node path (node indices) and the token emitted after it."""
+def merge_duplicates(tokens: Sequence[int], parents: Sequence[int]
+                     ) -> tuple[list[int], list[int], list[int]]:
+    """Merge draws of the same token under the same (merged) parent into one forward slot.
 
-    path: tuple[int, ...]
-    next_token: int
-
-
-def children_of(parents: Sequence[int]) -> dict[int, list[int]]:
-    """Children per node in creation order; key -1 is the root (the last committed token)."""
-    kids: dict[int, list[int]] = {-1: []}
-    for node, parent in enumerate(parents):
-        kids.setdefault(parent, []).append(node)
-        kids.setdefault(node, [])
-    return kids
-
-
-def verify_tree(tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor,
-                sampling: SamplingConfig, generator: torch.Generator | None) -> TreeVerdict:
-    """Walk a tree of point-mass candidates (q = δ at every node), keeping the target's law.
-
-    ``logits`` [n+1, V]: row 0 is the target after the root, row i+1 the target after node i.
-    Greedy: descend while a child's token equals the argmax; emit the argmax where it stops.
-    Sampling (EAGLE's rule for deterministic candidates, exact by enumeration in
-    notes/verification.md §3.1): at a node, try its children in order; accept child t with
-    probability p(t); on rejection set p(t) = 0 and renormalise; if no child is accepted emit a draw
-    from the residual p; at a leaf emit a draw from the target row.
+    Returns:
+        slot_of [n] (the slot of every node), slot_tokens [S], slot_parents [S] (-1 = root);
+        slots keep creation order, so parents still come before children.
     """
-    kids = children_of(parents)
-    node, path = -1, []
-    if sampling.greedy:
-        choice = logits.argmax(dim=-1).tolist()                       # [n+1]
-        while True:
-            want = choice[node + 1]
-            nxt = next((c for c in kids[node] if tokens[c] == want), None)
-            if nxt is None:
-                return TreeVerdict(tuple(path), want)
-            path.append(nxt)
-            node = nxt
-    while True:
-        probs = logits_to_probs(logits[node + 1], sampling).double()  # [V]
-        accepted = None
-        for child in kids[node]:
-            token = tokens[child]
-            mass = float(probs[token])
-            if mass <= 0.0:
-                continue
-            if float(torch.rand((), generator=generator, dtype=torch.float64,
-                                device=probs.device)) < mass / float(probs.sum()):
-                accepted = child
-                break
-            probs[token] = 0.0
-        if accepted is None:
-            token = torch.multinomial(probs / probs.sum(), 1, generator=generator)
-            return TreeVerdict(tuple(path), int(token))
-        path.append(accepted)
-        node = accepted
+    index: dict[tuple[int, int], int] = {}
+    slot_of, slot_tokens, slot_parents = [], [], []
+    for token, parent in zip(tokens, parents):
+        key = (-1 if parent < 0 else slot_of[parent], int(token))
+        if key not in index:
+            index[key] = len(slot_tokens)
+            slot_tokens.append(key[1])
+            slot_parents.append(key[0])
+        slot_of.append(index[key])
+    return slot_of, slot_tokens, slot_parents
+
+
+def trials_by_slot(parents: Sequence[int], slot_of: Sequence[int]) -> dict[int, list[int]]:
+    """Draft nodes whose parent sits in each slot (key -1: the root), in creation (draw) order."""
+    trials: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        trials.setdefault(-1 if parent < 0 else slot_of[parent], []).append(node)
+    return trials
+
+
+def node_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of every node (1 = child of the root); parents come before children."""
+    depth: list[int] = []
+    for parent in parents:
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+    return depth
+
+
+def paths_to_parents(paths: Sequence[Sequence[int]]) -> list[int]:
+    """Parent index per path of a closed path list (every prefix listed before its extensions)."""
+    index = {(): -1}
+    parents = []
+    for path in paths:
+        path = tuple(path)
+        if path[:-1] not in index:
+            raise ValueError(f"tree path {list(path)} has no parent path {list(path[:-1])} "
+                             "listed before it")
+        parents.append(index[path[:-1]])
+        index[path] = len(parents) - 1
+    return parents
+
+
+@dataclass
+class Forest:
+    """New tokens of one forward, as a forest over the cached prefix."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+    def add(self, token: int, parent: int) -> int:
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        return len(self.tokens) - 1
+
+    def chain(self, tokens: Sequence[int], parent: int) -> list[int]:
+        nodes = []
+        for token in tokens:
+            parent = self.add(token, parent)
+            nodes.append(parent)
+        return nodes
+
+    def trie(self, phrases: Sequence[Sequence[int]], parent: int) -> tuple[list[int], list[list[int]]]:
+        """Merge phrases sharing prefixes under ``parent``; returns (new nodes, nodes per phrase)."""
+        index: dict[tuple[int, int], int] = {}
+        created, paths = [], []
+        for phrase in phrases:
+            node, path = parent, []
+            for token in phrase:
+                if (node, token) not in index:
+                    index[(node, token)] = self.add(token, node)
+                    created.append(index[(node, token)])
+                node = index[(node, token)]
+                path.append(node)
+            paths.append(path)
+        return created, paths

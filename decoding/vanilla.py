@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
-from decoding.base import Step
-from decoding.runtime import check_request, forward_logits, make_generator, new_cache, phase, stop_ids
-from decoding.sampling import SamplingConfig, next_token
+from decoding.base import DecodingMethod, Step
+from decoding.runtime import check_request, forward_logits, make_generator, new_cache, phase
+from decoding.sampling import next_token
 
 if TYPE_CHECKING:
     from torch import nn
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from decoding.clock import PhaseClock
 
 
-class Vanilla:
+class Vanilla(DecodingMethod):
     """Plain decoding with the target alone.
 
     Args:
@@ -35,10 +35,8 @@ class Vanilla:
     def __init__(self, target: nn.Module, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0,
                  eos_token_ids: Sequence[int] | None = None) -> None:
-        self.target = target
-        self.sampling = SamplingConfig(temperature, top_k, top_p)
-        self.seed = seed
-        self.eos_ids = stop_ids(target, eos_token_ids)
+        super().__init__(target, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         eos_token_ids=eos_token_ids)
 
     @torch.inference_mode()
     def stream(self, prompt_ids: torch.Tensor, max_new_tokens: int,

@@ -16,13 +16,27 @@ Rules (exact specs and proofs by enumeration in notes/verification.md):
     norm(max(w_τ·p_τ − q_τ, 0)) (or the bonus row if τ = γ).
 The random wrappers draw everything in a fixed order from one ``torch.Generator`` and synchronise
 with the host once (a single ``.tolist()``).
+
+Token trees (notes/verification.md §3): ``greedy_tree`` (SpecInfer VerifyGreedy) and ``tree_verify``
+(multi-round speculative sampling at every node, SpecInfer VerifyStochastic / EAGLE). At a node the
+children are tried in draw order; ``sibling_round`` is one round, with the residual update that
+matches how the siblings were drawn:
+  * i.i.d. with replacement, or each child from its own drafter q_j: accept x with probability
+    min(1, p(x)/q_j(x)); on rejection p ← norm(max(p − q_j, 0)), q unchanged;
+  * without replacement from q: the same, then q ← norm(q with x zeroed) for the next sibling;
+  * deterministic top-k siblings: q_j = δ_x (``draft_probs`` None): accept with probability p(x);
+    on rejection p(x) ← 0, renormalised (the i.i.d. rule with a point mass).
+If every child is rejected the token is drawn from the final residual; at a leaf from the target row.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from decoding.base import Verdict
+from decoding.tree import trials_by_slot
 
 _TINY = 1e-30  # a residual with less mass than this is round-off: fall back to the target row
 
@@ -180,3 +194,94 @@ def block_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
     outcomes = bv_residuals(draft_tokens, draft_probs, target_probs, weights)         # [γ+1, V]
     n, token = _pick(outcomes, tau, generator)
     return Verdict(accepted=n, next_token=token)
+
+
+# ----------------------------------------------------------------------------------------------
+# Token trees
+
+
+def greedy_tree(tokens: Sequence[int], parents: Sequence[int], slot_of: Sequence[int],
+                target_logits: torch.Tensor) -> Verdict:
+    """Greedy tree verification: descend while a child's token is the target's argmax.
+
+    Args:
+        tokens, parents: [n] draft nodes (``Draft.tokens``/``parents`` as lists).
+        slot_of: [n] forward slot of every node (``decoding.tree.merge_duplicates``).
+        target_logits: [S+1, V]; row 0 after the root, row s+1 after slot s.
+    """
+    choice = target_logits.argmax(dim=-1).tolist()
+    trials = trials_by_slot(parents, slot_of)
+    slot, path = -1, []
+    while True:
+        want = choice[slot + 1]
+        node = next((c for c in trials.get(slot, ()) if tokens[c] == want), None)
+        if node is None:
+            return Verdict(accepted=len(path), next_token=want, path=tuple(path))
+        path.append(node)
+        slot = slot_of[node]
+
+
+def sibling_round(target_row: torch.Tensor, token: int, draft_row: torch.Tensor | None,
+                  without_replacement: bool
+                  ) -> tuple[float, torch.Tensor, torch.Tensor | None]:
+    """One round of multi-round speculative sampling at a node (notes/verification.md §3.1).
+
+    Args:
+        target_row: [V] current (residual) target distribution p.
+        token: the sibling x tried in this round.
+        draft_row: [V] the distribution x was drawn from (None: a point mass δ_x).
+        without_replacement: siblings were drawn without replacement (update q too).
+
+    Returns:
+        (acceptance probability min(1, p(x)/q(x)), p after a rejection, q for the next sibling).
+    """
+    p_x = float(target_row[token])
+    if draft_row is None:
+        draft_row = torch.zeros_like(target_row)
+        draft_row[token] = 1.0
+    q_x = float(draft_row[token])
+    accept = 1.0 if p_x >= q_x else p_x / q_x
+    residual = normalized_residual(target_row[None], draft_row[None])[0]
+    if not without_replacement:
+        return accept, residual, draft_row
+    rest = draft_row.clone()
+    rest[token] = 0.0
+    mass = float(rest.sum())
+    return accept, residual, rest / mass if mass > _TINY else rest
+
+
+def tree_verify(tokens: Sequence[int], parents: Sequence[int], slot_of: Sequence[int],
+                draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                without_replacement: bool, generator: torch.Generator | None) -> Verdict:
+    """Stochastic tree verification: ``sibling_round`` at every node along the accepted path.
+
+    Args:
+        tokens, parents, slot_of: as ``greedy_tree``; children of a slot are tried in node order.
+        draft_probs: [n, V] the distribution each node was drawn from, or None (point masses).
+        target_probs: [S+1, V] warped target rows (row 0 after the root, row s+1 after slot s).
+        without_replacement: the sibling scheme of the draft.
+        generator: source of all randomness.
+    """
+    trials = trials_by_slot(parents, slot_of)
+    slot, path = -1, []
+    while True:
+        probs = target_probs[slot + 1].double()                               # [V]
+        draft_row, chosen = None, None
+        for node in trials.get(slot, ()):
+            if draft_probs is not None and (draft_row is None or not without_replacement):
+                draft_row = draft_probs[node].double()
+            accept, residual, draft_row = sibling_round(probs, tokens[node], draft_row,
+                                                        without_replacement)
+            coin = float(torch.rand((), generator=generator, dtype=torch.float64,
+                                    device=probs.device))
+            if coin < accept:
+                chosen = node
+                break
+            probs = residual
+            if draft_probs is None:
+                draft_row = None
+        if chosen is None:
+            token = torch.multinomial(probs, 1, generator=generator)
+            return Verdict(accepted=len(path), next_token=int(token), path=tuple(path))
+        path.append(chosen)
+        slot = slot_of[chosen]

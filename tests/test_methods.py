@@ -4,7 +4,8 @@ Methods and their default hyperparameters come from ``conf/method/*.yaml``, so a
 under every check here automatically: greedy losslessness (tokens identical to vanilla), exact
 ``max_new_tokens``, EOS, seeded reproducibility, statistics that add up, bad input, and an
 end-to-end chi-square of sampled tokens against the target's exact law. Chain-draft methods
-(speculative, block) are also checked at γ ∈ {1, 2, 4, 8, 16} and at the acceptance extremes.
+(subclasses of ``SpeculativeDecoding``) are also checked at γ ∈ {1, 2, 4, 8, 16} and at the
+acceptance extremes. Each YAML's ``test_params`` is its small CPU setting for the sampling test.
 """
 
 from __future__ import annotations
@@ -18,16 +19,23 @@ import yaml
 from scipy.stats import chisquare
 
 from decoding import METHODS, build_method, generate
+from decoding.speculative import SpeculativeDecoding
 from tests.conftest import tiny_pair
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
-DEFAULTS = {p.stem: yaml.safe_load(p.read_text())["params"] for p in sorted(CONF.glob("*.yaml"))}
+CONFIGS = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(CONF.glob("*.yaml"))}
+DEFAULTS = {name: cfg["params"] for name, cfg in CONFIGS.items()}
 ALL = sorted(DEFAULTS)
-DRAFT_METHODS = ["speculative", "block"]          # chain drafts from a draft model, γ tokens
-SAMPLING_KW = {"speculative": {"num_draft_tokens": 2}, "block": {"num_draft_tokens": 2},
-               "lookahead": {"window": 4, "ngram": 2, "guess_set": 4},
-               "ouroboros": {"num_draft_tokens": 2, "window": 4, "phrase_length": 2,
-                             "num_phrases": 2}, "vanilla": {}}
+# chain drafts from a draft model, γ tokens
+DRAFT_METHODS = [n for n in ALL if n in METHODS and issubclass(METHODS[n], SpeculativeDecoding)]
+GAMMA_METHODS = [n for n in ALL if "num_draft_tokens" in DEFAULTS[n]]   # methods that take γ
+SAMPLING_KW = {name: cfg.get("test_params") or {} for name, cfg in CONFIGS.items()}
+SAMPLINGS = {"t1": dict(temperature=1.0), "topk": dict(temperature=0.7, top_k=5),
+             "topp": dict(temperature=1.3, top_p=0.8)}
+# (method, sampling id) pairs of the chi-square test; a YAML may narrow its own list with
+# ``test_samplings`` (tree methods: their rules are checked exactly in tests/test_trees.py)
+LAW_CASES = [(name, sid) for name in ALL if name != "vanilla"
+             for sid in CONFIGS[name].get("test_samplings", list(SAMPLINGS))]
 GAMMAS = [1, 2, 4, 8, 16]
 
 
@@ -144,13 +152,11 @@ def exact_two_token_law(model, prompt, sampling):
     return law
 
 
-@pytest.mark.parametrize("method", [n for n in ALL if n != "vanilla"])
-@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=5),
-                                      dict(temperature=1.3, top_p=0.8)],
-                         ids=["t1", "topk", "topp"])
-def test_sampled_tokens_follow_the_target_law(method, sampling):
+@pytest.mark.parametrize("method,sampling_id", LAW_CASES)
+def test_sampled_tokens_follow_the_target_law(method, sampling_id):
     """End to end at T > 0: the first two generated tokens are distributed as the target says."""
     from decoding.sampling import SamplingConfig
+    sampling = SAMPLINGS[sampling_id]
     pair = tiny_pair("related", vocab_size=12, initializer_range=0.3)
     prompt = [3, 1, 4]
     law = exact_two_token_law(pair.target, prompt, SamplingConfig(**sampling))
@@ -179,7 +185,7 @@ def test_sampled_tokens_follow_the_target_law(method, sampling):
 # Bad input
 
 
-@pytest.mark.parametrize("method", DRAFT_METHODS + ["ouroboros"])
+@pytest.mark.parametrize("method", GAMMA_METHODS)
 @pytest.mark.parametrize("gamma", [0, -1, 2.5, True, "4"])
 def test_bad_gamma_is_rejected(tiny_pairs, method, gamma):
     with pytest.raises(ValueError, match=r"num_draft_tokens \(γ\)=.*allowed is an integer >= 1"):

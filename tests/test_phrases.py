@@ -13,7 +13,8 @@ from decoding.ouroboros import mine_misplaced_phrases
 from decoding.phrases import PhrasePool
 from decoding.runtime import new_cache
 from decoding.sampling import SamplingConfig
-from decoding.tree import tree_forward, tree_inputs, verify_tree
+from decoding.lookahead import verify_point_masses as verify_tree
+from decoding.tree import tree_forward, tree_inputs
 from tests.conftest import tiny_pair
 
 REPEATS = [[7, 8, 9] * 6, [1, 2, 3, 4] * 5, [50, 60, 50, 60, 50, 61, 50, 60]]

@@ -20,6 +20,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from decoding.base import Verdict
 from decoding.verify import (block_verify, bv_log_weights, bv_residuals, bv_thresholds,
                              draft_distribution, greedy_match, token_acceptance, token_residuals,
                              token_verify)
@@ -212,9 +213,10 @@ def test_block_weights_closed_form_and_sigma_identity():
 
 def test_greedy_match_accepts_prefix_and_emits_argmax():
     logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 1.0, 9.0]])   # argmax 1, 0, 2
-    assert greedy_match(torch.tensor([1, 0]), logits).__dict__ == {"accepted": 2, "next_token": 2}
-    assert greedy_match(torch.tensor([1, 2]), logits).__dict__ == {"accepted": 1, "next_token": 0}
-    assert greedy_match(torch.tensor([0, 0]), logits).__dict__ == {"accepted": 0, "next_token": 1}
+    assert greedy_match(torch.tensor([1, 0]), logits) == Verdict(accepted=2, next_token=2)
+    assert greedy_match(torch.tensor([1, 2]), logits) == Verdict(accepted=1, next_token=0)
+    assert greedy_match(torch.tensor([0, 0]), logits) == Verdict(accepted=0, next_token=1)
+    assert greedy_match(torch.tensor([1, 2]), logits).nodes == (0,)
     tie = torch.tensor([[2.0, 2.0, 0.0]])                                          # lowest index
     assert greedy_match(torch.tensor([], dtype=torch.long), tie).next_token == 0
 

@@ -45,6 +45,6 @@ def build_method(method_cfg: Mapping[str, Any], params: Mapping[str, Any], pair:
     """Instantiate the method with the pair's models, its params and the sampling settings."""
     cls = method_class(method_cfg)
     models = {"target": pair.target}
-    if method_cfg.get("needs_draft", False):
-        models["draft"] = pair.draft
+    if method_cfg.get("needs_draft", False):   # several drafts (SpecInfer) travel as a tuple
+        models["draft"] = pair.drafts if len(pair.drafts) > 1 else pair.draft
     return cls(**models, **dict(params), **plain(sampling), seed=seed)

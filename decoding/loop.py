@@ -1,0 +1,182 @@
+"""The one draft → verify → commit loop shared by every drafter-based method.
+
+Speculative and block verification (chains from a draft model), token trees from one draft model
+(``method=tree``), SpecInfer's merged multi-draft trees and Ouroboros (a draft chain lengthened by
+pool phrases) all run this loop; only the ``Drafter`` and, for chains, the verify rule differ.
+One step:
+  1. the drafter proposes a ``Draft`` from a ``DraftContext`` (ids so far, budget, last verdict,
+     target hidden states when it asks for them);
+  2. the target scores the uncached committed tokens + the draft in ONE forward: a chain
+     (``parents is None``) goes through the plain causal fast path; a tree is merged into slots
+     (``decoding.tree.merge_duplicates``) and fed with a tree attention mask;
+  3. a pure verify function returns a ``Verdict`` (accepted path + recovered/bonus token);
+  4. the accepted path is committed (truncated at EOS), the target cache keeps exactly the rows of
+     the committed prefix and the accepted path, the drafter rolls back its own state.
+
+Cache invariant: the target cache holds every committed token except the last, which is fed again
+with the next draft. A draft's paths are capped at ``max_new_tokens − produced − 1`` tokens, so a
+step never overshoots the budget.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Tuple
+
+import torch
+
+from decoding.base import DecodingMethod, Draft, DraftContext, Step, Verdict
+from decoding.runtime import (check_request, crop_cache, make_generator, new_cache, phase,
+                              truncate_at_eos)
+from decoding.sampling import logits_to_probs
+from decoding.tree import Forest, keep_cache_rows, merge_duplicates, node_depths, \
+    tree_forward_states
+from decoding.verify import greedy_match, greedy_tree, token_verify, tree_verify
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
+
+    from decoding.base import Drafter
+    from decoding.clock import PhaseClock
+
+Scored = Tuple[Verdict, torch.Tensor, Optional[torch.Tensor], Optional[List[int]]]
+VerifyRule = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Generator | None"],
+                      Verdict]
+
+
+class DraftVerifyLoop(DecodingMethod):
+    """A method made of a drafter and a verify rule; subclasses set ``self.drafter``.
+
+    ``verify_rule`` is the chain rule at temperature > 0 (token verification unless overridden);
+    trees always use ``tree_verify`` / ``greedy_tree``.
+    """
+
+    drafter: Drafter
+    verify_rule: VerifyRule = staticmethod(token_verify)
+
+    def step_extras(self, draft: Draft, verdict: Verdict, logits: torch.Tensor,
+                    slots: list[int] | None) -> dict[str, float] | None:
+        """Method-specific counters for the step (hook; None by default)."""
+        return None
+
+    @torch.inference_mode()
+    def stream(self, prompt_ids: torch.Tensor, max_new_tokens: int,
+               clock: PhaseClock | None = None) -> Iterator[Step]:
+        # 1. state: committed ids in a preallocated buffer; target cache starts empty
+        prompt = check_request(self.target, prompt_ids, max_new_tokens)
+        generator = make_generator(self.seed, prompt.device)
+        sequence = torch.cat([prompt, prompt.new_zeros(max_new_tokens)])       # [L + max_new]
+        length, cached, produced = prompt.shape[0], 0, 0
+        cache = new_cache(self.target)
+        self.drafter.reset()
+        wants_hidden = bool(getattr(self.drafter, "needs_hidden", False))
+        verdict, hidden = None, None
+        empty = Draft(tokens=prompt.new_zeros(0))
+        while produced < max_new_tokens:
+            # 2. draft (paths never longer than the budget can take)
+            budget = max_new_tokens - produced - 1
+            draft = empty
+            if budget:
+                with phase(clock, "draft"):
+                    context = DraftContext(sequence[:length], budget, generator, verdict, hidden)
+                    draft = self.drafter.propose(context)
+            # 3. one target forward over uncached context + draft, then verify
+            with phase(clock, "verify"):
+                uncached = sequence[cached:length]
+                if draft.parents is None or not draft.size:
+                    verdict, logits, hidden, slots = self._chain(uncached, draft, cache, cached,
+                                                                 generator, wants_hidden)
+                    crop_cache(cache, length + verdict.accepted)
+                else:
+                    verdict, logits, hidden, slots = self._tree(uncached, draft, cache, cached,
+                                                                generator, wants_hidden)
+                    keep_cache_rows(cache, length, [length + slots[n] for n in verdict.nodes])
+                extras = self.step_extras(draft, verdict, logits, slots)
+            # 4. commit, truncate at EOS, roll the drafter back to the committed prefix
+            nodes = list(verdict.nodes)
+            drafted_tokens = draft.tokens.tolist() if nodes else []
+            emitted = [drafted_tokens[n] for n in nodes] + [verdict.next_token]
+            tokens, finished = truncate_at_eos(emitted, self.eos_ids)
+            cached = length + verdict.accepted
+            self.drafter.commit(cached)
+            sequence[length: length + len(tokens)] = torch.tensor(tokens, device=sequence.device)
+            length += len(tokens)
+            produced += len(tokens)
+            yield self._step(tokens, draft, verdict, slots, extras)
+            if finished:
+                return
+
+    def _verify(self, draft: Draft, logits: torch.Tensor,
+                generator: torch.Generator) -> Verdict:
+        """Chain verification: greedy match at temperature 0, else ``verify_rule``."""
+        if self.sampling.greedy:
+            return greedy_match(draft.tokens, logits)
+        return self.verify_rule(draft.tokens, draft.probs,
+                                logits_to_probs(logits, self.sampling), generator)
+
+    def _chain(self, uncached: torch.Tensor, draft: Draft, cache: DynamicCache, start: int,
+               generator: torch.Generator, wants_hidden: bool) -> Scored:
+        """Fast path for chains: plain causal forward, no 4D mask.
+
+        Returns (verdict, logits [γ+1, V], hidden [accepted+1, H] or None, slots None).
+        """
+        gamma = draft.size
+        inputs = torch.cat([uncached, draft.tokens])[None]                      # [1, u+γ]
+        positions = torch.arange(start, start + inputs.shape[1], device=inputs.device)
+        out = self.target(input_ids=inputs, past_key_values=cache, use_cache=True,
+                          position_ids=positions[None], cache_position=positions,
+                          logits_to_keep=gamma + 1, output_hidden_states=wants_hidden)
+        logits = out.logits[0]                                                  # [γ+1, V]
+        verdict = self._verify(draft, logits, generator)
+        hidden = None
+        if wants_hidden:   # rows of the last committed token and the accepted draft tokens
+            states = out.hidden_states[-1][0, -(gamma + 1):]                  # [γ+1, H]
+            hidden = states[: verdict.accepted + 1]
+        return verdict, logits, hidden, None
+
+    def _tree(self, uncached: torch.Tensor, draft: Draft, cache: DynamicCache, start: int,
+              generator: torch.Generator, wants_hidden: bool) -> Scored:
+        """Trees: merge duplicate draws into slots, one masked forward, walk the tree.
+
+        Returns (verdict, logits [S+1, V], hidden [accepted+1, H] or None, slot_of [n]).
+        """
+        tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+        slot_of, slot_tokens, slot_parents = merge_duplicates(tokens, parents)
+        forest = Forest()
+        root = forest.chain(uncached.tolist(), -1)[-1]
+        base = len(forest.tokens)
+        for token, parent in zip(slot_tokens, slot_parents):
+            forest.add(token, root if parent < 0 else base + parent)
+        rows = [root] + list(range(base, len(forest.tokens)))
+        logits, states = tree_forward_states(self.target, forest.tokens, forest.parents, cache,
+                                             rows, wants_hidden)                 # [S+1, V]
+        if self.sampling.greedy:
+            verdict = greedy_tree(tokens, parents, slot_of, logits)
+        else:
+            verdict = tree_verify(tokens, parents, slot_of, draft.probs,
+                                  logits_to_probs(logits, self.sampling),
+                                  draft.without_replacement, generator)
+        # slot s now sits at cache position start + base + s == length + s (see ``stream``)
+        hidden = None
+        if wants_hidden:
+            keep = [0] + [1 + slot_of[n] for n in verdict.nodes]
+            hidden = states[keep]
+        return verdict, logits, hidden, slot_of
+
+    @staticmethod
+    def _step(tokens: list[int], draft: Draft, verdict: Verdict, slots: list[int] | None,
+              extras: dict[str, float] | None) -> Step:
+        if draft.parents is None or not draft.size:
+            return Step(tokens=tuple(tokens), drafted=draft.size, accepted=verdict.accepted,
+                        draft_forwards=draft.forwards, extras=extras)
+        depths = node_depths(draft.parents.tolist())
+        first = {}                                  # one node per slot
+        for node, slot in enumerate(slots):
+            first.setdefault(slot, depths[node])
+        sizes = [0] * max(depths)
+        for depth in first.values():
+            sizes[depth - 1] += 1
+        tree = {"tree_size": float(len(first)), "tree_depth": float(len(sizes)),
+                "tree_draws": float(draft.size)}
+        return Step(tokens=tuple(tokens), drafted=len(first), accepted=verdict.accepted,
+                    draft_forwards=draft.forwards, extras={**tree, **(extras or {})},
+                    level_sizes=tuple(sizes))

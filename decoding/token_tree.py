@@ -1,0 +1,256 @@
+"""Token trees from one draft model (``method=tree``): static shapes and EAGLE-2 dynamic trees.
+
+The draft model grows a tree level by level (one draft forward per level, tree attention mask over
+its own cache); the target verifies the whole tree in ONE forward (``decoding.loop``).
+
+Shapes (``shape``):
+  * a static shape: a list of paths of sibling ranks, EAGLE/Medusa "choices" style
+    (``[[0], [1], [0, 0]]``: two children of the root, one grandchild under the first), or
+    branching factors per depth (``(3, 2, 1)``: 3 root children, 2 under each, 1 under each of
+    those), or a name from ``SHAPES``;
+  * ``"dynamic"`` (EAGLE-2, Li et al. 2024): from the root, keep the ``width`` best frontier nodes by
+    cumulative draft log-probability, give each its ``width`` best children, repeat for ``depth``
+    levels; then rerank every generated node and keep the best ``total_tokens`` (parents before
+    children: a child never scores above its parent, ties go to the earlier node). ``width`` is
+    EAGLE-2's ``top_k``, renamed because ``top_k`` is the sampling setting of every method.
+
+Siblings (``siblings``), with the matching verification rule (notes/verification.md §3.1):
+  * ``topk``: the r-th child is the draft's r-th most likely token, deterministic, so each node is a
+    point mass q = δ_x (EAGLE's rule). Always used at temperature 0 and by dynamic trees;
+  * ``iid``: children drawn i.i.d. with replacement from the warped draft distribution q;
+  * ``without``: children drawn without replacement from q (draw order = rank order).
+
+Confidence stop (LLMCad; HF ``assistant_confidence_threshold``): a level is only expanded while the
+best node to expand has a cumulative draft probability ≥ ``confidence_threshold`` (0 = off). The
+tree stays a function of the draft's own draws, so verification stays exact.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import product
+from typing import TYPE_CHECKING, Sequence, Union
+
+import torch
+
+from decoding.base import Draft, DraftContext
+from decoding.loop import DraftVerifyLoop
+from decoding.runtime import check_positive_int, crop_cache, forward_logits, new_cache
+from decoding.sampling import SamplingConfig, logits_to_probs
+from decoding.speculative import single_draft
+from decoding.tree import extend_forward, paths_to_parents
+
+if TYPE_CHECKING:
+    from torch import nn
+
+Shape = Union[str, Sequence[int], Sequence[Sequence[int]]]
+SIBLINGS = ("topk", "iid", "without")
+
+# Named static shapes (the tuner's categorical). Branching tuples or rank-path lists.
+SHAPES: dict[str, tuple] = {
+    "chain4": (1, 1, 1, 1),                    # a chain: γ = 4 as a tree
+    "2-1-1": (2, 1, 1),                        # 6 tokens
+    "2-2": (2, 2),                             # 6 tokens
+    "3-1-1": (3, 1, 1),                        # 9 tokens
+    "2-2-1-1": (2, 2, 1, 1),                   # 14 tokens
+    "3-2-1": (3, 2, 1),                        # 15 tokens
+    "4-2-1-1": (4, 2, 1, 1),                   # 28 tokens
+    # 10 tokens, depth 4: the head of EAGLE's hand-made trees (more width near the root)
+    "eagle10": ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0),
+                (0, 0, 0, 0)),
+}
+
+
+def shape_paths(shape: Shape) -> list[tuple[int, ...]]:
+    """Rank paths of a static shape, parents before children (validated)."""
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise ValueError(f"shape={shape!r} is unknown: allowed are {sorted(SHAPES)} or "
+                             "'dynamic'")
+        shape = SHAPES[shape]
+    shape = list(shape)
+    if shape and all(isinstance(b, int) and not isinstance(b, bool) for b in shape):
+        if any(b < 1 for b in shape):
+            raise ValueError(f"shape={shape!r} is invalid: branching factors must be >= 1")
+        paths = [p for d in range(1, len(shape) + 1)
+                 for p in product(*(range(b) for b in shape[:d]))]
+    else:
+        paths = sorted({tuple(int(r) for r in p) for p in shape}, key=lambda p: (len(p), p))
+    if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
+        raise ValueError(f"shape={shape!r} is invalid: give non-empty paths of ranks >= 0")
+    known = set(paths)
+    for p in paths:
+        if p[:-1] and p[:-1] not in known or p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in known:
+            raise ValueError(f"shape path {list(p)} needs its parent and its elder siblings")
+    return paths
+
+
+class TreeDrafter:
+    """A draft model growing a token tree (static shape or EAGLE-2 dynamic), own KV cache."""
+
+    def __init__(self, model: nn.Module, sampling: SamplingConfig, shape: Shape, siblings: str,
+                 width: int, depth: int, total_tokens: int, confidence_threshold: float) -> None:
+        self.model, self.sampling = model, sampling
+        self.dynamic = shape == "dynamic"
+        self.paths = [] if self.dynamic else shape_paths(shape)
+        self.siblings = "topk" if sampling.greedy or self.dynamic else siblings
+        self.width, self.depth, self.total_tokens = width, depth, total_tokens
+        self.threshold = confidence_threshold
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = new_cache(self.model)
+        self.cached = 0
+
+    def commit(self, num_valid: int) -> None:
+        if self.cached > num_valid:
+            crop_cache(self.cache, num_valid)
+            self.cached = num_valid
+
+    def propose(self, context: DraftContext) -> Draft:
+        ids = context.ids
+        length = int(ids.shape[0])
+        root = forward_logits(self.model, ids[self.cached:][None], self.cache, self.cached, 1)[-1]
+        self.cached = length
+        grow = self._dynamic if self.dynamic else self._static
+        tokens, parents, probs, forwards = grow(root, length, context)
+        crop_cache(self.cache, length)              # tree rows are dropped; the path is re-fed
+        device = ids.device
+        return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+                     probs=None if probs is None else torch.stack(probs),
+                     parents=torch.tensor(parents, dtype=torch.long, device=device),
+                     forwards=forwards, without_replacement=self.siblings == "without")
+
+    # -- shared pieces ---------------------------------------------------------------------
+
+    def _children(self, logits: torch.Tensor, count: int, generator: torch.Generator | None
+                  ) -> tuple[list[int], torch.Tensor | None, list[float]]:
+        """``count`` sibling tokens after one node, their q (None: point masses), log-scores."""
+        if self.siblings == "topk":
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            top = torch.topk(logp, min(count, logp.shape[-1]))
+            return top.indices.tolist(), None, top.values.tolist()
+        q = logits_to_probs(logits, self.sampling)                                 # [V]
+        if self.siblings == "without":
+            count = min(count, int((q > 0).sum()))
+        picked = torch.multinomial(q, count, replacement=self.siblings == "iid",
+                                   generator=generator).tolist()
+        return picked, q, torch.log(q[picked]).tolist()
+
+    def _feed(self, nodes: list[int], tokens: list[int], parents: list[int], depths: list[int],
+              slot: dict[int, int], length: int) -> torch.Tensor:
+        """One draft forward over ``nodes`` (their ancestors already fed); [len(nodes), V]."""
+        start = self.cache.get_seq_length()
+        ancestors = []
+        for i, node in enumerate(nodes):
+            chain, parent = [], parents[node]
+            while parent >= 0:
+                chain.append(slot[parent])
+                parent = parents[parent]
+            ancestors.append(chain)
+            slot[node] = start + i
+        return extend_forward(self.model, self.cache, length, [tokens[n] for n in nodes],
+                              ancestors, [depths[n] for n in nodes])
+
+    # -- static shapes ---------------------------------------------------------------------
+
+    def _static(self, root: torch.Tensor, length: int, context: DraftContext):
+        paths = [p for p in self.paths if len(p) <= context.budget]
+        kids: dict[tuple, int] = {}
+        for p in paths:
+            kids[p[:-1]] = kids.get(p[:-1], 0) + 1
+        tokens, parents, depths, score, probs = [], [], [], [], []
+        node_of: dict[tuple, int] = {(): -1}
+        slot: dict[int, int] = {}
+        logits_of = {(): root}
+        forwards, max_depth = 1, max((len(p) for p in paths), default=0)
+        for depth in range(1, max_depth + 1):
+            level = [p for p in [()] + paths if len(p) == depth - 1 and p in kids
+                     and p in logits_of]
+            for parent_path in level:
+                parent = node_of[parent_path]
+                picked, q, logq = self._children(logits_of[parent_path], kids[parent_path],
+                                                 context.generator)
+                base = score[parent] if parent >= 0 else 0.0
+                for rank, (token, lq) in enumerate(zip(picked, logq)):
+                    node_of[parent_path + (rank,)] = len(tokens)
+                    tokens.append(token)
+                    parents.append(parent)
+                    depths.append(depth)
+                    score.append(base + lq)
+                    if q is not None:
+                        probs.append(q)
+            expand = [p for p in paths if len(p) == depth and p in kids and p in node_of]
+            if not expand or depth == max_depth or not self._confident(
+                    [score[node_of[p]] for p in expand]):
+                break
+            logits = self._feed([node_of[p] for p in expand], tokens, parents, depths, slot,
+                                length)
+            forwards += 1
+            logits_of = {p: logits[i] for i, p in enumerate(expand)}
+        return tokens, parents, (probs if self.siblings != "topk" else None), forwards
+
+    def _confident(self, scores: list[float]) -> bool:
+        return self.threshold <= 0 or max(scores) >= math.log(self.threshold)
+
+    # -- EAGLE-2 dynamic trees -------------------------------------------------------------
+
+    def _dynamic(self, root: torch.Tensor, length: int, context: DraftContext):
+        depth_cap = min(self.depth, context.budget)
+        picked, _, logq = self._children(root, self.width, None)
+        tokens, parents, depths, score = picked, [-1] * len(picked), [1] * len(picked), logq
+        frontier, slot, forwards = list(range(len(picked))), {}, 1
+        for depth in range(2, depth_cap + 1):
+            if not self._confident([score[n] for n in frontier]):
+                break
+            logits = self._feed(frontier, tokens, parents, depths, slot, length)   # [k, V]
+            forwards += 1
+            created = []
+            for i, node in enumerate(frontier):
+                kid_tokens, _, kid_logq = self._children(logits[i], self.width, None)
+                for token, lq in zip(kid_tokens, kid_logq):
+                    created.append(len(tokens))
+                    tokens.append(token)
+                    parents.append(node)
+                    depths.append(depth)
+                    score.append(score[node] + lq)
+            frontier = sorted(created, key=lambda n: (-score[n], n))[: self.width]
+        keep = sorted(sorted(range(len(tokens)), key=lambda n: (-score[n], n))
+                      [: self.total_tokens])
+        index = {node: i for i, node in enumerate(keep)}
+        return ([tokens[n] for n in keep], [index.get(parents[n], -1) for n in keep], None,
+                forwards)
+
+
+class TreeDecoding(DraftVerifyLoop):
+    """Draft model + target, token-tree drafts verified in one target forward.
+
+    Args:
+        target, draft: causal LMs sharing a vocabulary.
+        shape: a name in ``SHAPES``, branching factors per depth, rank paths, or "dynamic".
+        siblings: "topk", "iid" or "without" (temperature > 0 static shapes only).
+        width, depth, total_tokens: the EAGLE-2 dynamic tree (its top_k, levels, kept tokens;
+            ``total_tokens`` excludes the root). Ignored by static shapes.
+        confidence_threshold: stop growing below this cumulative draft probability (0 = off).
+        temperature, top_k, top_p, seed, eos_token_ids: as for every method.
+    """
+
+    name = "tree"
+
+    def __init__(self, target: nn.Module, draft: nn.Module, *, shape: Shape = "dynamic",
+                 siblings: str = "topk", width: int = 4, depth: int = 4,
+                 total_tokens: int = 8, confidence_threshold: float = 0.0,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0, eos_token_ids: Sequence[int] | None = None) -> None:
+        draft = single_draft(draft, self.name)
+        for name, value in (("width", width), ("depth", depth), ("total_tokens", total_tokens)):
+            check_positive_int(name, value)
+        if siblings not in SIBLINGS:
+            raise ValueError(f"siblings={siblings!r} is unknown: allowed are {list(SIBLINGS)}")
+        if not 0.0 <= float(confidence_threshold) < 1.0:
+            raise ValueError(f"confidence_threshold={confidence_threshold!r} is invalid: allowed "
+                             "is a number in [0, 1)")
+        super().__init__(target, temperature=temperature, top_k=top_k, top_p=top_p,
+                         seed=seed, eos_token_ids=eos_token_ids)
+        self.drafter = TreeDrafter(draft, self.sampling, shape, siblings, width, depth,
+                                   total_tokens, float(confidence_threshold))
