@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 from decoding import build_method, generate
 from decoding.clock import PhaseClock
@@ -11,6 +14,9 @@ from decoding.models import ModelPair, early_exit_draft, load_model
 from tuner.energy import EnergyMeter
 
 pytestmark = pytest.mark.gpu
+CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+LOSSLESS = sorted(p.stem for p in CONF.glob("*.yaml")
+                  if p.stem != "vanilla" and yaml.safe_load(p.read_text()).get("lossless"))
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +28,7 @@ def cuda_pair():
     return ModelPair(target, early_exit_draft(target, 2), None, "tiny-cuda", "early-exit-2")
 
 
-@pytest.mark.parametrize("name", ["speculative", "block", "lookahead", "ouroboros"])
+@pytest.mark.parametrize("name", LOSSLESS)
 def test_greedy_equals_vanilla_on_cuda(cuda_pair, name):
     reference = generate(build_method("vanilla", cuda_pair), list(range(5, 30)), 48).tokens
     assert generate(build_method(name, cuda_pair), list(range(5, 30)), 48).tokens == reference
