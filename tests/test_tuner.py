@@ -132,6 +132,36 @@ def test_heuristic_visits_algorithm_1_sequence():
     assert plan.size() == 8
 
 
+TREE_LIKE = {"shape": {"type": "categorical", "choices": ["dynamic", "2-1", "3-1"],
+                       "heuristic": {"HH": ["dynamic", "2-1", "3-1"]}},
+             "width": {"type": "int", "low": 1, "high": 4, "heuristic": {"HH": [1, 3]},
+                       "active_when": {"shape": ["dynamic"]}}}
+
+
+def test_heuristic_does_not_sweep_a_parameter_where_it_does_not_act():
+    """A static shape wins: the dynamic tree's width is not swept (each point would build the same
+    method); a dynamic shape wins: it is."""
+    for best_shape, sweeps in (("2-1", 3), ("dynamic", 5)):
+        plan = HeuristicPlan(TREE_LIKE, "HH", seed=0, default={"shape": "dynamic", "width": 2})
+        results, visited = {}, []
+        while (step := plan.next_point(results)) is not None:
+            point, _ = step
+            visited.append(point)
+            results[point_key(point)] = float(point["shape"] == best_shape) + point["width"] / 10
+        assert len(visited) == sweeps
+        assert all(p["width"] == 2 for p in visited if p["shape"] != "dynamic")
+        assert len({point_key(p) for p in visited}) == len(visited)
+
+
+def test_grid_keeps_inactive_parameters_at_their_default_and_measures_each_method_once():
+    plan = GridPlan(TREE_LIKE, {"shape": "dynamic", "width": 2}, "heuristic", "HH")
+    points = plan.points
+    assert points[0] == {"shape": "dynamic", "width": 2}
+    assert sorted(point_key(p) for p in points) == sorted(point_key(p) for p in [
+        {"shape": "dynamic", "width": w} for w in (1, 2, 3)] + [
+        {"shape": s, "width": 2} for s in ("2-1", "3-1")])
+
+
 def test_grid_plan_is_complete_and_starts_with_the_default():
     space = {"a": {"type": "int", "low": 1, "high": 3}, "b": {"type": "categorical",
                                                              "choices": ["x", "y"]}}

@@ -37,6 +37,8 @@ CASES = [
      "low=9, high=3 is not a valid range"),
     (["method=lookahead", "method.space.window.heuristic.LH=[30,40]"],
      "method.space.window.heuristic.LH=[30, 40] has no value inside the space"),
+    (["method=tree", "method.space.width.active_when={shape:[spiral]}"],
+     "method.space.width.active_when.shape=['spiral'] is invalid"),
     (["sampling.temperature=-1"], "sampling.temperature=-1 is invalid"),
     (["sampling.top_k=-2"], "sampling.top_k=-2 is invalid"),
     (["sampling.top_p=1.5"], "sampling.top_p=1.5 is invalid"),

@@ -256,7 +256,8 @@ class Study:
         kind = self.cfg.search.kind
         task_class = self.task.task_class
         if kind == "heuristic":
-            return HeuristicPlan(self.space, task_class, int(self.cfg.seed))
+            return HeuristicPlan(self.space, task_class, int(self.cfg.seed),
+                                 self._searched(self.default))
         if kind == "grid":
             ranges = self.cfg.search.get("ranges", "heuristic")
             plan = GridPlan(self.space, self._searched(self.default), ranges, task_class)

@@ -11,7 +11,9 @@ is being evaluated elsewhere (the next stage depends on their values), or None w
     a value drawn once from its heuristic range for the task class (HH/LH, Table 10; a one-value
     range such as K = 3 stays fixed); then, in the space's declared order, each parameter is swept
     over its heuristic range with the others held, and the best value (max objective, first on
-    ties) is kept before the next parameter is swept.
+    ties) is kept before the next parameter is swept. A parameter whose ``active_when`` does not
+    hold at that point (a dynamic tree's width under a static shape) is not swept; it stays at
+    its default, so the point builds the same method as the one already measured.
   * ``GridPlan``: every point of a grid (the heuristic ranges, the whole space, or a named grid such
     as Ouroboros Table 9), the default first.
 Samplers (TPE, random, NSGA, ...) are Optuna's own, built from the search config.
@@ -23,7 +25,7 @@ import itertools
 import random
 from typing import Any, Collection, Mapping
 
-from tuner.space import search_values
+from tuner.space import canonical, is_active, search_values
 
 Point = dict[str, Any]
 WAIT = "wait"
@@ -34,10 +36,13 @@ def point_key(params: Mapping[str, Any]) -> tuple:
 
 
 class HeuristicPlan:
-    def __init__(self, space: Mapping[str, Mapping[str, Any]], task_class: str, seed: int) -> None:
+    def __init__(self, space: Mapping[str, Mapping[str, Any]], task_class: str, seed: int,
+                 default: Mapping[str, Any] | None = None) -> None:
+        self.space, self.default = space, dict(default or {})
         self.values = search_values(space, "heuristic", task_class)
         rng = random.Random(seed)
-        self.initial: Point = {name: rng.choice(vals) for name, vals in self.values.items()}
+        initial = {name: rng.choice(vals) for name, vals in self.values.items()}
+        self.initial: Point = canonical(initial, space, self.default)
         self.order = [name for name in space if len(self.values[name]) > 1]
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
@@ -45,7 +50,10 @@ class HeuristicPlan:
         """The next point nobody has evaluated or taken, WAIT, or None when the plan is done."""
         current = dict(self.initial)
         for name in self.order:
-            candidates = [{**current, name: v} for v in self.values[name]]
+            if not is_active(name, self.space[name], current):
+                continue
+            candidates = [canonical({**current, name: v}, self.space, self.default)
+                          for v in self.values[name]]
             for candidate in candidates:
                 key = point_key(candidate)
                 if key not in results and key not in taken:
@@ -67,7 +75,12 @@ class GridPlan:
     def __init__(self, space: Mapping[str, Mapping[str, Any]], default: Mapping[str, Any],
                  ranges: str = "full", task_class: str | None = None) -> None:
         values = search_values(space, ranges, task_class, default)
-        points = [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
+        points, seen = [], set()
+        for combo in itertools.product(*values.values()):   # inactive parameters at their default
+            point = canonical(dict(zip(values, combo)), space, default)
+            if point_key(point) not in seen:
+                seen.add(point_key(point))
+                points.append(point)
         first = [p for p in points if point_key(p) == point_key(default)]
         self.points = first + [p for p in points if point_key(p) != point_key(default)]
 

@@ -85,6 +85,42 @@ def suggest(trial: optuna.Trial, space: Mapping[str, Mapping[str, Any]]) -> dict
     return values
 
 
+def is_active(name: str, spec: Mapping[str, Any], point: Mapping[str, Any]) -> bool:
+    """Whether parameter ``name`` acts at ``point``: its ``active_when`` (``{other: [values]}``,
+    e.g. a dynamic tree's ``width`` only when ``shape: [dynamic]``) holds, or it declares none."""
+    return all(point.get(other) in list(allowed)
+               for other, allowed in (spec.get("active_when") or {}).items())
+
+
+def canonical(point: Mapping[str, Any], space: Mapping[str, Mapping[str, Any]],
+              default: Mapping[str, Any]) -> dict[str, Any]:
+    """``point`` with every inactive parameter at its default: points that build the same method
+    get the same key, so plans never measure one configuration twice."""
+    return {name: value if name not in space or is_active(name, space[name], point)
+            else default.get(name, value) for name, value in point.items()}
+
+
+def check_active_when(space: Mapping[str, Mapping[str, Any]]) -> None:
+    """``active_when`` must name other parameters of the space and values they can take."""
+    dists = distributions(space)
+    for name, spec in space.items():
+        conditions = spec.get("active_when")
+        if conditions is None:
+            continue
+        if not isinstance(conditions, Mapping) or not conditions:
+            raise ValueError(f"method.space.{name}.active_when={conditions!r} is invalid: allowed "
+                             "is a mapping {other_parameter: [values]}")
+        for other, allowed in conditions.items():
+            if other == name or other not in dists:
+                raise ValueError(f"method.space.{name}.active_when names {other!r}: allowed are "
+                                 f"the other parameters {[n for n in dists if n != name]}")
+            if not isinstance(allowed, (list, tuple)) or not allowed or \
+                    not all(contains(dists[other], v) for v in allowed):
+                raise ValueError(f"method.space.{name}.active_when.{other}={allowed!r} is "
+                                 f"invalid: allowed is a list of values of {other} "
+                                 f"{_describe(dists[other])}")
+
+
 def grid(space: Mapping[str, Mapping[str, Any]]) -> dict[str, list[Any]]:
     """Every value of every parameter (ints by step, categoricals; floats need a step)."""
     values: dict[str, list[Any]] = {}

@@ -19,7 +19,8 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from tuner.errors import ConfigError
-from tuner.space import distributions, grid_names, heuristic_values, validate_params
+from tuner.space import (check_active_when, distributions, grid_names, heuristic_values,
+                         validate_params)
 
 SEARCH_KINDS = ("heuristic", "grid", "sampler")
 BASELINES = ("per_trial", "per_study")
@@ -91,6 +92,7 @@ def check_method(method: Mapping[str, Any]) -> None:
                               f"allowed are {allowed}")
     try:
         distributions(space)
+        check_active_when(space)
         validate_params(params, space)
     except ValueError as err:
         raise ConfigError(str(err)) from None
