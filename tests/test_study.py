@@ -130,7 +130,7 @@ def _default_name(cfg):
                      held_out_ids=[p.id for p in held], budget=budget,
                      sampling=plain(cfg.sampling), seed=0, models=plain(cfg.models),
                      method=plain(cfg.method), search=plain(cfg.search), baseline="per_trial",
-                     warmup_prompts=1, near_tie_tolerance=1e-3, device=resolve_device("cpu"))
+                     warmup_prompts=1, near_tie_ulps=4.0, device=resolve_device("cpu"))
     return f"{cfg.study_prefix}-{short_hash(fp)}"
 
 

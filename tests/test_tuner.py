@@ -203,20 +203,47 @@ def _measurement(tokens):
 def test_lossless_check_fp32_divergence_fails_naming_prompt_and_position():
     target = torch.nn.Linear(2, 2)
     assert check_against_vanilla(_measurement([1, 2, 3]), [1, 2, 3], [0], target,
-                                 1e-3).matches_vanilla is True
+                                 4).matches_vanilla is True
     with pytest.raises(LosslessViolation, match="prompt p0 differs from vanilla at new-token "
                                                 "position 1 \\(fp32"):
-        check_against_vanilla(_measurement([1, 5, 3]), [1, 2, 3], [0], target, 1e-3)
+        check_against_vanilla(_measurement([1, 5, 3]), [1, 2, 3], [0], target, 4)
 
 
 def test_lossless_check_bf16_near_tie_versus_real_divergence():
     target = torch.nn.Linear(2, 2).to(torch.bfloat16)
-    near = check_against_vanilla(_measurement([1, 5]), [1, 2], [0], target, 1e-3,
-                                 gap_fn=lambda model, ids: 1e-4)
+    asked = []
+
+    def gap(ulps):
+        return lambda model, ids, chosen, other: (asked.append((ids, chosen, other)), ulps)[1]
+
+    near = check_against_vanilla(_measurement([1, 5]), [1, 2], [0], target, 4, gap_fn=gap(1.0))
     assert near.matches_vanilla is False and near.near_tie
-    with pytest.raises(LosslessViolation, match="top-2 gap 2.00e-01 >= tolerance"):
-        check_against_vanilla(_measurement([1, 5]), [1, 2], [0], target, 1e-3,
-                              gap_fn=lambda model, ids: 0.2)
+    assert asked == [([0, 1], 2, 5)]      # baseline context, vanilla's token, the method's token
+    with pytest.raises(LosslessViolation, match="trails vanilla's by 9.0 ulp"):
+        check_against_vanilla(_measurement([1, 5]), [1, 2], [0], target, 4, gap_fn=gap(9.0))
+    with pytest.raises(LosslessViolation, match="stops early"):
+        check_against_vanilla(_measurement([1]), [1, 2], [0], target, 4, gap_fn=gap(0.0))
+
+
+class _FixedLogits(torch.nn.Module):
+    """A 'model' whose next-token logits are fixed bf16 values (tests the ulp arithmetic)."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor(logits, dtype=torch.bfloat16))
+
+    def forward(self, input_ids, logits_to_keep=1):
+        from types import SimpleNamespace
+        return SimpleNamespace(logits=self.weight.detach()[None, None])
+
+
+def test_logit_gap_is_counted_in_bf16_ulps_at_the_chosen_logit():
+    from tuner.measure import logit_gap_ulps, ulp
+    assert ulp(20.0, torch.bfloat16) == 0.125 and ulp(1.5, torch.bfloat16) == 2 ** -7
+    model = _FixedLogits([20.0, 19.875, 19.0, -3.0])      # 1 ulp and 8 ulp behind token 0
+    assert logit_gap_ulps(model, [0], 0, 1) == 1.0
+    assert logit_gap_ulps(model, [0], 0, 2) == 8.0
+    assert logit_gap_ulps(model, [0], 0, None) == 1.0     # runner-up
 
 
 # ----------------------------------------------------------------------------------------------

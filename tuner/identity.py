@@ -38,7 +38,7 @@ def _canonical(value: Any) -> str:
 def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids: list[str],
                 budget: Mapping[str, Any], sampling: Mapping[str, Any], seed: int,
                 models: Mapping[str, Any], method: Mapping[str, Any], search: Mapping[str, Any],
-                baseline: str, warmup_prompts: int, near_tie_tolerance: float,
+                baseline: str, warmup_prompts: int, near_tie_ulps: float,
                 device: torch.device) -> dict[str, str]:
     """Flat ``{key: canonical JSON}``: easy to store, compare and report key by key."""
     search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout")}
@@ -54,7 +54,7 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
         "method._target_": method["_target_"], "method.params": method.get("params") or {},
         "method.space": method.get("space") or {}, "search": search_keys,
         "baseline": baseline, "warmup_prompts": warmup_prompts,
-        "near_tie_tolerance": near_tie_tolerance, "hardware": hardware(device),
+        "near_tie_ulps": near_tie_ulps, "hardware": hardware(device),
     }
     return {key: _canonical(value) for key, value in raw.items()}
 

@@ -122,7 +122,7 @@ class Study:
             sampling=self.sampling, seed=int(cfg.seed), models=plain(cfg.models),
             method={k: v for k, v in self.method_cfg.items()}, search=search,
             baseline=str(cfg.baseline), warmup_prompts=int(cfg.warmup_prompts),
-            near_tie_tolerance=float(cfg.near_tie_tolerance), device=self.device)
+            near_tie_ulps=float(cfg.near_tie_ulps), device=self.device)
         self.family = f"{cfg.study_prefix}-{short_hash(self.fingerprint)}"
         tag = cfg.get("study_tag")
         self.name = str(cfg.study_name or (f"{self.family}-{tag}" if tag else self.family))
@@ -180,7 +180,7 @@ class Study:
     def _check(self, m: Measurement, reference: list[int], prompt_id: str) -> Measurement:
         if self.greedy and self.method_cfg.get("lossless"):
             return check_against_vanilla(m, reference, self.ids[prompt_id], self.pair.target,
-                                         float(self.cfg.near_tie_tolerance))
+                                         float(self.cfg.near_tie_ulps))
         return m
 
     def study_baseline(self) -> dict[str, dict]:

@@ -321,10 +321,15 @@ def validate(cfg: DictConfig) -> None:
         if cfg.get(name) not in allowed:
             raise ConfigError(f"{name}={cfg.get(name)!r} is invalid: allowed are {list(allowed)}")
     _int("warmup_prompts", cfg.warmup_prompts, 0, "an integer >= 0")
-    tolerance = cfg.near_tie_tolerance
-    if not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
-        raise ConfigError(f"near_tie_tolerance={tolerance!r} is invalid: allowed is a number in "
-                          "(0, 1)")
+    if "near_tie_tolerance" in cfg:
+        raise ConfigError("near_tie_tolerance is no longer read: a probability gap cannot tell a "
+                          "bf16 rounding flip from a bug; allowed is near_tie_ulps (units of the "
+                          "dtype's resolution at the logit, default 4)")
+    tolerance = cfg.near_tie_ulps
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
+            or not 0 <= tolerance <= 64:
+        raise ConfigError(f"near_tie_ulps={tolerance!r} is invalid: allowed is a number in "
+                          "[0, 64]")
     drift = cfg.drift_threshold
     if not isinstance(drift, (int, float)) or not 0 < drift or math.isinf(drift):
         raise ConfigError(f"drift_threshold={drift!r} is invalid: allowed is a number > 0")
