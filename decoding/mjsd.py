@@ -1,4 +1,4 @@
-"""MJSD: multi-token joint speculative decoding (Qin et al. 2024, arXiv 2407.09722). LOSSY by design.
+"""MJSD, multi-token joint speculative decoding (Qin et al. 2024, arXiv 2407.09722): LOSSY by design.
 
     python -m tuner +task=cnndm method=mjsd search.max_perplexity_ratio=1.05
     build_method("mjsd", pair, num_beams=8, width=1, num_draft_tokens=4, tau=0.9,
@@ -12,16 +12,16 @@ One step (one target forward, ``decoding.loop``):
   2. the target scores all W beams in ONE forward (a chain when W = 1, else a token tree: beams
      that share a prefix share its forward slots), giving P(x_{1:i}) = Π_{d≤i} p̃(x_d | x_<d);
   3. ``decoding.verify.joint_verify``: the prefix x_{w,1:i} passes iff min(1, P/Q) ≥ τ, a fixed
-     threshold (no random draw); the longest passing prefix over all beams is accepted (every prefix
-     is tested, a prefix may pass after a shorter one failed; ties: the beam with the larger Q);
+     threshold (no random draw); the longest passing prefix over all beams is accepted (every
+     prefix is tested, one may pass after a shorter one failed; ties: the beam with larger Q);
      then one token y ~ p̃(· | accepted prefix), the plain target row (no residual).
 
 Beam sampling (the form of MTAD's ``BatchMTADStrategy``): step 1 draws M distinct tokens without
-replacement from q̃(· | prefix); step s draws M distinct (beam b, token v) pairs without replacement
-with probability ∝ Q(beam_b)·q̃(v | beam_b), the joint draft probability of the extended sequence
-(fewer when the warped support holds fewer candidates). Beams are kept in descending Q (draw order
-on ties); one draft forward per step feeds every beam (tree mask over the draft's own cache). A beam
-may run past an EOS; the loop truncates the committed tokens at the first EOS.
+replacement from q̃(· | prefix); step s draws M distinct (beam b, token v) pairs without
+replacement with probability ∝ Q(beam_b)·q̃(v | beam_b), the joint draft probability of the
+extended sequence (fewer when the warped support holds fewer candidates). Beams are kept in
+descending Q (draw order on ties); one draft forward per step feeds every beam (tree mask over the
+draft's own cache). A beam may run past an EOS; the loop truncates the committed tokens there.
 
 Temperature 0 (MTAD's greedy variant): deterministic beam search (the M best extensions by the
 draft's unwarped log-probability, lowest (beam, token) index on ties) and one-hot target rows, so
@@ -59,7 +59,7 @@ class Beams:
 
     tokens: torch.Tensor          # [W, γ] int64
     log_q: torch.Tensor           # [W, γ] float32 log q̃(x_d | x_<d); its cumsum is log Q(x_{1:i})
-    rows: torch.Tensor | None     # [W, γ, V] the q̃ rows the tokens were scored under (None: T = 0)
+    rows: torch.Tensor | None     # [W, γ, V] q̃ rows the tokens were scored under (None: T = 0)
     forwards: int                 # draft-model forwards spent
 
 
@@ -82,7 +82,7 @@ class BeamDrafter:
             self.cached = num_valid
 
     def propose(self, context: DraftContext) -> Draft:
-        """The W best beams of γ_eff = min(γ, budget) tokens: a chain (W = 1) or W chains as a tree."""
+        """The W best beams of γ_eff = min(γ, budget) tokens: a chain, or W chains as a tree."""
         gamma = min(self.num_tokens, context.budget)
         beams = self.search(context.ids, gamma, context.generator)
         count = beams.tokens.shape[0]

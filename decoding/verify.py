@@ -32,8 +32,8 @@ Joint acceptance (MJSD, Qin et al. 2024; LOSSY by design, notes/verification.md 
 tokens ``x_w`` with joint probabilities P(x_{w,1:i}) = Π_{d≤i} p(x_{w,d} | x_{w,<d}) (target) and
 Q(x_{w,1:i}) (draft); the prefix x_{w,1:i} passes iff min(1, P/Q) ≥ τ, a fixed threshold (no coin).
 ``longest_joint_prefix`` takes the longest passing prefix over all beams (every prefix is tested: a
-prefix may pass after a shorter one failed; ties go to the earlier beam); ``joint_verify`` then draws
-the next token from the plain target row after that prefix (no residual).
+prefix may pass after a shorter one failed; ties go to the earlier beam); ``joint_verify`` then
+draws the next token from the plain target row after that prefix (no residual).
 """
 
 from __future__ import annotations
@@ -329,7 +329,8 @@ def longest_joint_prefix(log_ratios: torch.Tensor, tau: float) -> tuple[int, int
         return 0, 0
     passed = log_ratios >= math.log(tau) if tau > 0 else torch.ones_like(log_ratios, dtype=bool)
     positions = torch.arange(1, gamma + 1, device=log_ratios.device)
-    longest = torch.where(passed, positions, 0).amax(dim=1)   # [W] (max(dim) costs ms when CPU threads contend)
+    # [W]; amax, not max(dim): that one costs milliseconds when CPU threads contend
+    longest = torch.where(passed, positions, 0).amax(dim=1)
     beam = torch.argmax(longest)                                 # the first beam on ties
     beam, n = torch.stack([beam, longest[beam]]).tolist()
     return int(beam), int(n)

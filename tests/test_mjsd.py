@@ -69,7 +69,8 @@ def test_the_accepted_prefix_is_the_longest_with_p_over_q_at_least_tau(sparse):
     target, draft = ToyModel(3, 7, sparse), ToyModel(3, 107)
     context = (0,)
     sequences = list(itertools.product(range(3), repeat=3))
-    log_ratios = joint_log_ratios(torch.tensor(sequences), rows_of(sequences, draft, context)[:, :3],
+    log_ratios = joint_log_ratios(torch.tensor(sequences),
+                                  rows_of(sequences, draft, context)[:, :3],
                                   rows_of(sequences, target, context))              # [27, 3]
     exact = [prefix_ratios(seq, target, draft, context) for seq in sequences]
     assert torch.allclose(log_ratios.exp(), torch.tensor(exact, dtype=torch.float64))
