@@ -317,6 +317,6 @@ def test_bad_mjsd_settings_are_rejected(tiny_pairs):
 def test_mjsd_on_the_default_model_is_greedy_at_temperature_zero(default_pair, gsm8k_questions):
     from decoding import encode_prompt
     prompt = encode_prompt(default_pair.tokenizer, gsm8k_questions[0])
-    reference = generate(build_method("vanilla", default_pair), prompt, 24).tokens
-    out = generate(build_method("mjsd", default_pair, num_beams=4, width=2), prompt, 24)
+    reference = generate(build_method("vanilla", default_pair), prompt, 16).tokens
+    out = generate(build_method("mjsd", default_pair, num_beams=3, width=2), prompt, 16)
     assert out.tokens == reference and out.stats.accepted > 0
