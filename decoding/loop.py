@@ -47,7 +47,8 @@ class DraftVerifyLoop(DecodingMethod):
     """A method made of a drafter and a verify rule; subclasses set ``self.drafter``.
 
     ``verify_rule`` is the chain rule at temperature > 0 (token verification unless overridden);
-    trees always use ``tree_verify`` / ``greedy_tree``.
+    trees use ``tree_verify`` / ``greedy_tree``. A method with a rule of another shape (MJSD's
+    joint acceptance over whole beams) overrides ``_verify`` (chains) and ``_verify_tree``.
     """
 
     drafter: Drafter
@@ -113,6 +114,20 @@ class DraftVerifyLoop(DecodingMethod):
         return self.verify_rule(draft.tokens, draft.probs,
                                 logits_to_probs(logits, self.sampling), generator)
 
+    def _verify_tree(self, draft: Draft, tokens: list[int], parents: list[int],
+                     slot_of: list[int], logits: torch.Tensor,
+                     generator: torch.Generator) -> Verdict:
+        """Tree verification: greedy walk at temperature 0, else multi-round speculative sampling.
+
+        Args: the draft's ``tokens``/``parents`` as lists, ``slot_of`` [n] (forward slot of every
+        node), ``logits`` [S+1, V] (row 0 after the root, row s+1 after slot s).
+        """
+        if self.sampling.greedy:
+            return greedy_tree(tokens, parents, slot_of, logits)
+        return tree_verify(tokens, parents, slot_of, draft.probs,
+                           logits_to_probs(logits, self.sampling), draft.without_replacement,
+                           generator)
+
     def _chain(self, uncached: torch.Tensor, draft: Draft, cache: DynamicCache, start: int,
                generator: torch.Generator, wants_hidden: bool) -> Scored:
         """Fast path for chains: plain causal forward, no 4D mask.
@@ -149,12 +164,7 @@ class DraftVerifyLoop(DecodingMethod):
         rows = [root] + list(range(base, len(forest.tokens)))
         logits, states = tree_forward_states(self.target, forest.tokens, forest.parents, cache,
                                              rows, wants_hidden)                 # [S+1, V]
-        if self.sampling.greedy:
-            verdict = greedy_tree(tokens, parents, slot_of, logits)
-        else:
-            verdict = tree_verify(tokens, parents, slot_of, draft.probs,
-                                  logits_to_probs(logits, self.sampling),
-                                  draft.without_replacement, generator)
+        verdict = self._verify_tree(draft, tokens, parents, slot_of, logits, generator)
         # slot s now sits at cache position start + base + s == length + s (see ``stream``)
         hidden = None
         if wants_hidden:

@@ -27,10 +27,18 @@ matches how the siblings were drawn:
   * deterministic top-k siblings: q_j = δ_x (``draft_probs`` None): accept with probability p(x);
     on rejection p(x) ← 0, renormalised (the i.i.d. rule with a point mass).
 If every child is rejected the token is drawn from the final residual; at a leaf from the target row.
+
+Joint acceptance (MJSD, Qin et al. 2024; LOSSY by design, notes/verification.md §4): W beams of γ
+tokens ``x_w`` with joint probabilities P(x_{w,1:i}) = Π_{d≤i} p(x_{w,d} | x_{w,<d}) (target) and
+Q(x_{w,1:i}) (draft); the prefix x_{w,1:i} passes iff min(1, P/Q) ≥ τ, a fixed threshold (no coin).
+``longest_joint_prefix`` takes the longest passing prefix over all beams (every prefix is tested: a
+prefix may pass after a shorter one failed; ties go to the earlier beam); ``joint_verify`` then
+draws the next token from the plain target row after that prefix (no residual).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -285,3 +293,59 @@ def tree_verify(tokens: Sequence[int], parents: Sequence[int], slot_of: Sequence
             return Verdict(accepted=len(path), next_token=int(token), path=tuple(path))
         path.append(chosen)
         slot = slot_of[chosen]
+
+
+# ----------------------------------------------------------------------------------------------
+# Joint acceptance over beams (MJSD)
+
+
+def joint_log_ratios(beam_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                     target_probs: torch.Tensor) -> torch.Tensor:
+    """log P(x_{w,1:i}) − log Q(x_{w,1:i}) for every prefix of every beam ([W, γ], float64).
+
+    Args:
+        beam_tokens: [W, γ] int64 beam tokens.
+        draft_probs: [W, γ, V] the draft rows each token was scored under (Q = the product of the
+            gathered entries), or None for point masses (Q = 1).
+        target_probs: [W, γ+1, V]; row d of beam w is p(· | prefix, x_{w,<d}).
+    """
+    gamma = beam_tokens.shape[1]
+    index = beam_tokens[..., None]                                                  # [W, γ, 1]
+    log_ratio = torch.log(target_probs[:, :gamma].gather(2, index).squeeze(2).double())
+    if draft_probs is not None:
+        log_ratio = log_ratio - torch.log(draft_probs.gather(2, index).squeeze(2).double())
+    return torch.cumsum(log_ratio, dim=1)
+
+
+def longest_joint_prefix(log_ratios: torch.Tensor, tau: float) -> tuple[int, int]:
+    """(beam, n): the longest prefix over all beams with min(1, P/Q) ≥ τ; (0, 0) if none passes.
+
+    Args:
+        log_ratios: [W, γ] from ``joint_log_ratios``.
+        tau: τ in [0, 1]; τ = 0 passes every prefix (even P = 0).
+    """
+    width, gamma = log_ratios.shape
+    if gamma == 0:
+        return 0, 0
+    passed = log_ratios >= math.log(tau) if tau > 0 else torch.ones_like(log_ratios, dtype=bool)
+    positions = torch.arange(1, gamma + 1, device=log_ratios.device)
+    # [W]; amax, not max(dim): that one costs milliseconds when CPU threads contend
+    longest = torch.where(passed, positions, 0).amax(dim=1)
+    beam = torch.argmax(longest)                                 # the first beam on ties
+    beam, n = torch.stack([beam, longest[beam]]).tolist()
+    return int(beam), int(n)
+
+
+def joint_verify(beam_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                 target_probs: torch.Tensor, tau: float, generator: torch.Generator | None
+                 ) -> tuple[int, Verdict]:
+    """MJSD verification (arXiv 2407.09722 Alg. 1, over several beams as the authors' code does).
+
+    Args: as ``joint_log_ratios``, plus τ and the generator of the single draw.
+
+    Returns:
+        (the accepted beam, Verdict(n, y)) with y ~ target_probs[beam, n] (the bonus row if n = γ).
+    """
+    beam, n = longest_joint_prefix(joint_log_ratios(beam_tokens, draft_probs, target_probs), tau)
+    token = torch.multinomial(target_probs[beam, n], 1, generator=generator)
+    return beam, Verdict(accepted=n, next_token=int(token))

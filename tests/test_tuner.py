@@ -358,12 +358,12 @@ def test_tpe_search_with_pruner_runs(tmp_path):
     assert study.trials[0].params == {"num_draft_tokens": 4}          # trial 0 = the default
 
 
-def test_pareto_without_gpu_energy_is_a_clear_error(tmp_path):
+def test_an_energy_objective_without_gpu_energy_is_a_clear_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    with pytest.raises(ValueError, match="search=pareto needs GPU energy measurements, which are "
-                                         "unavailable here: NVML unavailable"):
-        run_cfg(tmp_path, "search=pareto", "tracking=none")
+    with pytest.raises(ValueError, match="includes energy_j_per_token, which needs GPU energy "
+                                         "measurements, unavailable here: NVML unavailable"):
+        run_cfg(tmp_path, "search=pareto_energy", "tracking=none")
 
 
 def test_killed_study_resumes_without_losing_trials(tmp_path):

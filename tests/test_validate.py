@@ -88,7 +88,24 @@ CASES = [
      "models.target.package='no_such_model_pkg' is not installed"),
     (["models.target.kind=hub", "+models.target.path=/nonexistent/dir"],
      "models.target.path='/nonexistent/dir': no such local directory"),
-    (["search=pareto"], "search=pareto needs GPU energy measurements"),
+    (["search=pareto_energy"], "search.objectives=['speedup', 'perplexity', "
+                               "'energy_j_per_token'] includes energy_j_per_token, which needs "
+                               "GPU energy measurements"),
+    (["search.objectives=[speed]"], "search.objectives=['speed'] is invalid: allowed is a list "
+                                    "of distinct names from"),
+    (["search=tpe", "search.objectives=[perplexity]"],
+     "search.pruner is set with search.objectives=['perplexity']"),
+    (["search.max_quality_drop=-0.1"], "search.max_quality_drop=-0.1 is invalid: allowed is a "
+                                       "number >= 0"),
+    (["search.max_perplexity_ratio=0"], "search.max_perplexity_ratio=0 is invalid: allowed is a "
+                                        "number > 0"),
+    (["search.max_perplexity_ratio=fast"], "search.max_perplexity_ratio='fast' is invalid"),
+    (["task.metric=none", "search.max_quality_drop=0.02"],
+     "search.max_quality_drop=0.02 needs a task quality metric"),
+    (["method=mjsd", "method.params.width=9"], "method.params.width=9 is outside its search "
+                                               "space (allowed: 1 to 4)"),
+    (["method=mjsd", "method.params.tau=1.5"], "method.params.tau=1.5 is outside its search "
+                                               "space (allowed: 0.0 to 1.0)"),
 ]
 
 
@@ -121,7 +138,7 @@ def test_bad_input_is_refused_before_models_load(monkeypatch, overrides, message
     text = str(caught.value)
     assert message in text and "\n" not in text.strip().split("; ")[0], text
     assert not Path("studies/v.journal").exists() or Path("studies/v.journal").stat().st_size \
-        == 0 or "search=pareto" in " ".join(overrides)
+        == 0 or "search=pareto_energy" in " ".join(overrides)
 
 
 def test_there_are_at_least_25_documented_cases():

@@ -43,6 +43,8 @@ class Measurement:
     near_tie: bool = False              # bf16/fp16 divergence explained by a near-tie
     truncated: bool = False             # stopped by max_new_tokens, not by EOS
     energy_j: float | None = None       # NVML energy of this generation (GPU only)
+    mean_log_prob: float | None = None  # mean log p(token) under the unwarped target (lossy
+    #                                     methods; tuner.quality, after the timed window)
 
     @property
     def new_tokens(self) -> int:

@@ -13,10 +13,14 @@ import optuna
 from omegaconf import OmegaConf
 
 
+QUALITY_KEYS = ("held_out_perplexity_ratio", "held_out_quality_drop", "held_out_feasible")
+
+
 def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, Any],
                  confirmed: Mapping[str, float], trial_summary: Mapping[str, Any],
-                 budget: Mapping[str, int], notes: list[str], energy_reason: str = ""
-                 ) -> list[tuple[str, str]]:
+                 budget: Mapping[str, int], notes: list[str], energy_reason: str = "",
+                 quality_bound: str | None = None) -> list[tuple[str, str]]:
+    """The summary table; ``quality_bound`` (lossy methods or a bound set) adds quality rows."""
     rows = [("study", study_name),
             ("budget", f"{budget['n_prompts']} tuning + {budget['n_held_out']} held-out prompts, "
                        f"{budget['max_new_tokens']} new tokens, {best['trials']} trials"),
@@ -36,11 +40,35 @@ def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, 
             rows.append(("held-out identical to vanilla",
                          f"{confirmed['held_out_matches_vanilla']:.0%}"))
     rows.append(("acceptance rate (tuning)", f"{trial_summary.get('acceptance_rate', 0):.3f}"))
+    if quality_bound is not None:
+        rows.append(("quality bound", quality_bound))
+        rows.append(("quality vs vanilla (tuning)", quality_line(trial_summary)))
+        if confirmed:
+            held = {k[len("held_out_"):]: v for k, v in confirmed.items()
+                    if k.startswith("held_out_")}
+            rows.append(("quality vs vanilla (held-out)", quality_line(held)))
     energy = trial_summary.get("energy_j_per_token")
-    rows.append(("energy", f"{energy:.3f} J/token" if isinstance(energy, (int, float))
-                 else f"unavailable ({energy_reason or 'no NVML'})"))
+    ratio = trial_summary.get("energy_ratio")
+    rows.append(("energy", (f"{energy:.3f} J/token" + (f" ({ratio:.3f}x vanilla's)" if ratio
+                                                        else "")) if isinstance(energy, (
+                     int, float)) else f"unavailable ({energy_reason or 'no NVML'})"))
     rows += [("note", note) for note in notes]
     return rows
+
+
+def quality_line(values: Mapping[str, Any]) -> str:
+    """E.g. 'perplexity 4.10 vs vanilla 4.32 (ratio 0.949), quality drop +0.000, within the
+    bound'."""
+    parts = []
+    if "perplexity" in values:
+        parts.append(f"perplexity {values['perplexity']:.3f} vs vanilla "
+                     f"{values['vanilla_perplexity']:.3f} "
+                     f"(ratio {values['perplexity_ratio']:.3f})")
+    if "quality_drop" in values:
+        parts.append(f"quality drop {values['quality_drop']:+.3f}")
+    if values.get("feasible") is not None:
+        parts.append("within the bound" if values["feasible"] else "BREAKS the bound")
+    return ", ".join(parts) or "not scored"
 
 
 def recommendation(confirmed: Mapping[str, float]) -> str:
@@ -49,8 +77,19 @@ def recommendation(confirmed: Mapping[str, float]) -> str:
     if confirmed["held_out_speedup"] <= 1.0:
         return ("nothing beat vanilla on the held-out prompts: use vanilla decoding on this "
                 "hardware/model pair")
+    if confirmed.get("held_out_feasible") == 0.0:
+        held = {k[len("held_out_"):]: v for k, v in confirmed.items()
+                if k.startswith("held_out_")}
+        return (f"the winner ran {confirmed['held_out_speedup']:.2f}x vanilla on held-out "
+                f"prompts but broke the quality bound there ({quality_line(held)}): prefer "
+                "vanilla decoding unless that loss is acceptable")
+    lossy = ""
+    if "held_out_perplexity_ratio" in confirmed:
+        lossy = (f" (lossy: perplexity {confirmed['held_out_perplexity_ratio']:.3f}x vanilla's"
+                 + (f", quality drop {confirmed['held_out_quality_drop']:+.3f}"
+                    if "held_out_quality_drop" in confirmed else "") + ")")
     return (f"use the best parameters: {confirmed['held_out_speedup']:.2f}x vanilla on held-out "
-            "prompts")
+            f"prompts{lossy}")
 
 
 def print_summary(rows: list[tuple[str, str]], advice: str, say) -> None:
@@ -83,7 +122,9 @@ def write_best_yaml(folder: Path, study_name: str, task: str, method_choice: str
                               "sampling": dict(sampling), "seed": seed,
                               "replay": {"study": study_name, "trial": best["trial"],
                                          "tuning_speedup": float(best["value"]),
-                                         "held_out_speedup": float(speed) if speed else None}})
+                                         "held_out_speedup": float(speed) if speed else None,
+                                         **{k: float(confirmed[k]) for k in QUALITY_KEYS
+                                            if k in confirmed}}})
     path.write_text(header + body)
     return path
 
@@ -113,8 +154,11 @@ def plots_html(study: optuna.Study, path: Path) -> Path | None:
 
 
 def best_so_far(study: optuna.Study) -> tuple[list[int], list[float]]:
+    """Best first-objective value so far over feasible trials (speedup: maximised)."""
     numbers, best, top = [], [], float("-inf")
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.user_attrs.get("feasible") is False:
+            continue
         top = max(top, t.values[0])
         numbers.append(t.number)
         best.append(top)

@@ -5,8 +5,11 @@
              or resume it (refused if its fingerprint differs) -> load models -> MLflow parent
     work:    until the search is done: take the next point nobody holds, build the method with
              every parameter (searched + fixed), time it against vanilla *in the same trial*
-             (interleaved per prompt, order alternating), check losslessness, tell Optuna, log
-    finish:  best trial -> held-out confirmation vs vanilla -> best YAML, summary, MLflow winner
+             (interleaved per prompt, order alternating), check losslessness (lossless methods)
+             or score quality against vanilla (lossy ones: perplexity, task metric, the
+             search's quality bound as Optuna constraints), tell Optuna, log
+    finish:  best feasible trial -> held-out confirmation vs vanilla -> best YAML, summary,
+             MLflow winner (no feasible trial: the summary says so and recommends vanilla)
 
 A trial that raises (out-of-memory, a lossless violation, anything) is told FAIL with its error and
 the study goes on. Ctrl-C / SIGTERM marks the running trial FAIL ("interrupted") and its MLflow runs
@@ -43,6 +46,8 @@ from tuner.identity import fingerprint, hardware, short_hash
 from tuner.measure import (LosslessViolation, Measurement, Timer, check_against_vanilla,
                            geometric_mean, measure_prompt, paired_speedup, peak_memory_bytes,
                            reset_peak_memory, summarize, time_generation)
+from tuner.objectives import ENERGY, PERPLEXITY, better_first, directions, objective_values
+from tuner.quality import QualityBound, compare, feasible, mean_log_prob
 from tuner.search import WAIT, GridPlan, HeuristicPlan, point_key
 from tuner.space import grid_size, suggest
 from tuner.storage import (RUN_TOKEN, fail_orphans, failure_reason, is_retried, journal_path,
@@ -52,6 +57,10 @@ from tuner.track import NullTracker, environment_tags, flatten, make_tracker
 from tuner.validate import PHASES, check_journal, plain, validate
 
 VANILLA = {"_target_": "decoding.vanilla.Vanilla", "needs_draft": False}
+# summary keys kept on every trial (the summary table and best_* metrics read them)
+TRIAL_ATTRS = ("speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate",
+               "vanilla_drift_ratio", "perplexity", "vanilla_perplexity", "perplexity_ratio",
+               "quality_drop", "energy_j_per_token", "vanilla_energy_j_per_token", "energy_ratio")
 POLL_S = 2.0          # how often a worker waiting for other workers' results looks again
 
 
@@ -110,12 +119,21 @@ class Study:
             raise ConfigError(str(err)) from None
         self.sampling = plain(cfg.sampling)
         self.greedy = float(self.sampling["temperature"]) == 0.0
-        self.directions = list(cfg.search.directions)
-        self.meter = EnergyMeter(self.device)
-        if len(self.directions) > 1 and not self.meter.available:
-            raise ConfigError(f"search=pareto needs GPU energy measurements, which are "
-                              f"unavailable here: {self.meter.reason}")
         search = plain(cfg.search)
+        self.objectives = list(search["objectives"])
+        self.directions = directions(self.objectives)
+        self.sign = better_first(self.directions[0])    # plans and the winner maximise sign·value
+        self.lossless = bool(self.method_cfg.get("lossless", True))
+        self.bound = QualityBound.from_search(search)
+        # perplexity costs one target forward per output, after the timed window
+        self.scores_perplexity = not self.lossless or bool(set(PERPLEXITY) &
+                                                            set(self.objectives))
+        self.meter = EnergyMeter(self.device)
+        energy = [o for o in self.objectives if o in ENERGY]
+        if energy and not self.meter.available:
+            raise ConfigError(f"search.objectives={self.objectives} includes {energy[0]}, which "
+                              f"needs GPU energy measurements, unavailable here: "
+                              f"{self.meter.reason}")
         self.fingerprint = fingerprint(
             task=plain(cfg.task), tuning_ids=[p.id for p in self.tuning],
             held_out_ids=[p.id for p in self.held_out], budget=self.budget,
@@ -152,6 +170,8 @@ class Study:
         self.pair, self.tokenizer = load_models(self.cfg.models, self.method_cfg["needs_draft"])
         self.ids = {p.id: self.task.encode(p, self.tokenizer) for p in self.tuning + self.held_out}
         self.vanilla = self._build(VANILLA, {})
+        self._log_probs: dict[tuple, float] = {}       # (prompt id, tokens) -> mean log p
+        self._vanilla_quality: dict[tuple, dict] = {}  # vanilla's outputs repeat (fixed seed)
 
     # -- building and measuring -------------------------------------------------------------
 
@@ -191,7 +211,8 @@ class Study:
         say("baseline (per_study): measuring vanilla once on the tuning prompts ...")
         self._warmup(self.vanilla)
         ms = [self._measure(self.vanilla, p) for p in self.tuning]
-        baseline = {m.prompt_id: {"tokens": list(m.tokens), "wall_s": m.wall_s} for m in ms}
+        baseline = {m.prompt_id: {"tokens": list(m.tokens), "wall_s": m.wall_s,
+                                  "energy_j": m.energy_j} for m in ms}
         self.study.set_user_attr("baseline", baseline)
         self._log_baseline(ms)
         return baseline
@@ -225,7 +246,7 @@ class Study:
             ms.append(got)
             say(f"  trial {trial.number} prompt {done}/{len(order)}: {got.new_tokens} tokens "
                 f"{got.tokens_per_s:.2f} tok/s, paired speedup {got.speedup:.3f}")
-            if len(self.directions) == 1:
+            if self.objectives == ["speedup"]:        # the pruner is fed paired speedups
                 trial.report(got.speedup, step=index)
                 if done < len(order) and trial.should_prune():
                     trial.set_user_attr("pruned_at", done)
@@ -234,10 +255,45 @@ class Study:
         summary = summarize(ms, _energy(ms, self.meter), self.device)
         if refs:
             summary.update(self._drift(refs))
-        if len(ms) == len(order):
-            quality, _ = self.task.score([p for _, p in order], [m.text for m in ms])
-            summary.update({f"quality_{k}": v for k, v in quality.items()})
+        prompts = [p for _, p in order][: len(ms)]
+        vanilla = refs or [self._stored_vanilla(p, stored[p.id]) for p in prompts]
+        summary.update(_energy_versus(summary, vanilla))
+        record, ms, refs = self._quality(prompts, ms, vanilla, refs)
+        summary.update(record)
         return summary, ms, refs
+
+    def _stored_vanilla(self, prompt: Any, stored: dict) -> Measurement:
+        """``baseline=per_study``: the study's vanilla output for ``prompt`` as a Measurement."""
+        text = self.tokenizer.decode(stored["tokens"], skip_special_tokens=True)
+        return Measurement(prompt.id, prompt.category, tuple(stored["tokens"]), text,
+                           stored["wall_s"], 0, 0, 0, 0.0, 0.0, (), (),
+                           energy_j=stored.get("energy_j"))
+
+    def _quality(self, prompts: list, ms: list[Measurement], vanilla: list[Measurement],
+                 refs: list[Measurement]) -> tuple[dict[str, float], list, list]:
+        """Task quality of the method and of vanilla on the same prompts; perplexities (lossy
+        methods, perplexity objectives). Runs after the timed window; fills ``mean_log_prob``."""
+        method_quality, _ = self.task.score(prompts, [m.text for m in ms])
+        key = tuple((p.id, v.tokens) for p, v in zip(prompts, vanilla))
+        if key not in self._vanilla_quality:
+            self._vanilla_quality[key] = self.task.score(prompts, [v.text for v in vanilla])[0]
+        method_lp = vanilla_lp = None
+        if self.scores_perplexity:
+            ms = [replace(m, mean_log_prob=self._log_prob(p.id, m.tokens))
+                  for p, m in zip(prompts, ms)]
+            vanilla = [replace(v, mean_log_prob=self._log_prob(p.id, v.tokens))
+                       for p, v in zip(prompts, vanilla)]
+            refs = vanilla if refs else refs
+            method_lp = [m.mean_log_prob for m in ms]
+            vanilla_lp = [v.mean_log_prob for v in vanilla]
+        record = compare(method_quality, self._vanilla_quality[key], method_lp, vanilla_lp)
+        return record, ms, refs
+
+    def _log_prob(self, prompt_id: str, tokens: tuple[int, ...]) -> float:
+        key = (prompt_id, tuple(tokens))
+        if key not in self._log_probs:
+            self._log_probs[key] = mean_log_prob(self.pair.target, self.ids[prompt_id], tokens)
+        return self._log_probs[key]
 
     def _drift(self, refs: list[Measurement]) -> dict[str, float]:
         """This trial's vanilla speed against the study's first on this hardware."""
@@ -289,7 +345,9 @@ class Study:
         dead = liveness.orphans(self.study)
         for t in self.study.get_trials(deepcopy=False):
             if t.state == TrialState.COMPLETE and "pruned_at" not in t.user_attrs:
-                results[point_key(t.params)] = t.values[0]
+                # an infeasible point is never best (like a failed one)
+                results[point_key(t.params)] = self.sign * t.values[0] if \
+                    t.user_attrs.get("feasible", True) else -math.inf
             elif t.state == TrialState.FAIL and self._counts(t, dead):
                 results[point_key(t.params)] = -math.inf
             elif t.state == TrialState.RUNNING:
@@ -381,20 +439,21 @@ class Study:
         stage = trial.user_attrs.get("stage", self.cfg.search.kind)
         for key, value in {"host": socket.gethostname(), "pid": os.getpid(),
                            "run_token": RUN_TOKEN, "params": json.dumps(params),
+                           "sampling": json.dumps(self.sampling),
                            "hardware": hardware(self.device),
                            "slurm_job_id": _slurm_job_id()}.items():
             if value is not None:
                 trial.set_user_attr(key, value)
         say(f"trial {trial.number} [{stage}] {params}")
-        run_id = self.tracker.start_run(f"trial-{trial.number}", params,
+        run_id = self.tracker.start_run(f"trial-{trial.number}",
+                                        {**params, **flatten("sampling", self.sampling)},
                                         {"kind": "trial", "stage": stage,
                                          "trial": str(trial.number)})
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
         try:
             summary, ms, refs = self.evaluate(trial, params)
-            values_out = ([summary["speedup"]] if len(self.directions) == 1 else
-                          [summary["tokens_per_s"], summary["energy_j_per_token"]])
+            values_out = objective_values(summary, self.objectives)
         except KeyboardInterrupt:
             self._tell_fail(trial, "interrupted: the study was stopped during this trial",
                             run_id, "KILLED")
@@ -405,8 +464,14 @@ class Study:
         except (Exception, torch.OutOfMemoryError) as err:   # noqa: BLE001 - never kill it
             self._report_failure(trial, err, run_id, "error")
             return
-        for key in ("speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate",
-                    "vanilla_drift_ratio"):
+        constraints = self.bound.constraints(summary, self.lossless)
+        for key, value in constraints.items():       # Optuna 5: read by TPE, NSGA-II, GP
+            trial.set_constraint(key, value)
+        if constraints:
+            summary["feasible"] = float(feasible(constraints))
+            trial.set_user_attr("feasible", feasible(constraints))
+            trial.set_user_attr("constraints", constraints)
+        for key in TRIAL_ATTRS:
             if key in summary:
                 trial.set_user_attr(key, summary[key])
         drifted = abs(summary.get("vanilla_drift_ratio", 1.0) - 1) > float(
@@ -419,14 +484,24 @@ class Study:
                 "the paired speedup still compares like with like")
         self.study.tell(trial, values_out)
         table = [asdict(m) for m in ms] + [{"vanilla": True, **asdict(r)} for r in refs]
-        self.tracker.end_run(run_id, summary, {"state": "COMPLETE",
-                                               "vanilla_drift": str(drifted).lower()},
-                             "FINISHED", table)
+        tags = {"state": "COMPLETE", "vanilla_drift": str(drifted).lower(),
+                "energy": self.meter.reason or "nvml"}
+        if constraints:
+            tags["feasible"] = str(feasible(constraints)).lower()
+        self.tracker.end_run(run_id, summary, tags, "FINISHED", table)
         if refs and "mlflow_baseline_run_id" not in self.study.user_attrs:
             self._log_baseline(refs)
+        quality = ""
+        if "perplexity_ratio" in summary:
+            quality = f", perplexity ratio {summary['perplexity_ratio']:.3f}"
+        if "quality_drop" in summary and not self.lossless:
+            quality += f", quality drop {summary['quality_drop']:+.3f}"
+        if constraints:
+            quality += ", feasible" if feasible(constraints) else \
+                f", INFEASIBLE ({self.bound.describe()})"
         say(f"trial {trial.number} done: paired speedup {summary['speedup']:.3f} "
             f"({summary['tokens_per_s']:.2f} tok/s, mean accepted "
-            f"{summary['mean_accepted_tokens']:.2f})")
+            f"{summary['mean_accepted_tokens']:.2f}{quality})")
 
     def _log_baseline(self, refs: list[Measurement]) -> None:
         """One 'baseline (vanilla)' run per study, speedup 1.0: the reference row in MLflow."""
@@ -448,18 +523,24 @@ class Study:
 
     # -- finish -------------------------------------------------------------------------------
 
-    def best(self) -> tuple[dict, dict] | None:
-        done = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    def completed(self) -> list:
+        return [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if "pruned_at" not in t.user_attrs]
+
+    def best(self) -> tuple[dict, dict] | None:
+        """The best feasible completed trial (by the first objective; Pareto front first)."""
+        done = [t for t in self.completed() if t.user_attrs.get("feasible", True)]
         if not done:
             return None
-        if len(self.directions) > 1:
-            best = max(self.study.best_trials, key=lambda t: t.values[0])
-        else:
-            best = max(done, key=lambda t: t.values[0])
+        if len(self.directions) > 1:   # Study.best_trials honours the constraints too
+            front = [t for t in self.study.best_trials if t.user_attrs.get("feasible", True)
+                     and "pruned_at" not in t.user_attrs]
+            done = front or done
+        best = max(done, key=lambda t: self.sign * t.values[0])
         params = json.loads(best.user_attrs.get("params", "null")) or \
             {**self.default, **best.params}
-        return params, {"trial": best.number, "value": best.values[0], "trials": len(done),
+        return params, {"trial": best.number, "value": best.values[0],
+                        "trials": len(self.completed()),
                         "run_id": best.user_attrs.get("mlflow_run_id"),
                         "summary": dict(best.user_attrs)}
 
@@ -490,8 +571,12 @@ class Study:
         checks = [g.matches_vanilla for _, g in pairs if g.matches_vanilla is not None]
         if checks:
             out["held_out_matches_vanilla"] = sum(checks) / len(checks)
-        quality, _ = self.task.score(self.held_out, [g.text for _, g in pairs])
-        out.update({f"held_out_quality_{k}": v for k, v in quality.items()})
+        record, _, _ = self._quality(self.held_out, [g for _, g in pairs],
+                                     [r for r, _ in pairs], [])
+        out.update({f"held_out_{k}": v for k, v in record.items()})
+        if self.bound.active:
+            out["held_out_feasible"] = float(feasible(self.bound.constraints(record,
+                                                                              self.lossless)))
         out["held_out_truncated_fraction"] = sum(g.truncated for _, g in pairs) / len(pairs)
         return out
 
@@ -515,10 +600,40 @@ class Study:
                    if t.user_attrs.get("vanilla_drift")]
         if drifted:
             out.append(f"vanilla speed drifted beyond drift_threshold in trials {drifted}")
+        if not self.lossless and not self.greedy:
+            out.append("lossy method at temperature > 0: quality is compared with one sampled "
+                       "vanilla output per prompt; with few prompts the perplexity ratio and "
+                       "the quality drop are noisy")
+        if self.bound.active:
+            broken = [t.number for t in self.completed() if t.user_attrs.get("feasible") is False]
+            out.append(f"quality bound {self.bound.describe()}: {len(broken)} of "
+                       f"{len(self.completed())} trials broke it"
+                       f"{f' (trials {broken})' if broken else ''}; they are never chosen")
         return out
+
+    def no_feasible_trial(self) -> dict[str, Any]:
+        """Every completed trial broke the quality bound: say so, recommend vanilla, no winner."""
+        done = self.completed()
+        fastest = max(done, key=lambda t: self.sign * t.values[0])
+        rows = [("study", self.name), ("quality bound", self.bound.describe()),
+                ("feasible trials", f"0 of {len(done)}"),
+                ("best infeasible trial", f"#{fastest.number}: {fastest.params}, "
+                 f"{self.objectives[0]} {fastest.values[0]:.3f}, constraint values "
+                 f"{fastest.user_attrs.get('constraints')}")]
+        rows += [("note", note) for note in self.notes({}, dict(fastest.user_attrs))]
+        advice = (f"use vanilla decoding: no configuration met the quality bound "
+                  f"({self.bound.describe()}); relax search.max_quality_drop / "
+                  "search.max_perplexity_ratio only if that quality loss is acceptable")
+        self.tracker.finish_study({"feasible_trials": 0.0, "infeasible_trials": float(len(done))},
+                                  {"best_trial": "none", "best_feasible": "none"},
+                                  report.markdown(rows, advice), [])
+        report.print_summary(rows, advice, say)
+        return {"study_name": self.name, "feasible": False, "trials": len(done)}
 
     def finish(self) -> dict[str, Any]:
         found = self.best()
+        if found is None and self.completed():
+            return self.no_feasible_trial()
         if found is None:
             failed = [t for t in self.study.trials if t.state == TrialState.FAIL]
             reason = failure_reason(self.study, failed[-1]) if failed else "none ran"
@@ -539,7 +654,8 @@ class Study:
         if since:
             notes.insert(0, since)
         rows = report.summary_rows(self.name, params, best, confirmed, summary, self.budget,
-                                   notes, self.meter.reason)
+                                   notes, self.meter.reason, self.bound.describe()
+                                   if self.bound.active or not self.lossless else None)
         advice = report.recommendation(confirmed)
         files = [("best", path)]
         for plot in (report.plots_png(self.study, Path(path).with_suffix(".history.png")),
@@ -547,13 +663,15 @@ class Study:
             if plot:
                 files.append(("plots", plot))
         self.tracker.mark_winner(best.get("run_id"), best["trial"])
-        numeric = {k: v for k, v in summary.items() if k in (
-            "speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate")}
-        self.tracker.finish_study({**{f"best_{k}": v for k, v in numeric.items()},
-                                   **{f"best_{k}": v for k, v in confirmed.items()}},
-                                  {"best_params": json.dumps(params), "best_trial":
-                                   str(best["trial"])},
-                                  report.markdown(rows, advice), files)
+        numeric = {k: v for k, v in summary.items() if k in TRIAL_ATTRS}
+        tags = {"best_params": json.dumps(params), "best_trial": str(best["trial"])}
+        metrics = {**{f"best_{k}": v for k, v in numeric.items()},
+                   **{f"best_{k}": v for k, v in confirmed.items()}}
+        if self.bound.active:
+            tags["best_feasible"] = "true"
+            metrics["infeasible_trials"] = float(sum(t.user_attrs.get("feasible") is False
+                                                     for t in self.completed()))
+        self.tracker.finish_study(metrics, tags, report.markdown(rows, advice), files)
         report.print_summary(rows, advice, say)
         say(f"best configuration written to {path}")
         return {"params": params, "study_name": self.name, **best, **confirmed}
@@ -566,7 +684,10 @@ class Study:
                   "fingerprint": short_hash(self.fingerprint),
                   **flatten("budget", self.budget), **flatten("sampling", self.sampling),
                   **flatten("models", plain(self.cfg.models)),
-                  **flatten("params", self.default)}
+                  **flatten("params", self.default), "lossless": self.lossless,
+                  "search.objectives": json.dumps(self.objectives),
+                  **flatten("search", {k: plain(self.cfg.search).get(k) for k in
+                                       ("max_quality_drop", "max_perplexity_ratio")})}
         tags = {"study_name": self.name, "kind": "study", "hardware": hardware(self.device),
                 "energy": self.meter.reason or "nvml", **environment_tags(self.device)}
         config = OmegaConf.to_yaml(OmegaConf.masked_copy(
@@ -596,6 +717,16 @@ def _energy(ms: list[Measurement], meter: EnergyMeter) -> EnergyReading:
         return EnergyReading(False, meter.reason or "unavailable", None, 0.0)
     seconds = sum(m.wall_s for m in ms)
     return EnergyReading(True, "nvml_total_energy", float(sum(joules)), seconds)
+
+
+def _energy_versus(summary: dict, vanilla: list[Measurement]) -> dict[str, float]:
+    """Vanilla's J/token on the same prompts and the method's ratio to it (NVML, GPU only)."""
+    joules = [v.energy_j for v in vanilla]
+    if "energy_j_per_token" not in summary or not vanilla or any(j is None for j in joules):
+        return {}
+    per_token = sum(joules) / max(sum(v.new_tokens for v in vanilla), 1)
+    return {"vanilla_energy_j_per_token": per_token,
+            "energy_ratio": summary["energy_j_per_token"] / per_token}
 
 
 def _slurm_job_id() -> str | None:
@@ -630,6 +761,10 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     say(f"replay: held-out speedup {confirmed['held_out_speedup']:.3f}x (min "
         f"{confirmed['held_out_speedup_min']:.3f}, max {confirmed['held_out_speedup_max']:.3f});"
         f" recorded {recorded}")
+    if not s.lossless:
+        held = {k[len("held_out_"):]: v for k, v in confirmed.items()
+                if k.startswith("held_out_")}
+        say(f"replay: held-out quality vs vanilla: {report.quality_line(held)}")
     return {"params": s.default, **confirmed}
 
 

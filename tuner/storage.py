@@ -77,7 +77,7 @@ def open_study(storage: Any, study_name: str, directions: list[str], sampler: An
         return study, True
     if [d.name.lower() for d in study.directions] != list(directions):
         raise ConfigError(f"study {study_name!r} optimises {[d.name.lower() for d in study.directions]}"
-                          f", not search.directions={list(directions)}: use another study_name")
+                          f", not {list(directions)} (search.objectives): use another study_name")
     deadline = time.monotonic() + wait_s
     while "fingerprint" not in study.user_attrs and len(study.trials) <= 1 and \
             time.monotonic() < deadline:           # its creator is between enqueue and fingerprint

@@ -165,10 +165,26 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                                 or not timeout > 0):
         raise ConfigError(f"search.timeout={timeout!r} is invalid: allowed is a number of "
                           "seconds > 0, or null")
-    directions = search.get("directions")
-    if not directions or any(d not in ("maximize", "minimize") for d in directions):
-        raise ConfigError(f"search.directions={directions!r} is invalid: allowed is a list of "
-                          "maximize/minimize")
+    from tuner.objectives import OBJECTIVES
+    objectives = search.get("objectives")
+    if not isinstance(objectives, list) or not objectives or \
+            any(o not in OBJECTIVES for o in objectives) or len(set(objectives)) < len(objectives):
+        raise ConfigError(f"search.objectives={objectives!r} is invalid: allowed is a list of "
+                          f"distinct names from {list(OBJECTIVES)}")
+    if search.get("pruner") and objectives != ["speedup"]:
+        raise ConfigError(f"search.pruner is set with search.objectives={objectives}: the pruner "
+                          "is fed per-prompt paired speedups, so allowed is objectives=[speedup] "
+                          "or pruner=null")
+    bounds = (("max_quality_drop", 0.0, ">= 0 (the largest acceptable drop of the task's metric "
+               "against vanilla)"),
+              ("max_perplexity_ratio", 1e-300, "> 0 (e.g. 1.05: at most 5 % above vanilla's "
+               "perplexity)"))
+    for name, low, allowed in bounds:
+        value = search.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < low):
+            raise ConfigError(f"search.{name}={value!r} is invalid: allowed is a number "
+                              f"{allowed}, or null")
     if kind == "grid":
         ranges = search.get("ranges", "heuristic")
         allowed = grid_names(space)
@@ -187,6 +203,18 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
         if target and not str(target).startswith("optuna."):
             raise ConfigError(f"search.{key}._target_={target!r} is not allowed: only Optuna "
                               "classes ('optuna.')")
+
+
+def check_quality(search: Mapping[str, Any], task: Mapping[str, Any]) -> None:
+    """A bound or objective on the task's quality needs a task that scores its outputs."""
+    wants = [f"search.max_quality_drop={search['max_quality_drop']}"] \
+        if search.get("max_quality_drop") is not None else []
+    wants += ["search.objectives with quality_drop"] if "quality_drop" in \
+        (search.get("objectives") or []) else []
+    if wants and task.get("metric", "none") == "none":
+        raise ConfigError(f"{wants[0]} needs a task quality metric, but task {task.get('name')} "
+                          "has metric='none': allowed is a task with a metric (gsm8k, humaneval, "
+                          "mbpp, cnndm, wmt16), or search.max_perplexity_ratio instead")
 
 
 def check_storage(storage: Any) -> None:
@@ -316,6 +344,7 @@ def validate(cfg: DictConfig) -> None:
     check_sampling(plain(cfg.sampling), cfg.seed)
     check_models(plain(cfg.models), method["needs_draft"])
     check_search(plain(cfg.search), method.get("space") or {}, task.get("task_class", "LH"))
+    check_quality(plain(cfg.search), task)
     for name, allowed in (("baseline", BASELINES), ("resume", RESUME),
                           ("budget", ("auto", "full")), ("phase", PHASES)):
         if cfg.get(name) not in allowed:

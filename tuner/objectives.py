@@ -1,0 +1,41 @@
+"""What a search optimises: summary keys of a trial, each with its direction.
+
+``search.objectives`` names one key (a single-objective study; ``speedup`` by default, the only one
+a pruner can be fed per prompt) or several (a Pareto front: ``search=pareto`` is speed against
+output perplexity, ``search=pareto_energy`` adds J/token on an NVIDIA GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+OBJECTIVES: dict[str, str] = {
+    "speedup": "maximize",              # paired geometric-mean speedup vs vanilla (tuner.measure)
+    "tokens_per_s": "maximize",
+    "mean_accepted_tokens": "maximize",
+    "perplexity": "minimize",           # output perplexity under the target (tuner.quality)
+    "perplexity_ratio": "minimize",     # ... over vanilla's on the same prompts
+    "quality_drop": "minimize",         # vanilla's task metric minus the method's
+    "energy_j_per_token": "minimize",   # NVML energy (GPU only, tuner.energy)
+    "energy_ratio": "minimize",         # ... over vanilla's J/token
+}
+ENERGY = ("energy_j_per_token", "energy_ratio")
+PERPLEXITY = ("perplexity", "perplexity_ratio")
+
+
+def directions(objectives: Sequence[str]) -> list[str]:
+    return [OBJECTIVES[name] for name in objectives]
+
+
+def objective_values(summary: Mapping[str, float], objectives: Sequence[str]) -> list[float]:
+    """The trial's value of every objective; a missing one is named (ValueError)."""
+    missing = [name for name in objectives if name not in summary]
+    if missing:
+        raise ValueError(f"objective(s) {missing} were not measured in this trial (energy needs "
+                         "an NVIDIA GPU; quality_drop needs a task metric)")
+    return [float(summary[name]) for name in objectives]
+
+
+def better_first(direction: str) -> int:
+    """+1 when larger is better, −1 when smaller is: ``sign * value`` is maximised."""
+    return 1 if direction == "maximize" else -1
