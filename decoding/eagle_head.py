@@ -238,8 +238,6 @@ class EagleHead(nn.Module):
         self.config = cfg
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
         self.layers = nn.ModuleList(HeadLayer(cfg, i) for i in range(cfg.num_layers))
-        inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)                # [d/2]
         self.shared = (embed_tokens, lm_head)          # a tuple: not registered as submodules
 
     def new_cache(self) -> HeadCache:
@@ -260,11 +258,13 @@ class EagleHead(nn.Module):
         Returns:
             [B, n, H] f̂_{i+1}.
         """
-        dtype = self.fc.weight.dtype
+        dtype, cfg = self.fc.weight.dtype, self.config
         embedded = self.shared[0](tokens).to(dtype)
         x = self.fc(torch.cat([embedded, features.to(dtype)], dim=-1))
-        angles = positions.to(self.inv_freq).div(self.config.rope_linear_factor)[:, None] \
-            * self.inv_freq                                                        # [n, d/2]
+        # RoPE angles in float32 whatever the head's dtype (bf16 positions would be coarse)
+        inv_freq = cfg.rope_theta ** -(torch.arange(0, cfg.head_dim, 2, device=x.device,
+                                                    dtype=torch.float32) / cfg.head_dim)
+        angles = (positions.float() / cfg.rope_linear_factor)[:, None] * inv_freq   # [n, d/2]
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
         for layer in self.layers:
@@ -316,11 +316,11 @@ def check_local_head(reference: str) -> None:
     """Raise ValueError unless a shipped name or local path is a head directory (files only)."""
     folder = SHIPPED.get(reference) or Path(reference).expanduser()
     if not folder.is_dir():
-        raise ValueError(f"EAGLE head {reference!r}: no such local directory")
+        raise ValueError(f"head={reference!r}: no such local directory")
     if not (folder / "config.json").is_file() or not any((folder / f).is_file()
                                                          for f in WEIGHT_FILES):
-        raise ValueError(f"EAGLE head {reference!r} is not a head directory: it needs config.json "
-                         f"and {' or '.join(WEIGHT_FILES)}")
+        raise ValueError(f"head={reference!r} is not an EAGLE head directory: it needs "
+                         f"config.json and {' or '.join(WEIGHT_FILES)}")
 
 
 def read_config(reference: str) -> dict[str, Any] | None:
