@@ -213,8 +213,7 @@ def write_readme(folder: Path, record: dict[str, Any]) -> None:
              f"A one-layer EAGLE-1/2 draft head ({r['parameters']:,} parameters, fp16 "
              "safetensors) in the published layout (`config.json` + `model.safetensors`), for "
              f"`method=eagle` (`decoding.eagle`). Licence: {r['license']}.", "",
-             "Trained by `python -m tuner.train_eagle` "
-             f"({' '.join(r['command'])}) on {r['hardware']}:", "",
+             f"Trained by `{' '.join(r['command'])}` on {r['hardware']}:", "",
              f"* data: {r['data']}",
              f"* {r['sequences']} sequences, {r['tokens']} tokens of target features "
              f"({r['extract_seconds']:.0f} s); {r['steps']} optimizer steps, "
@@ -224,7 +223,14 @@ def write_readme(folder: Path, record: dict[str, Any]) -> None:
              f"{r['final_acc']:.2f}",
              f"* held-out top-1 agreement with the target (teacher-forced, EAGLE's 0-α): "
              f"{r['held_out_top1']:.3f} on {r['held_out_sequences']} held-out GSM8K/CNN-DM chats",
-             f"* settings: `{json.dumps(r['settings'])}`", ""]
+             f"* settings: `{json.dumps(r['settings'])}`", "",
+             "Recipe: EAGLE (Li et al. 2024) §3.2 scaled to a CPU — SmoothL1 feature regression + "
+             "0.1 × cross-entropy to the target's top-20 distribution (over the sub-vocabulary the "
+             "corpus' top-20 sets cover), U(−0.1, 0.1) feature noise, AdamW (0.9, 0.95), grad clip "
+             "0.5, warm-up + cosine decay over the time budget; see `tuner/train_eagle.py`.", "",
+             f"Licence: {r['license']}. The training text is the repo's task data (see "
+             "`data/README.md` for each dataset's licence); the held-out slices the bench and the "
+             "tuner's confirmation use were excluded.", ""]
     (folder / "README.md").write_text("\n".join(lines))
 
 
