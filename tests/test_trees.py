@@ -372,8 +372,8 @@ def test_categorical_and_float_heuristics_are_value_lists():
              "threshold": {"type": "float", "low": 0.0, "high": 0.5, "step": 0.1,
                            "heuristic": {"HH": [0.0, 0.2]}},
              "depth": {"type": "int", "low": 1, "high": 8, "heuristic": {"HH": [2, 4]}}}
-    assert search_values(space, "HH") == {"shape": ["a", "c"], "threshold": [0.0, 0.2],
-                                          "depth": [2, 3, 4]}
+    assert search_values(space, "heuristic", "HH") == {"shape": ["a", "c"],
+                                                       "threshold": [0.0, 0.2], "depth": [2, 3, 4]}
 
 
 def test_bad_tree_settings_are_rejected(tiny_pairs):
