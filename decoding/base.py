@@ -97,15 +97,17 @@ class DraftContext:
     budget: int                          # most tokens a draft path may hold (≥ 1)
     generator: torch.Generator | None    # the generation's only source of randomness
     verdict: Verdict | None = None       # the last verdict (None on the first step)
-    hidden: torch.Tensor | None = None   # [m, H] target last-layer states of the last committed
-    #                                      rows (only when the drafter sets ``needs_hidden``)
+    hidden: torch.Tensor | None = None   # [m, H] target last-layer states (what its LM head
+    #   reads) of the m rows the target fed in its last forward and kept: committed positions
+    #   L−1−m .. L−2 (L = len(ids)); only when the drafter sets ``needs_hidden``
 
 
 class Drafter(Protocol):
     """Proposes drafts for a target model; owns (and rolls back) its own state.
 
     Optional: a class attribute ``needs_hidden = True`` makes the loop pass the target's hidden
-    states in ``DraftContext.hidden`` (feature-level drafters such as EAGLE heads).
+    states in ``DraftContext.hidden`` (feature-level drafters such as EAGLE heads); such a drafter
+    is first asked after the target's first forward (the prompt's prefill).
     """
 
     def reset(self) -> None:

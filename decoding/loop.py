@@ -5,7 +5,8 @@ Speculative and block verification (chains from a draft model), token trees from
 pool phrases) all run this loop; only the ``Drafter`` and, for chains, the verify rule differ.
 One step:
   1. the drafter proposes a ``Draft`` from a ``DraftContext`` (ids so far, budget, last verdict,
-     target hidden states when it asks for them);
+     target hidden states when it asks for them: such a drafter is first asked after the target's
+     first forward, since before it there are no states to read);
   2. the target scores the uncached committed tokens + the draft in ONE forward: a chain
      (``parents is None``) goes through the plain causal fast path; a tree is merged into slots
      (``decoding.tree.merge_duplicates``) and fed with a tree attention mask;
@@ -76,7 +77,7 @@ class DraftVerifyLoop(DecodingMethod):
             # 2. draft (paths never longer than the budget can take)
             budget = max_new_tokens - produced - 1
             draft = empty
-            if budget:
+            if budget and (hidden is not None or not wants_hidden):
                 with phase(clock, "draft"):
                     context = DraftContext(sequence[:length], budget, generator, verdict, hidden)
                     draft = self.drafter.propose(context)
@@ -132,7 +133,8 @@ class DraftVerifyLoop(DecodingMethod):
                generator: torch.Generator, wants_hidden: bool) -> Scored:
         """Fast path for chains: plain causal forward, no 4D mask.
 
-        Returns (verdict, logits [γ+1, V], hidden [accepted+1, H] or None, slots None).
+        Returns (verdict, logits [γ+1, V], hidden [u+accepted, H] or None, slots None): hidden
+        holds the states of the u uncached committed tokens and of the accepted draft tokens.
         """
         gamma = draft.size
         inputs = torch.cat([uncached, draft.tokens])[None]                      # [1, u+γ]
@@ -143,16 +145,16 @@ class DraftVerifyLoop(DecodingMethod):
         logits = out.logits[0]                                                  # [γ+1, V]
         verdict = self._verify(draft, logits, generator)
         hidden = None
-        if wants_hidden:   # rows of the last committed token and the accepted draft tokens
-            states = out.hidden_states[-1][0, -(gamma + 1):]                  # [γ+1, H]
-            hidden = states[: verdict.accepted + 1]
+        if wants_hidden:   # rows of the uncached committed tokens and the accepted draft tokens
+            hidden = out.hidden_states[-1][0, : uncached.shape[0] + verdict.accepted]
         return verdict, logits, hidden, None
 
     def _tree(self, uncached: torch.Tensor, draft: Draft, cache: DynamicCache, start: int,
               generator: torch.Generator, wants_hidden: bool) -> Scored:
         """Trees: merge duplicate draws into slots, one masked forward, walk the tree.
 
-        Returns (verdict, logits [S+1, V], hidden [accepted+1, H] or None, slot_of [n]).
+        Returns (verdict, logits [S+1, V], hidden [u+accepted, H] or None, slot_of [n]); hidden
+        as for chains: the uncached committed tokens, then the accepted path.
         """
         tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
         slot_of, slot_tokens, slot_parents = merge_duplicates(tokens, parents)
@@ -168,7 +170,7 @@ class DraftVerifyLoop(DecodingMethod):
         # slot s now sits at cache position start + base + s == length + s (see ``stream``)
         hidden = None
         if wants_hidden:
-            keep = [0] + [1 + slot_of[n] for n in verdict.nodes]
+            keep = list(range(base)) + [base + slot_of[n] for n in verdict.nodes]
             hidden = states[keep]
         return verdict, logits, hidden, slot_of
 

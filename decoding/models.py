@@ -241,6 +241,36 @@ def _tiny(spec: Mapping[str, Any]) -> LoadedModel:
     return LoadedModel(model, None, name=f"tiny-{family}-seed{seed}")
 
 
+def target_dims(spec: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(hidden size, vocabulary size) of a model spec when known without loading weights.
+
+    Tiny models: from their settings; hub local directories: ``config.json``; GGUF files: the
+    safetensors cache once converted. None otherwise (hub ids, GGUF not yet converted).
+    """
+    kind = spec.get("kind")
+    if kind == "tiny":
+        opts = {**TINY_DEFAULTS, **spec}
+        return int(opts["hidden_size"]), int(opts["vocab_size"])
+    folder = None
+    if kind == "hub" and spec.get("path"):
+        folder = Path(str(spec["path"])).expanduser()
+    elif kind in ("gguf_package", "gguf_file"):
+        try:
+            path = _package_gguf(spec) if kind == "gguf_package" else Path(spec["path"])
+            stat = path.stat()
+        except (ModuleNotFoundError, FileNotFoundError, KeyError, OSError):
+            return None
+        folder = cache_root() / "gguf" / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    config = folder / "config.json" if folder is not None else None
+    if config is None or not config.is_file():
+        return None
+    import json
+    raw = json.loads(config.read_text())
+    if "hidden_size" not in raw or "vocab_size" not in raw:
+        return None
+    return int(raw["hidden_size"]), int(raw["vocab_size"])
+
+
 # --------------------------------------------------------------------------------------------
 # Drafts derived from the target
 

@@ -85,37 +85,88 @@ def shape_paths(shape: Shape) -> list[tuple[int, ...]]:
     return paths
 
 
-class TreeDrafter:
-    """A draft model growing a token tree (static shape or EAGLE-2 dynamic), own KV cache."""
+class DraftModelSource:
+    """A draft causal LM as the source of a tree's next-token logits (its own KV cache).
 
-    def __init__(self, model: nn.Module, sampling: SamplingConfig, shape: Shape, siblings: str,
-                 width: int, depth: int, total_tokens: int, confidence_threshold: float) -> None:
-        self.model, self.sampling = model, sampling
-        self.dynamic = shape == "dynamic"
-        self.paths = [] if self.dynamic else shape_paths(shape)
-        self.siblings = "topk" if sampling.greedy or self.dynamic else siblings
-        self.width, self.depth, self.total_tokens = width, depth, total_tokens
-        self.threshold = confidence_threshold
+    The tree algorithm (``TreeDrafter``) asks a source for the logits after the committed context
+    (``root``), then for the logits after batches of tree nodes (``extend``), and finally drops the
+    tree's rows (``finish``). EAGLE heads are another source (``decoding.eagle.EagleSource``).
+    """
+
+    needs_hidden = False
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
         self.reset()
 
     def reset(self) -> None:
         self.cache = new_cache(self.model)
-        self.cached = 0
+        self.cached = 0            # committed positions held in ``cache``
+        self.length = 0            # committed length of the current draft
+        self.slot: dict[int, int] = {}
 
     def commit(self, num_valid: int) -> None:
         if self.cached > num_valid:
             crop_cache(self.cache, num_valid)
             self.cached = num_valid
 
-    def propose(self, context: DraftContext) -> Draft:
+    def root(self, context: DraftContext) -> torch.Tensor:
+        """[V] logits after the last committed token (feeds the uncached committed tokens)."""
         ids = context.ids
-        length = int(ids.shape[0])
-        root = forward_logits(self.model, ids[self.cached:][None], self.cache, self.cached, 1)[-1]
-        self.cached = length
+        self.length = int(ids.shape[0])
+        logits = forward_logits(self.model, ids[self.cached:][None], self.cache, self.cached, 1)
+        self.cached, self.slot = self.length, {}
+        return logits[-1]
+
+    def extend(self, nodes: list[int], tokens: list[int], parents: list[int],
+               depths: list[int]) -> torch.Tensor:
+        """One forward over ``nodes`` (their ancestors already fed); [len(nodes), V] logits."""
+        start = self.cache.get_seq_length()
+        ancestors = []
+        for i, node in enumerate(nodes):
+            chain, parent = [], parents[node]
+            while parent >= 0:
+                chain.append(self.slot[parent])
+                parent = parents[parent]
+            ancestors.append(chain)
+            self.slot[node] = start + i
+        return extend_forward(self.model, self.cache, self.length, [tokens[n] for n in nodes],
+                              ancestors, [depths[n] for n in nodes])
+
+    def finish(self) -> None:
+        crop_cache(self.cache, self.length)         # tree rows are dropped; the path is re-fed
+
+
+class TreeDrafter:
+    """Grows a token tree (static shape or EAGLE-2 dynamic) from a source of next-token logits.
+
+    The source is a draft model (``DraftModelSource``) or an EAGLE head (``decoding.eagle``); the
+    drafter asks for the target's hidden states exactly when its source does.
+    """
+
+    def __init__(self, source: DraftModelSource, sampling: SamplingConfig, shape: Shape,
+                 siblings: str, width: int, depth: int, total_tokens: int,
+                 confidence_threshold: float) -> None:
+        self.source, self.sampling = source, sampling
+        self.needs_hidden = bool(getattr(source, "needs_hidden", False))
+        self.dynamic = shape == "dynamic"
+        self.paths = [] if self.dynamic else shape_paths(shape)
+        self.siblings = "topk" if sampling.greedy or self.dynamic else siblings
+        self.width, self.depth, self.total_tokens = width, depth, total_tokens
+        self.threshold = confidence_threshold
+
+    def reset(self) -> None:
+        self.source.reset()
+
+    def commit(self, num_valid: int) -> None:
+        self.source.commit(num_valid)
+
+    def propose(self, context: DraftContext) -> Draft:
+        root = self.source.root(context)
         grow = self._dynamic if self.dynamic else self._static
-        tokens, parents, probs, forwards = grow(root, length, context)
-        crop_cache(self.cache, length)              # tree rows are dropped; the path is re-fed
-        device = ids.device
+        tokens, parents, probs, forwards = grow(root, context)
+        self.source.finish()
+        device = context.ids.device
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device),
                      probs=None if probs is None else torch.stack(probs),
                      parents=torch.tensor(parents, dtype=torch.long, device=device),
@@ -137,31 +188,15 @@ class TreeDrafter:
                                    generator=generator).tolist()
         return picked, q, torch.log(q[picked]).tolist()
 
-    def _feed(self, nodes: list[int], tokens: list[int], parents: list[int], depths: list[int],
-              slot: dict[int, int], length: int) -> torch.Tensor:
-        """One draft forward over ``nodes`` (their ancestors already fed); [len(nodes), V]."""
-        start = self.cache.get_seq_length()
-        ancestors = []
-        for i, node in enumerate(nodes):
-            chain, parent = [], parents[node]
-            while parent >= 0:
-                chain.append(slot[parent])
-                parent = parents[parent]
-            ancestors.append(chain)
-            slot[node] = start + i
-        return extend_forward(self.model, self.cache, length, [tokens[n] for n in nodes],
-                              ancestors, [depths[n] for n in nodes])
-
     # -- static shapes ---------------------------------------------------------------------
 
-    def _static(self, root: torch.Tensor, length: int, context: DraftContext):
+    def _static(self, root: torch.Tensor, context: DraftContext):
         paths = [p for p in self.paths if len(p) <= context.budget]
         kids: dict[tuple, int] = {}
         for p in paths:
             kids[p[:-1]] = kids.get(p[:-1], 0) + 1
         tokens, parents, depths, score, probs = [], [], [], [], []
         node_of: dict[tuple, int] = {(): -1}
-        slot: dict[int, int] = {}
         logits_of = {(): root}
         forwards, max_depth = 1, max((len(p) for p in paths), default=0)
         for depth in range(1, max_depth + 1):
@@ -184,8 +219,7 @@ class TreeDrafter:
             if not expand or depth == max_depth or not self._confident(
                     [score[node_of[p]] for p in expand]):
                 break
-            logits = self._feed([node_of[p] for p in expand], tokens, parents, depths, slot,
-                                length)
+            logits = self.source.extend([node_of[p] for p in expand], tokens, parents, depths)
             forwards += 1
             logits_of = {p: logits[i] for i, p in enumerate(expand)}
         return tokens, parents, (probs if self.siblings != "topk" else None), forwards
@@ -195,15 +229,15 @@ class TreeDrafter:
 
     # -- EAGLE-2 dynamic trees -------------------------------------------------------------
 
-    def _dynamic(self, root: torch.Tensor, length: int, context: DraftContext):
+    def _dynamic(self, root: torch.Tensor, context: DraftContext):
         depth_cap = min(self.depth, context.budget)
         picked, _, logq = self._children(root, self.width, None)
         tokens, parents, depths, score = picked, [-1] * len(picked), [1] * len(picked), logq
-        frontier, slot, forwards = list(range(len(picked))), {}, 1
+        frontier, forwards = list(range(len(picked))), 1
         for depth in range(2, depth_cap + 1):
             if not self._confident([score[n] for n in frontier]):
                 break
-            logits = self._feed(frontier, tokens, parents, depths, slot, length)   # [k, V]
+            logits = self.source.extend(frontier, tokens, parents, depths)   # [k, V]
             forwards += 1
             created = []
             for i, node in enumerate(frontier):
@@ -220,6 +254,18 @@ class TreeDrafter:
         index = {node: i for i, node in enumerate(keep)}
         return ([tokens[n] for n in keep], [index.get(parents[n], -1) for n in keep], None,
                 forwards)
+
+
+def check_tree_settings(siblings: str, width: int, depth: int, total_tokens: int,
+                        confidence_threshold: float) -> None:
+    """Raise ValueError naming the first invalid tree setting (shapes: ``shape_paths``)."""
+    for name, value in (("width", width), ("depth", depth), ("total_tokens", total_tokens)):
+        check_positive_int(name, value)
+    if siblings not in SIBLINGS:
+        raise ValueError(f"siblings={siblings!r} is unknown: allowed are {list(SIBLINGS)}")
+    if not 0.0 <= float(confidence_threshold) < 1.0:
+        raise ValueError(f"confidence_threshold={confidence_threshold!r} is invalid: allowed "
+                         "is a number in [0, 1)")
 
 
 class TreeDecoding(DraftVerifyLoop):
@@ -243,14 +289,8 @@ class TreeDecoding(DraftVerifyLoop):
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int = 0, eos_token_ids: Sequence[int] | None = None) -> None:
         draft = single_draft(draft, self.name)
-        for name, value in (("width", width), ("depth", depth), ("total_tokens", total_tokens)):
-            check_positive_int(name, value)
-        if siblings not in SIBLINGS:
-            raise ValueError(f"siblings={siblings!r} is unknown: allowed are {list(SIBLINGS)}")
-        if not 0.0 <= float(confidence_threshold) < 1.0:
-            raise ValueError(f"confidence_threshold={confidence_threshold!r} is invalid: allowed "
-                             "is a number in [0, 1)")
+        check_tree_settings(siblings, width, depth, total_tokens, confidence_threshold)
         super().__init__(target, temperature=temperature, top_k=top_k, top_p=top_p,
                          seed=seed, eos_token_ids=eos_token_ids)
-        self.drafter = TreeDrafter(draft, self.sampling, shape, siblings, width, depth,
-                                   total_tokens, float(confidence_threshold))
+        self.drafter = TreeDrafter(DraftModelSource(draft), self.sampling, shape, siblings,
+                                   width, depth, total_tokens, float(confidence_threshold))

@@ -53,7 +53,7 @@ def tree_forward(model: torch.nn.Module, tokens: Sequence[int], parents: Sequenc
 def tree_forward_states(model: torch.nn.Module, tokens: Sequence[int], parents: Sequence[int],
                         cache: DynamicCache, rows: Sequence[int], hidden: bool
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``tree_forward`` plus, when ``hidden``, the last-layer states [len(rows), H] of those rows."""
+    """``tree_forward`` plus, when ``hidden``, the last-layer states [q, H] of every node."""
     device = next(model.parameters()).device
     prefix = cache.get_seq_length()
     mask, positions = tree_inputs(parents, prefix, model.dtype, device)
@@ -63,7 +63,7 @@ def tree_forward_states(model: torch.nn.Module, tokens: Sequence[int], parents: 
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions[None],
                 cache_position=slots, past_key_values=cache, use_cache=True,
                 logits_to_keep=keep, output_hidden_states=hidden)
-    states = out.hidden_states[-1][0].index_select(0, keep) if hidden else None
+    states = out.hidden_states[-1][0] if hidden else None
     return out.logits[0], states
 
 

@@ -372,8 +372,8 @@ def test_categorical_and_float_heuristics_are_value_lists():
              "threshold": {"type": "float", "low": 0.0, "high": 0.5, "step": 0.1,
                            "heuristic": {"HH": [0.0, 0.2]}},
              "depth": {"type": "int", "low": 1, "high": 8, "heuristic": {"HH": [2, 4]}}}
-    assert search_values(space, "heuristic", "HH") == {"shape": ["a", "c"], "threshold": [0.0, 0.2],
-                                          "depth": [2, 3, 4]}
+    assert search_values(space, "heuristic", "HH") == {"shape": ["a", "c"],
+                                                       "threshold": [0.0, 0.2], "depth": [2, 3, 4]}
 
 
 def test_bad_tree_settings_are_rejected(tiny_pairs):
@@ -390,8 +390,9 @@ def test_bad_tree_settings_are_rejected(tiny_pairs):
 
 @pytest.mark.parametrize("name,kw", [("speculative", {}), ("tree", dict(shape="3-2-1"))])
 def test_feature_drafters_receive_the_targets_hidden_states(tiny_pairs, name, kw):
-    """A drafter that sets ``needs_hidden`` gets the target's last-layer states of the last
-    committed rows (the token before the step and the accepted path) in its context."""
+    """A drafter that sets ``needs_hidden`` is first asked after the prefill and gets the target's
+    last-layer states of every row the target fed and kept since (the whole prompt first, then
+    the token before the step and the accepted path), aligned with committed positions."""
     pair = tiny_pairs["related"]
     m = build_method(name, pair, **kw)
     seen = []
@@ -414,8 +415,12 @@ def test_feature_drafters_receive_the_targets_hidden_states(tiny_pairs, name, kw
 
     m.drafter = Recording(m.drafter)
     generate(m, PROMPTS[1], 16)
-    assert seen[0][1] is None and len(seen) > 2
-    for ids, hidden in seen[1:]:
+    assert len(seen) > 2 and all(hidden is not None for _, hidden in seen)
+    assert seen[0][1].shape[0] == len(PROMPTS[1]) and len(seen[0][0]) == len(PROMPTS[1]) + 1
+    fed = 0
+    for ids, hidden in seen:
+        fed += hidden.shape[0]
+        assert fed == len(ids) - 1                     # no committed position missed or repeated
         with torch.no_grad():
             states = pair.target(torch.tensor([ids]), output_hidden_states=True).hidden_states
         rows = hidden.shape[0]

@@ -106,6 +106,15 @@ CASES = [
                                                "space (allowed: 1 to 4)"),
     (["method=mjsd", "method.params.tau=1.5"], "method.params.tau=1.5 is outside its search "
                                                "space (allowed: 0.0 to 1.0)"),
+    (["method=eagle", "method.params.head=/nonexistent/head"],
+     "method.params.head='/nonexistent/head': no such local directory"),
+    (["method=eagle", "method.params.head=/tmp"],
+     "method.params.head='/tmp' is not an EAGLE head directory"),
+    (["method=eagle", "method.params.head=smollm2-135m-instruct"],
+     "method.params.head='smollm2-135m-instruct' does not fit models.target (tiny): hidden size "
+     "576 (head) vs 64 (target); vocabulary 49152 (head) vs 256 (target)"),
+    (["method=prompt_lookup", "method.params.min_ngram=3"],
+     "method.params.min_ngram=3 is outside its search space (allowed: 1 to 2)"),
 ]
 
 

@@ -56,6 +56,10 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
         "baseline": baseline, "warmup_prompts": warmup_prompts,
         "near_tie_ulps": near_tie_ulps, "hardware": hardware(device),
     }
+    head = (method.get("params") or {}).get("head")
+    if head is not None:     # method=eagle: the head's files, not just its name
+        from decoding.eagle_head import head_identity
+        raw["method.head"] = head_identity(head)
     return {key: _canonical(value) for key, value in raw.items()}
 
 

@@ -54,7 +54,7 @@ from tuner.storage import (RUN_TOKEN, fail_orphans, failure_reason, is_retried, 
                            make_storage, open_study)
 from tuner.tasks.task import Task
 from tuner.track import NullTracker, environment_tags, flatten, make_tracker
-from tuner.validate import PHASES, check_journal, plain, validate
+from tuner.validate import PHASES, check_head_fits, check_journal, plain, validate
 
 VANILLA = {"_target_": "decoding.vanilla.Vanilla", "needs_draft": False}
 # summary keys kept on every trial (the summary table and best_* metrics read them)
@@ -168,6 +168,7 @@ class Study:
     def load(self) -> None:
         """Models and tokenised prompts: only the phases that measure need them."""
         self.pair, self.tokenizer = load_models(self.cfg.models, self.method_cfg["needs_draft"])
+        check_head_fits(self.method_cfg, self.pair.target)    # method=eagle, before any trial
         self.ids = {p.id: self.task.encode(p, self.tokenizer) for p in self.tuning + self.held_out}
         self.vanilla = self._build(VANILLA, {})
         self._log_probs: dict[tuple, float] = {}       # (prompt id, tokens) -> mean log p

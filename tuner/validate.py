@@ -155,6 +155,44 @@ def check_models(models: Mapping[str, Any], needs_draft: bool) -> None:
                 raise ConfigError(f"models.{role}.path={path!r}: no such local directory")
 
 
+def check_head(method: Mapping[str, Any], models: Mapping[str, Any]) -> None:
+    """method=eagle: the head reference is usable and, where knowable unloaded, fits the target."""
+    params = method.get("params") or {}
+    if "head" not in params:
+        return
+    from decoding.eagle_head import SHIPPED, read_config
+    from decoding.models import target_dims
+    head = params["head"]
+    allowed = (f"allowed: a shipped head {sorted(SHIPPED)}, 'auto', 'random[:seed]', a local head "
+               "directory or a hub id; models.eagle_head sets the default")
+    if not isinstance(head, str) or not head:
+        raise ConfigError(f"method.params.head={head!r} is invalid ({allowed})")
+    try:
+        raw = read_config(head)
+    except ValueError as err:
+        raise ConfigError(f"method.params.{err} ({allowed})") from None
+    dims = target_dims(models["target"]) if raw else None
+    if dims:
+        wanted = {"hidden size": dims[0], "vocabulary": dims[1]}
+        got = {"hidden size": raw.get("hidden_size"), "vocabulary": raw.get("vocab_size")}
+        bad = [f"{k} {got[k]} (head) vs {wanted[k]} (target)" for k in wanted if got[k] != wanted[k]]
+        if bad:
+            raise ConfigError(f"method.params.head={head!r} does not fit models.target "
+                              f"({models['target'].get('kind')}): {'; '.join(bad)}")
+
+
+def check_head_fits(method: Mapping[str, Any], target: Any) -> None:
+    """After the models load: the head loads and fits the target (hub heads, unconverted GGUF)."""
+    params = method.get("params") or {}
+    if "head" not in params:
+        return
+    from decoding.eagle_head import load_head
+    try:
+        load_head(str(params["head"]), target)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"method.params.head: {str(err).splitlines()[0]}") from None
+
+
 def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class: str) -> None:
     kind = search.get("kind")
     if kind not in SEARCH_KINDS:
@@ -343,6 +381,7 @@ def validate(cfg: DictConfig) -> None:
     check_method(method)
     check_sampling(plain(cfg.sampling), cfg.seed)
     check_models(plain(cfg.models), method["needs_draft"])
+    check_head(method, plain(cfg.models))
     check_search(plain(cfg.search), method.get("space") or {}, task.get("task_class", "LH"))
     check_quality(plain(cfg.search), task)
     for name, allowed in (("baseline", BASELINES), ("resume", RESUME),

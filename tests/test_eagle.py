@@ -1,0 +1,322 @@
+"""EAGLE heads: alignment with the target (an oracle head is always accepted), greedy equality,
+EOS and budget inside a draft, the sampled trees' laws, the published layout round trip, mismatched
+heads, and the shipped head on the embedded default.
+
+Generic conformance (greedy = vanilla, exact max_new_tokens, EOS, seeds) comes from
+``tests/test_methods.py`` through ``conf/method/eagle.yaml``; the sampling laws are checked here,
+on the tree step that follows the prefill (the conformance chi-square's first token would not
+involve the head).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import DynamicCache
+
+from decoding import build_method, generate
+from decoding.base import DraftContext
+from decoding.eagle import EagleSource, additive_mask
+from decoding.eagle_head import (SHIPPED, HeadConfig, head_identity, load_head, random_head,
+                                 save_head)
+from decoding.sampling import SamplingConfig, logits_to_probs
+from tests.conftest import tiny_pair
+
+PROMPT = [3, 4, 5, 6, 7]
+SHAPES = [{}, {"shape": "3-2-1"}, {"shape": (1, 1, 1, 1)},
+          {"width": 3, "depth": 5, "total_tokens": 12, "confidence_threshold": 0.05}]
+
+
+class OracleCache:
+    """The target's own cache, holding the prompt's first token before the head's rows."""
+
+    def __init__(self, target: torch.nn.Module, first: int) -> None:
+        self.inner = DynamicCache(config=target.config)
+        with torch.no_grad():
+            target(input_ids=torch.tensor([[first]]), past_key_values=self.inner, use_cache=True)
+
+    @property
+    def length(self) -> int:
+        return self.inner.get_seq_length() - 1
+
+    def crop(self, length: int) -> None:
+        excess = self.inner.get_seq_length() - (length + 1)
+        if excess > 0:
+            self.inner.crop(-excess)
+
+
+class OracleHead:
+    """The head interface answered by the target itself: head row i (input t_{i+1}) is the
+    target's row at position i + 1, so the 'predicted' feature is the true one. A drafter that
+    aligns features, shifted tokens, positions and tree masks correctly is then always right."""
+
+    def __init__(self, target: torch.nn.Module, first: int) -> None:
+        self.target, self.first = target, first
+
+    def new_cache(self) -> OracleCache:
+        return OracleCache(self.target, self.first)
+
+    def parameters(self):
+        return self.target.parameters()
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.target.get_output_embeddings()(features)
+
+    def __call__(self, features, tokens, positions, mask, cache):
+        start = cache.inner.get_seq_length()
+        first = torch.zeros(mask.shape[:-1] + (1,), dtype=mask.dtype)       # t_0: seen by all
+        out = self.target(input_ids=tokens, position_ids=(positions + 1)[None],
+                          attention_mask=torch.cat([first, mask], dim=-1),
+                          past_key_values=cache.inner, use_cache=True, output_hidden_states=True,
+                          cache_position=torch.arange(start, start + tokens.shape[1]))
+        return out.hidden_states[-1]
+
+
+def vanilla(pair, prompt, n, **kw):
+    return generate(build_method("vanilla", pair, **kw), prompt, n).tokens
+
+
+# ----------------------------------------------------------------------------------------------
+# Alignment, greedy equality, EOS and budget
+
+
+@pytest.mark.parametrize("kw", SHAPES[:3], ids=["dynamic", "3-2-1", "chain"])
+def test_an_oracle_head_is_always_right(tiny_pairs, kw):
+    pair = tiny_pairs["related"]
+    m = build_method("eagle", pair, head=OracleHead(pair.target, PROMPT[0]), eos_token_ids=[],
+                     **kw)
+    out = generate(m, PROMPT, 30)
+    assert out.tokens == vanilla(pair, PROMPT, 30, eos_token_ids=[])
+    if kw.get("shape") == (1, 1, 1, 1):       # prefill, then every chain fully accepted
+        assert out.stats.accepted_length_hist[-1] >= out.stats.steps - 3
+        assert out.stats.accepted == out.stats.drafted
+
+
+@pytest.mark.parametrize("kind", ["related", "unrelated"])
+def test_greedy_equals_vanilla_with_random_heads(tiny_pairs, kind):
+    pair = tiny_pairs[kind]
+    for kw in SHAPES:
+        m = build_method("eagle", pair, head="random:1", **kw)
+        for prompt in ([3], PROMPT, [200, 13, 99]):
+            assert generate(m, prompt, 20).tokens == vanilla(pair, prompt, 20), kw
+
+
+def test_eos_and_budget_inside_a_draft(tiny_pairs):
+    pair = tiny_pairs["related"]
+    head = OracleHead(pair.target, PROMPT[0])
+    free = vanilla(pair, PROMPT, 30, eos_token_ids=[])
+    for n in (1, 2, 3, 5, 6):
+        m = build_method("eagle", pair, head=head, shape=(1, 1, 1, 1), eos_token_ids=[])
+        assert generate(m, PROMPT, n).tokens == free[:n]
+    eos = free[3]                   # the 2nd token of the first (fully accepted) chain
+    m = build_method("eagle", pair, head=head, shape=(1, 1, 1, 1), eos_token_ids=[eos])
+    assert generate(m, PROMPT, 30).tokens == free[: free.index(eos) + 1]
+
+
+def test_tree_rows_equal_the_head_run_along_each_path(tiny_pairs):
+    """``EagleSource.extend`` (tree mask over the head's cache) = the head fed path by path."""
+    pair = tiny_pairs["related"]
+    head = random_head(pair.target, seed=2)
+    ids = torch.tensor(PROMPT + [9])
+    with torch.no_grad():
+        hidden = pair.target(ids[None], output_hidden_states=True).hidden_states[-1][0, :-1]
+        source = EagleSource(head)
+        source.root(DraftContext(ids, 8, None, None, hidden))
+        tokens, parents, depths = [11, 12, 13, 14], [-1, -1, 0, 1], [1, 1, 2, 2]
+        first = source.extend([0, 1], tokens, parents, depths)
+        second = source.extend([2, 3], tokens, parents, depths)
+        for node, logits in ((2, second[0]), (3, second[1]), (1, first[1])):
+            path = [node] if parents[node] < 0 else [parents[node], node]
+            cache = head.new_cache()
+            rows = len(PROMPT)
+            out = head(hidden[None], ids[1:][None], torch.arange(rows),
+                       additive_mask(torch.ones(rows, rows, dtype=torch.bool).tril(), head.fc
+                                     .weight.dtype), cache)[0]
+            feature = out[-1]
+            for depth, n in enumerate(path, 1):
+                feature = head(feature[None, None], torch.tensor([[tokens[n]]]),
+                               torch.tensor([rows - 1 + depth]), None, cache)[0, 0]
+            assert torch.allclose(head.logits(feature), logits, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampled trees: the declared q is the head's warped distribution, and the law end to end
+
+
+def test_sampled_siblings_declare_the_heads_distribution(tiny_pairs):
+    pair = tiny_pair("related", vocab_size=12, initializer_range=0.3)
+    sampling = SamplingConfig(temperature=0.8)
+    m = build_method("eagle", pair, head="random:3", shape=(3,), siblings="iid",
+                     temperature=0.8)
+    ids = torch.tensor([3, 1, 4, 1])
+    with torch.no_grad():
+        hidden = pair.target(ids[None], output_hidden_states=True).hidden_states[-1][0, :-1]
+        q = None
+        counts = np.zeros(12)
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(400):
+            m.drafter.reset()
+            draft = m.drafter.propose(DraftContext(ids, 4, generator, None, hidden))
+            q = draft.probs[0] if q is None else q
+            assert torch.allclose(draft.probs, q.expand(3, -1))     # one q for the 3 siblings
+            for token in draft.tokens.tolist():
+                counts[token] += 1
+        head = m.head
+        rows = ids.shape[0] - 1
+        out = head(hidden[None], ids[1:][None], torch.arange(rows))[0, -1]
+        expected = logits_to_probs(head.logits(out), sampling)
+    assert torch.allclose(q, expected, atol=1e-5)
+    wanted = expected.double().numpy() * counts.sum()
+    keep = wanted >= 5
+    observed, wanted = counts[keep], wanted[keep]
+    if (~keep).any():                                   # pool the rare tokens into one bin
+        observed = np.append(observed, counts[~keep].sum())
+        wanted = np.append(wanted, expected.double().numpy()[~keep].sum() * counts.sum())
+    assert chisquare(observed, wanted * observed.sum() / wanted.sum()).pvalue > 1e-3
+
+
+def exact_pair_law(model, prompt, sampling):
+    with torch.no_grad():
+        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], sampling)
+        law = {}
+        for a in range(first.shape[0]):
+            second = logits_to_probs(model(torch.tensor([prompt + [a]])).logits[0, -1], sampling)
+            for b in range(first.shape[0]):
+                law[(a, b)] = float(first[a] * second[b])
+    return law
+
+
+@pytest.mark.parametrize("tree", [dict(shape=(2, 1), siblings="without"),
+                                  dict(width=3, total_tokens=3)], ids=["without", "dynamic"])
+def test_sampled_trees_follow_the_target_law(tree):
+    """Token 2 comes from the first tree step (token 1 from the prefill; a budget of 3 leaves a
+    depth-1 tree: two siblings drawn without replacement, or EAGLE-2's top-3 point masses):
+    chi-square on the pair against the target's exact law."""
+    pair = tiny_pair("related", vocab_size=6, initializer_range=0.3)
+    sampling = dict(temperature=1.0)
+    law = exact_pair_law(pair.target, [3, 1, 4], SamplingConfig(**sampling))
+    m = build_method("eagle", pair, head="random:4", **tree, **sampling)
+    draws, counts = 700, {}
+    for seed in range(draws):
+        m.seed = seed
+        key = generate(m, [3, 1, 4], 3).tokens[:2]
+        counts[key] = counts.get(key, 0) + 1
+    keys = sorted(law)
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    expected = np.array([law[k] for k in keys]) * draws
+    big = expected >= 5
+    observed = np.append(observed[big], observed[~big].sum())
+    expected = np.append(expected[big], expected[~big].sum())
+    assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading: the published layout, mismatches, EAGLE-3, identities
+
+
+def published_checkpoint(head, folder, fmt):
+    """A head written as the EAGLE authors publish it: config.json + pytorch_model.bin (with
+    embed_tokens.weight) or model.safetensors."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if fmt == "safetensors":
+        return save_head(head, folder)
+    raw = {**head.config.to_json(), "torch_dtype": "float16", "transformers_version": "4.28.1"}
+    raw.pop("head_dim")
+    (folder / "config.json").write_text(json.dumps(raw))
+    state = {k: v.half() for k, v in head.state_dict().items()}
+    state["embed_tokens.weight"] = head.shared[0].weight.detach().half().clone()
+    torch.save(state, folder / "pytorch_model.bin")
+    return folder
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_a_head_round_trips_through_the_published_layout(tiny_pairs, tmp_path, fmt):
+    pair = tiny_pairs["related"]
+    head = random_head(pair.target, seed=5)
+    folder = published_checkpoint(head, tmp_path / "head", fmt)
+    keys = set(head.state_dict())
+    assert keys == {"fc.weight", "fc.bias", *(f"layers.0.{k}.weight" for k in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "post_attention_layernorm"))}
+    loaded = load_head(str(folder), pair.target)
+    for name, value in head.state_dict().items():
+        assert torch.allclose(loaded.state_dict()[name], value.half().float())
+    prompt_ids = torch.tensor(PROMPT)
+    out = generate(build_method("eagle", pair, head=str(folder)), PROMPT, 12)
+    assert out.tokens == vanilla(pair, prompt_ids, 12)
+
+
+def test_a_mismatched_head_names_both_models(tmp_path):
+    small = tiny_pair("related", hidden_size=32, num_attention_heads=2, num_key_value_heads=1)
+    other_vocab = tiny_pair("related", vocab_size=128)
+    target = tiny_pair("related")
+    folder = save_head(random_head(small.target), tmp_path / "h32")
+    with pytest.raises(ValueError, match=r"EAGLE head '.*h32' does not fit target '.*': hidden "
+                                         r"size 32 \(head\) vs 64 \(target\)"):
+        build_method("eagle", target, head=str(folder))
+    folder = save_head(random_head(other_vocab.target), tmp_path / "v128")
+    with pytest.raises(ValueError, match=r"vocabulary 128 \(head\) vs 256 \(target\)"):
+        load_head(str(folder), target.target)
+
+
+def test_bad_references_and_eagle3_are_refused(tiny_pairs, tmp_path):
+    pair = tiny_pairs["related"]
+    with pytest.raises(ValueError, match=r"head='/nonexistent/head': no such local directory"):
+        build_method("eagle", pair, head="/nonexistent/head")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="is not an EAGLE head directory"):
+        build_method("eagle", pair, head=str(tmp_path / "empty"))
+    folder = save_head(random_head(pair.target), tmp_path / "e3")
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, "draft_vocab_size": 32}))
+    with pytest.raises(ValueError, match="is an EAGLE-3 head .* not supported yet"):
+        load_head(str(folder), pair.target)
+    with pytest.raises(ValueError, match="RoPE scaling 'yarn' is not supported"):
+        HeadConfig.from_json({**raw, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
+    with pytest.raises(ValueError, match=r"width=0 is invalid"):
+        build_method("eagle", pair, width=0)
+    with pytest.raises(OSError, match=r"could not load EAGLE head 'nobody/no-such-eagle-head'"):
+        build_method("eagle", pair, head="nobody/no-such-eagle-head")     # no hub here, or 404
+
+
+def test_head_identity_follows_the_weights(tiny_pairs, tmp_path):
+    pair = tiny_pairs["related"]
+    first = head_identity(str(save_head(random_head(pair.target, 0), tmp_path / "a")))
+    second = head_identity(str(save_head(random_head(pair.target, 1), tmp_path / "a")))
+    assert first["sha256"] != second["sha256"] and first["head"] == second["head"]
+    assert head_identity("random") == {"head": "random"}
+    assert head_identity("yuhuili/EAGLE-Vicuna-7B-v1.3") == {"head": "yuhuili/EAGLE-Vicuna-7B-v1.3"}
+
+
+# ----------------------------------------------------------------------------------------------
+# The embedded default with its shipped head
+
+
+@pytest.mark.real_model
+def test_shipped_head_on_the_default_model(default_pair, gsm8k_questions):
+    from decoding import encode_prompt
+    assert SHIPPED["smollm2-135m-instruct"].is_dir(), "the trained head ships with the repo"
+    prompt = encode_prompt(default_pair.tokenizer, gsm8k_questions[1])
+    out = generate(build_method("eagle", default_pair, head="auto"), prompt, 32)
+    assert out.tokens == vanilla(default_pair, prompt, 32)
+    assert out.stats.mean_accepted_tokens > 1.25           # a trained head (random: ~1.0)
+
+
+def test_a_study_fingerprints_the_heads_weights(tmp_path, monkeypatch):
+    """The tuner records the head; other weights under the same path never resume the study."""
+    from tests.test_study import TINY, run
+    from tuner.errors import StudyMismatch
+    monkeypatch.chdir(tmp_path)
+    target = tiny_pair("related").target
+    folder = save_head(random_head(target, 0), tmp_path / "head")
+    args = ["method=eagle", *TINY, f"method.params.head={folder}", "search=tpe",
+            "search.n_trials=1", "tracking=none"]
+    result = run(tmp_path, *args)
+    assert result["params"]["head"] == str(folder)
+    save_head(random_head(target, 1), folder)
+    with pytest.raises(StudyMismatch, match=r"other settings \(method.head: "):
+        run(tmp_path, *args)

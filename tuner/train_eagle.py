@@ -1,0 +1,295 @@
+"""Train an EAGLE head for a target on this CPU, from the text the repo ships; write it loadable.
+
+    python -m tuner.train_eagle                         # SmolLM2-135M, 24 min + eval, -> decoding/heads/
+    python -m tuner.train_eagle --minutes 5 --out /tmp/head
+    python -m tuner.train_eagle --models tiny --steps 20 --out /tmp/tiny-head     (a smoke run)
+
+Recipe (EAGLE paper §3.2, scaled down to a CPU and a time budget):
+  1. data (``tuner.eagle_data``): every task's records except its held-out slice, as chats with the
+     reference answer; the last ``max_len`` tokens of each;
+  2. features: one target forward per sequence (no grad) within ``extract_fraction`` of the budget,
+     keeping the target's features f (post-norm last hidden states, fp16) and its top-``topk``
+     next-token distribution at every position;
+  3. training until the budget (or ``--steps``) is spent: AdamW, betas (0.9, 0.95), grad clip 0.5,
+     lr warm-up then cosine decay over the time budget; loss = SmoothL1(f̂_{i+1}, f_{i+1})
+     + w_cls · cross-entropy(target top-k distribution, head distribution), w_cls = 0.1; inputs
+     f_i + U(−0.1, 0.1) noise (against error accumulation when the head reads its own outputs).
+     The classification loss normalises over the sub-vocabulary of every token that appears in a
+     target top-k on the corpus (a CPU saving: the 49k-row LM head is the costly part);
+  4. the checkpoint: ``config.json`` + ``model.safetensors`` (fp16) in the published EAGLE layout
+     (``decoding.eagle_head``), the recipe and results under ``spectune`` in the config, and a
+     README.md; then the held-out top-1 agreement (EAGLE's 0-α: teacher-forced features) on the
+     bench's held-out GSM8K and CNN/DM prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from decoding.eagle_head import EagleHead, HeadConfig, parameter_count, save_head
+
+SHIPPED_NAMES = {"smollm2": "smollm2-135m-instruct"}
+SIGNATURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
+                  "intermediate_size")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    minutes: float = 24.0            # extraction + training (then ~2 min of held-out evaluation)
+    extract_fraction: float = 0.35   # share of the budget for target forwards
+    steps: int | None = None         # stop after this many optimizer steps instead (smoke runs)
+    max_len: int = 384               # tokens kept per sequence (the last ones)
+    tokens_per_step: int = 512       # sequences accumulated per optimizer step
+    lr: float = 1e-3
+    warmup: float = 0.03             # share of the schedule spent warming up
+    cls_weight: float = 0.1          # w_cls
+    noise: float = 0.1               # U(−noise, noise) added to input features
+    topk: int = 20                   # target next-token distribution kept per position
+    grad_clip: float = 0.5
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Example:
+    """One sequence and what the target computed on it."""
+
+    tokens: torch.Tensor      # [T] int64
+    features: torch.Tensor    # [T, H] fp16 target features f_i
+    top_ids: torch.Tensor     # [T, k] int64 target's most likely next tokens after position i
+    top_probs: torch.Tensor   # [T, k] fp16 their probabilities
+
+
+# --------------------------------------------------------------------------------------------
+# 1-2. Features
+
+
+@torch.inference_mode()
+def extract(target: torch.nn.Module, sequences: list[list[int]], topk: int, deadline: float
+            ) -> list[Example]:
+    """Target features and top-k next-token distributions, until ``deadline`` (perf_counter)."""
+    examples = []
+    device = next(target.parameters()).device
+    for ids in tqdm(sequences, desc="target features", unit="seq", mininterval=5):
+        if time.perf_counter() > deadline:
+            break
+        if len(ids) < 3:
+            continue
+        tokens = torch.tensor(ids, device=device)
+        out = target(input_ids=tokens[None], output_hidden_states=True)
+        top = torch.topk(torch.softmax(out.logits[0].float(), dim=-1), topk)
+        examples.append(Example(tokens.cpu(), out.hidden_states[-1][0].half().cpu(),
+                                top.indices.cpu(), top.values.half().cpu()))
+    return examples
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Training
+
+
+def example_loss(head: EagleHead, example: Example, weight: torch.Tensor, remap: torch.Tensor,
+                 settings: TrainSettings, generator: torch.Generator
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """EAGLE's loss on one sequence: inputs (f_i + noise, t_{i+1}) predict f_{i+1}.
+
+    ``weight`` [S, H]: the LM head rows of the sub-vocabulary; ``remap`` [V]: id -> row.
+    """
+    dtype, device = head.fc.weight.dtype, head.fc.weight.device
+    features = example.features.to(device, dtype)                                  # [T, H]
+    noise = (torch.rand(features[:-1].shape, generator=generator) * 2 - 1) * settings.noise
+    inputs = features[:-1] + noise.to(device, dtype)
+    positions = torch.arange(features.shape[0] - 1, device=device)
+    predicted = head(inputs[None], example.tokens[1:].to(device)[None], positions)[0]  # [T−1, H]
+    regression = F.smooth_l1_loss(predicted, features[1:])
+    log_q = torch.log_softmax(predicted @ weight.T, dim=-1)                         # [T−1, S]
+    ids = remap[example.top_ids[1:].to(device)]                                     # [T−1, k]
+    probs = example.top_probs[1:].to(device).float()
+    probs = probs / probs.sum(-1, keepdim=True)
+    classification = -(probs * log_q.gather(1, ids)).sum(-1).mean()
+    loss = regression + settings.cls_weight * classification
+    accuracy = (log_q.argmax(-1) == ids[:, 0]).float().mean()
+    return loss, {"loss": loss.item(), "reg": regression.item(), "cls": classification.item(),
+                  "acc": accuracy.item(), "tokens": float(positions.shape[0])}
+
+
+def schedule(progress: float, warmup: float) -> float:
+    """lr factor: linear warm-up, then cosine decay to 10 %."""
+    if progress < warmup:
+        return max(progress / warmup, 0.01)
+    done = min((progress - warmup) / max(1 - warmup, 1e-9), 1.0)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def train(target: torch.nn.Module, examples: list[Example], settings: TrainSettings,
+          deadline: float) -> tuple[EagleHead, list[dict[str, float]]]:
+    """Train a fresh head until ``deadline`` or ``settings.steps``; returns it and per-step logs."""
+    cfg = HeadConfig.for_target(target.config)
+    generator = torch.Generator().manual_seed(settings.seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        head = EagleHead(cfg, target.get_input_embeddings(), target.get_output_embeddings())
+    target.requires_grad_(False)                    # shared embedding / LM head stay frozen
+    head.train()
+    device = head.fc.weight.device
+    subset = torch.unique(torch.cat([e.top_ids.flatten() for e in examples])).to(device)  # [S]
+    weight = head.shared[1].weight[subset].to(head.fc.weight.dtype)                    # [S, H]
+    remap = torch.full((cfg.vocab_size,), -1, dtype=torch.long, device=device)
+    remap[subset] = torch.arange(subset.shape[0], device=device)
+    print(f"classification sub-vocabulary: {subset.shape[0]} of {cfg.vocab_size} tokens",
+          flush=True)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95),
+                                  weight_decay=0.0)
+    start, history, step, order = time.perf_counter(), [], 0, []
+    total = settings.steps or max(deadline - start, 1.0)
+    bar = tqdm(total=settings.steps or int(total), desc="training head", mininterval=5,
+               unit="step" if settings.steps else "s")
+    while (step < settings.steps) if settings.steps else (time.perf_counter() < deadline):
+        progress = step / total if settings.steps else (time.perf_counter() - start) / total
+        for group in optimizer.param_groups:
+            group["lr"] = settings.lr * schedule(progress, settings.warmup)
+        logs, tokens = [], 0
+        while tokens < settings.tokens_per_step:
+            if not order:
+                order = torch.randperm(len(examples), generator=generator).tolist()
+            loss, log = example_loss(head, examples[order.pop()], weight, remap, settings,
+                                     generator)
+            (loss * log["tokens"] / settings.tokens_per_step).backward()
+            logs.append(log)
+            tokens += int(log["tokens"])
+        torch.nn.utils.clip_grad_norm_(head.parameters(), settings.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        merged = {k: sum(g[k] * g["tokens"] for g in logs) / tokens for k in logs[0]}
+        merged["tokens"] = float(tokens)
+        history.append({**merged, "step": step, "seconds": time.perf_counter() - start})
+        bar.set_postfix(loss=f"{merged['loss']:.3f}", acc=f"{merged['acc']:.2f}")
+        bar.update(1 if settings.steps else int(time.perf_counter() - start) - bar.n)
+    bar.close()
+    return head.eval(), history
+
+
+@torch.inference_mode()
+def top1_agreement(head: EagleHead, examples: list[Example]) -> float:
+    """Teacher-forced top-1 agreement with the target over the full vocabulary (EAGLE's 0-α)."""
+    hits = total = 0
+    dtype, device = head.fc.weight.dtype, head.fc.weight.device
+    for e in examples:
+        positions = torch.arange(e.features.shape[0] - 1, device=device)
+        predicted = head(e.features[:-1][None].to(device, dtype), e.tokens[1:][None].to(device),
+                         positions)[0]
+        hits += int((head.logits(predicted).argmax(-1).cpu() == e.top_ids[1:, 0]).sum())
+        total += int(positions.shape[0])
+    return hits / max(total, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# 4. CLI
+
+
+def load_target(models: str) -> tuple[torch.nn.Module, Any, str]:
+    from decoding.models import load_pair
+    from tuner.build import ByteTokenizer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pair = load_pair(models, {"kind": "none"})
+    return pair.target, pair.tokenizer or ByteTokenizer(), pair.target_name
+
+
+def write_readme(folder: Path, record: dict[str, Any]) -> None:
+    r = record
+    lines = [f"# EAGLE head for {r['base_model']}", "",
+             f"A one-layer EAGLE-1/2 draft head ({r['parameters']:,} parameters, fp16 "
+             "safetensors) in the published layout (`config.json` + `model.safetensors`), for "
+             f"`method=eagle` (`decoding.eagle`). Licence: {r['license']}.", "",
+             f"Trained by `{' '.join(r['command'])}` on {r['hardware']}:", "",
+             f"* data: {r['data']}",
+             f"* {r['sequences']} sequences, {r['tokens']} tokens of target features "
+             f"({r['extract_seconds']:.0f} s); {r['steps']} optimizer steps, "
+             f"{r['tokens_seen']} tokens seen ({r['train_seconds']:.0f} s)",
+             f"* loss {r['first_loss']:.3f} → {r['final_loss']:.3f} (regression "
+             f"{r['final_reg']:.3f}, classification {r['final_cls']:.3f}); train top-1 "
+             f"{r['final_acc']:.2f}",
+             f"* held-out top-1 agreement with the target (teacher-forced, EAGLE's 0-α): "
+             f"{r['held_out_top1']:.3f} on {r['held_out_sequences']} held-out GSM8K/CNN-DM chats",
+             f"* settings: `{json.dumps(r['settings'])}`", "",
+             "Recipe: EAGLE (Li et al. 2024) §3.2 scaled to a CPU — SmoothL1 feature regression + "
+             "0.1 × cross-entropy to the target's top-20 distribution (over the sub-vocabulary the "
+             "corpus' top-20 sets cover), U(−0.1, 0.1) feature noise, AdamW (0.9, 0.95), grad clip "
+             "0.5, warm-up + cosine decay over the time budget; see `tuner/train_eagle.py`.", "",
+             f"Licence: {r['license']}. The training text is the repo's task data (see "
+             "`data/README.md` for each dataset's licence); the held-out slices the bench and the "
+             "tuner's confirmation use were excluded.", ""]
+    (folder / "README.md").write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="smollm2", help="a decoding.models preset")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--minutes", type=float, default=TrainSettings.minutes)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--max-len", type=int, default=TrainSettings.max_len)
+    parser.add_argument("--lr", type=float, default=TrainSettings.lr)
+    parser.add_argument("--max-sequences", type=int, default=None, help="cap on training chats")
+    parser.add_argument("--held-out", type=int, default=8, help="held-out chats per bench task")
+    args = parser.parse_args(argv)
+    from decoding.eagle_head import HEADS_DIR
+    from tuner.eagle_data import held_out_sequences, training_corpus
+    from tuner.identity import hardware
+    out = args.out or (HEADS_DIR / SHIPPED_NAMES[args.models] if args.models in SHIPPED_NAMES
+                       else parser.error("--out is required for this --models"))
+    settings = TrainSettings(minutes=args.minutes, steps=args.steps, max_len=args.max_len,
+                             lr=args.lr)
+    began = time.perf_counter()
+    budget = settings.minutes * 60
+    target, tokenizer, name = load_target(args.models)
+    corpus = training_corpus(tokenizer, settings.max_len, settings.seed)
+    examples = extract(target, corpus.sequences[: args.max_sequences], settings.topk,
+                       began + settings.extract_fraction * budget)
+    extracted = time.perf_counter()
+    head, history = train(target, examples, settings, began + budget)
+    trained = time.perf_counter()
+    held = extract(target, held_out_sequences(tokenizer, settings.max_len, args.held_out),
+                   settings.topk, float("inf"))
+    tail = history[-max(1, len(history) // 20):]
+    last = {k: sum(h[k] for h in tail) / len(tail) for k in ("loss", "reg", "cls", "acc")}
+    record = {
+        "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct" if args.models == "smollm2" else name,
+        "license": "Apache-2.0 (as its base model, SmolLM2-135M-Instruct)"
+        if args.models == "smollm2" else "that of its base model",
+        "target_signature": {k: target.config.to_dict().get(k) for k in SIGNATURE_KEYS},
+        "command": ["python -m tuner.train_eagle", *(argv if argv is not None else sys.argv[1:])],
+        "hardware": hardware(next(target.parameters()).device),
+        "data": f"{sum(corpus.counts.values())} task records {corpus.counts} "
+                f"(held-out slices excluded; {corpus.dropped} records overlapping held-out "
+                "GSM8K/CNN-DM text dropped)",
+        "sequences": len(examples), "tokens": sum(int(e.tokens.shape[0]) for e in examples),
+        "extract_seconds": extracted - began, "steps": len(history),
+        "tokens_seen": int(sum(h["tokens"] for h in history)),
+        "train_seconds": trained - extracted, "first_loss": history[0]["loss"],
+        "final_loss": last["loss"], "final_reg": last["reg"], "final_cls": last["cls"],
+        "final_acc": last["acc"], "held_out_top1": top1_agreement(head, held),
+        "held_out_sequences": len(held), "parameters": parameter_count(head),
+        "settings": asdict(settings),
+    }
+    save_head(head, out, torch.float16, extra=record)
+    write_readme(out, record)
+    (out / "history.json").write_text(json.dumps(history[:: max(1, len(history) // 200)]))
+    print(json.dumps({k: v for k, v in record.items() if k != "settings"}, indent=1), flush=True)
+    return record
+
+
+if __name__ == "__main__":
+    main()
