@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from decoding.base import DraftContext
-from decoding.eagle_head import EagleHead, check_fits, load_head, target_name
+from decoding.eagle_head import EagleHead, check_fits, load_head, place, target_name
 from decoding.loop import DraftVerifyLoop
 from decoding.token_tree import Shape, TreeDrafter, check_tree_settings
 
@@ -135,6 +135,7 @@ class EagleDecoding(DraftVerifyLoop):
             head = load_head(head, target)
         elif isinstance(head, EagleHead):
             check_fits(head.config, None, target, "(loaded head)", target_name(target))
+            head = place(head, target)                 # the target's device and dtype
         elif not all(hasattr(head, a) for a in ("new_cache", "logits", "parameters")):
             raise ValueError(f"head={head!r} is invalid: allowed is a head reference (shipped "
                              "name, 'random', 'auto', local directory, hub id) or an EagleHead")

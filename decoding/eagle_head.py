@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -188,6 +189,9 @@ class HeadAttention(nn.Module):
         v = self.v_proj(x).view(batch, n, self.kv_heads, self.dim).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         if cache is not None:
+            if mask is None and n > 1 and cache.keys[layer] is not None:
+                raise ValueError("a cached head forward over several rows needs an explicit "
+                                 "mask (is_causal would align it to the cache's first row)")
             k, v = cache.update(layer, k, v)                                        # [B, kv, T+n, d]
         group = self.heads // self.kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -259,8 +263,9 @@ class EagleHead(nn.Module):
             [B, n, H] f̂_{i+1}.
         """
         dtype, cfg = self.fc.weight.dtype, self.config
-        embedded = self.shared[0](tokens).to(dtype)
-        x = self.fc(torch.cat([embedded, features.to(dtype)], dim=-1))
+        embed = self.shared[0]      # may sit on another device than the head (device_map="auto")
+        embedded = embed(tokens.to(embed.weight.device)).to(self.fc.weight.device, dtype)
+        x = self.fc(torch.cat([embedded, features.to(embedded.device, dtype)], dim=-1))
         # RoPE angles in float32 whatever the head's dtype (bf16 positions would be coarse)
         inv_freq = cfg.rope_theta ** -(torch.arange(0, cfg.head_dim, 2, device=x.device,
                                                     dtype=torch.float32) / cfg.head_dim)
@@ -274,11 +279,21 @@ class EagleHead(nn.Module):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's LM head over (predicted) features: [..., H] -> [..., V]."""
         lm_head = self.shared[1]
-        return lm_head(features.to(lm_head.weight.dtype))
+        return lm_head(features.to(lm_head.weight.device, lm_head.weight.dtype))
 
 
 # --------------------------------------------------------------------------------------------
 # References, files, checks
+
+
+RANDOM = re.compile(r"random(?::(\d+))?")
+
+
+def random_seed(reference: str) -> int | None:
+    """The seed of a ``"random"`` / ``"random:<seed>"`` reference; None for any other reference
+    (a hub id or directory that merely starts with "random" is not a random head)."""
+    match = RANDOM.fullmatch(reference)
+    return None if match is None else int(match.group(1) or 0)
 
 
 def is_local(reference: str) -> bool:
@@ -325,7 +340,7 @@ def check_local_head(reference: str) -> None:
 
 def read_config(reference: str) -> dict[str, Any] | None:
     """The raw config of a shipped or local head (None for hub ids and random heads)."""
-    if reference.startswith("random") or reference == "auto" or \
+    if random_seed(reference) is not None or reference == "auto" or \
             not (reference in SHIPPED or is_local(reference)):
         return None
     check_local_head(reference)
@@ -374,22 +389,31 @@ def load_head(reference: str, target: nn.Module) -> EagleHead:
     """Resolve a head reference for ``target`` (see the module docstring), checked against it."""
     if reference == "auto":
         reference = default_head(target)
-    if reference.startswith("random"):
-        seed = int(reference.partition(":")[2] or 0)
+    seed = random_seed(reference)
+    if seed is not None:
         return random_head(target, seed)
     config_path, weights_path = head_files(reference)
     raw = json.loads(config_path.read_text())
-    state = load_state(weights_path)
+    # a DataParallel-saved checkpoint prefixes every key with "module."
+    state = {key.removeprefix("module."): value for key, value in load_state(weights_path).items()}
     _refuse_eagle3(state, raw, reference)
     cfg = HeadConfig.from_json(raw)
     check_fits(cfg, state, target, reference, target_name(target))
     head = EagleHead(cfg, target.get_input_embeddings(), target.get_output_embeddings())
-    own = {k: v for k, v in state.items() if k != "embed_tokens.weight"}
+    own = head_state(state)
     missing, unexpected = head.load_state_dict(own, strict=False)
     if missing or unexpected:
         raise ValueError(f"EAGLE head {reference!r} has an unexpected layout: missing "
                          f"{sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
-    return _place(head, target)
+    return place(head, target)
+
+
+def head_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The head's own tensors: the shared embedding (shape-checked by ``check_fits``) and derived
+    RoPE buffers (``*.rotary_emb.inv_freq``, recomputed from the config) dropped, as the EAGLE
+    authors' non-strict load ignores them; any other unknown or missing key fails the load."""
+    return {key: value for key, value in state.items()
+            if key != "embed_tokens.weight" and not key.endswith("rotary_emb.inv_freq")}
 
 
 def random_head(target: nn.Module, seed: int = 0) -> EagleHead:
@@ -398,10 +422,10 @@ def random_head(target: nn.Module, seed: int = 0) -> EagleHead:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         head = EagleHead(cfg, target.get_input_embeddings(), target.get_output_embeddings())
-    return _place(head, target)
+    return place(head, target)
 
 
-def _place(head: EagleHead, target: nn.Module) -> EagleHead:
+def place(head: EagleHead, target: nn.Module) -> EagleHead:
     weight = target.get_output_embeddings().weight
     return head.to(device=weight.device, dtype=weight.dtype).eval()
 
@@ -438,7 +462,7 @@ def save_head(head: EagleHead, folder: Path, dtype: torch.dtype = torch.float16,
 def head_identity(reference: Any) -> dict[str, Any]:
     """What identifies a head for a study's fingerprint: the reference and, for files, a hash."""
     reference = str(reference)
-    if reference.startswith("random") or reference == "auto" or \
+    if random_seed(reference) is not None or reference == "auto" or \
             not (reference in SHIPPED or is_local(reference)):
         return {"head": reference}
     try:
@@ -452,9 +476,30 @@ def head_identity(reference: Any) -> dict[str, Any]:
     return {"head": reference, "weights": weights.name, "sha256": digest.hexdigest()}
 
 
+def head_source(reference: Any) -> str:
+    """One line saying which weights a reference loaded: a random seed, a file and its sha256, or
+    a hub snapshot's commit (with a warning when the id carries no ``@revision`` pin)."""
+    reference = str(reference)
+    seed = random_seed(reference)
+    if seed is not None:
+        return f"random initialisation (seed {seed}): acceptance near zero, a smoke test only"
+    ident = head_identity(reference)
+    if "sha256" in ident:
+        folder = SHIPPED.get(reference) or Path(reference).expanduser()
+        return f"{folder / ident['weights']} (sha256 {ident['sha256'][:12]})"
+    try:
+        config, _ = head_files(reference)
+    except (OSError, ValueError):
+        return "files not found"
+    commit = config.parent.name if config.parent.parent.name == "snapshots" else "unknown"
+    pinned = "@" in reference
+    return (f"hub snapshot {commit}" + ("" if pinned else
+            f" (not pinned: the study records the id only; pin it with {reference}@{commit})"))
+
+
 def parameter_count(head: EagleHead) -> int:
     return sum(p.numel() for p in head.parameters())
 
 
-__all__ = ["EagleHead", "HeadCache", "HeadConfig", "SHIPPED", "check_fits", "head_identity",
-           "load_head", "random_head", "read_config", "save_head"]
+__all__ = ["EagleHead", "HeadCache", "HeadConfig", "SHIPPED", "check_fits", "head_identity", "head_source",
+           "load_head", "place", "random_head", "random_seed", "read_config", "save_head"]

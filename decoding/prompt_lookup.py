@@ -39,7 +39,8 @@ def find_continuations(ids: torch.Tensor, min_ngram: int, max_ngram: int, length
         ids: [L] committed token ids; the n-gram is its suffix, matches end before its last token.
 
     Returns:
-        Continuations, longest n-gram first, then latest occurrence first.
+        Continuations, longest n-gram first, then latest occurrence first; none is a prefix of
+        another (a prefix adds no node to the trie, so it does not use up ``count``).
     """
     total = int(ids.shape[0])
     found: list[list[int]] = []
@@ -48,10 +49,12 @@ def find_continuations(ids: torch.Tensor, min_ngram: int, max_ngram: int, length
         hits = (windows == ids[total - n:]).all(dim=1).nonzero().flatten().tolist()
         for start in reversed(hits):
             follow = ids[start + n: start + n + length].tolist()
-            if follow not in found:
-                found.append(follow)
-                if len(found) == count:
-                    return found
+            if any(other[: len(follow)] == follow for other in found):
+                continue                     # already a path of the trie: no new node
+            # a found continuation that is a prefix of this one would add no node either
+            found = [other for other in found if follow[: len(other)] != other] + [follow]
+            if len(found) == count:
+                return found
     return found
 
 

@@ -22,7 +22,7 @@ from decoding import build_method, generate
 from decoding.base import DraftContext
 from decoding.eagle import EagleSource, additive_mask
 from decoding.eagle_head import (SHIPPED, HeadConfig, head_identity, load_head, random_head,
-                                 save_head)
+                                 random_seed, save_head)
 from decoding.sampling import SamplingConfig, logits_to_probs
 from tests.conftest import tiny_pair
 
@@ -248,6 +248,38 @@ def test_a_head_round_trips_through_the_published_layout(tiny_pairs, tmp_path, f
     prompt_ids = torch.tensor(PROMPT)
     out = generate(build_method("eagle", pair, head=str(folder)), PROMPT, 12)
     assert out.tokens == vanilla(pair, prompt_ids, 12)
+
+
+def test_a_dataparallel_checkpoint_with_rope_buffers_loads_and_strays_do_not(tiny_pairs,
+                                                                              tmp_path):
+    """As the authors' non-strict load: a ``module.`` prefix and ``rotary_emb.inv_freq`` buffers
+    are harmless; any other unknown key is a different layout and fails."""
+    pair = tiny_pairs["related"]
+    head = random_head(pair.target, seed=6)
+    folder = published_checkpoint(head, tmp_path / "dp", "bin")
+    state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    state = {f"module.{k}": v for k, v in state.items()}
+    state["module.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
+    torch.save(state, folder / "pytorch_model.bin")
+    loaded = load_head(str(folder), pair.target)
+    for name, value in head.state_dict().items():
+        assert torch.allclose(loaded.state_dict()[name], value.half().float())
+    state["module.layers.0.extra_norm.weight"] = torch.ones(64)
+    torch.save(state, folder / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"unexpected layout: .*extra_norm"):
+        load_head(str(folder), pair.target)
+
+
+def test_only_exact_random_references_are_random_heads(tiny_pairs, tmp_path, monkeypatch):
+    assert [random_seed(r) for r in ("random", "random:7", "randomorg/eagle", "random_heads/h",
+                                     "random:x", "auto")] == [0, 7, None, None, None, None]
+    pair = tiny_pairs["related"]
+    folder = save_head(random_head(pair.target, seed=3), tmp_path / "random_heads" / "h")
+    monkeypatch.chdir(tmp_path)                     # "random_heads/h" is a local directory
+    loaded = load_head("random_heads/h", pair.target)
+    assert torch.equal(loaded.fc.weight, load_head(str(folder), pair.target).fc.weight)
+    assert not torch.equal(loaded.fc.weight, random_head(pair.target, 0).fc.weight)
+    assert "sha256" in head_identity("random_heads/h")
 
 
 def test_a_mismatched_head_names_both_models(tmp_path):

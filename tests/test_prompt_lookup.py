@@ -39,6 +39,11 @@ def test_the_latest_match_of_the_longest_ngram_comes_first():
     assert find_continuations(torch.tensor([7, 7, 7]), 1, 2, 5, 1) == [[7]]   # overlap allowed
     assert find_continuations(torch.tensor([5]), 1, 3, 4, 2) == []
     assert find_continuations(torch.tensor([9, 8, 9]), 1, 1, 4, 1) == [[8, 9]]
+    # [2, 1] (after the latest 1, cut by the end) is a prefix of [2, 1, 2] (after the first 1):
+    # one trie path, so it does not take a slot of num_matches
+    assert find_continuations(torch.tensor([1, 2, 1, 2, 1]), 1, 1, 3, 2) == [[2, 1, 2]]
+    assert find_continuations(torch.tensor([1, 2, 1, 2, 1, 3, 1]), 1, 1, 3, 3) == \
+        [[3, 1], [2, 1, 3], [2, 1, 2]]
 
 
 @pytest.mark.parametrize("vocab", [12, 32])

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from tuner.measure import LosslessViolation, Measurement, check_against_vanilla
 from tuner.search import GridPlan, HeuristicPlan, point_key
-from tuner.space import distributions, grid_size, validate_params
+from tuner.space import distributions, grid_size, suggest, validate_params
 from tuner.storage import failure_reason
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +160,23 @@ def test_grid_keeps_inactive_parameters_at_their_default_and_measures_each_metho
     assert sorted(point_key(p) for p in points) == sorted(point_key(p) for p in [
         {"shape": "dynamic", "width": w} for w in (1, 2, 3)] + [
         {"shape": s, "width": 2} for s in ("2-1", "3-1")])
+
+
+def test_tpe_draws_a_parameter_only_where_it_acts():
+    """Define-by-run: with a static shape TPE does not draw a width (it stays at the default), so
+    no two trials build the same method from different inactive values."""
+    study = optuna.create_study(direction="maximize",
+                                sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=4))
+    seen = []
+    for _ in range(24):
+        trial = study.ask()
+        values = suggest(trial, TREE_LIKE, conditional=True)
+        seen.append(values)
+        study.tell(trial, float(values["shape"] == "dynamic") + values.get("width", 0) / 10)
+    assert {v["shape"] for v in seen} == {"dynamic", "2-1", "3-1"}
+    assert all(("width" in v) == (v["shape"] == "dynamic") for v in seen)
+    assert all(set(t.params) == set(v) for t, v in zip(study.trials, seen))
+    assert set(suggest(study.ask(), TREE_LIKE)) == {"shape", "width"}    # plans: every value
 
 
 def test_grid_plan_is_complete_and_starts_with_the_default():

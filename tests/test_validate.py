@@ -113,6 +113,8 @@ CASES = [
     (["method=eagle", "method.params.head=smollm2-135m-instruct"],
      "method.params.head='smollm2-135m-instruct' does not fit models.target (tiny): hidden size "
      "576 (head) vs 64 (target); vocabulary 49152 (head) vs 256 (target)"),
+    (["method=eagle", "method.params.head=auto"],
+     "method.params.head='auto' is invalid in a study: name the head"),
     (["method=prompt_lookup", "method.params.min_ngram=3"],
      "method.params.min_ngram=3 is outside its search space (allowed: 1 to 2)"),
 ]

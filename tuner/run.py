@@ -37,6 +37,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
+from decoding.eagle_head import head_source
 from decoding.models import resolve_device
 from tuner import liveness, report
 from tuner.build import build_method, load_models
@@ -168,7 +169,11 @@ class Study:
     def load(self) -> None:
         """Models and tokenised prompts: only the phases that measure need them."""
         self.pair, self.tokenizer = load_models(self.cfg.models, self.method_cfg["needs_draft"])
-        check_head_fits(self.method_cfg, self.pair.target)    # method=eagle, before any trial
+        # method=eagle: the head loads and fits before any trial; every trial reuses it
+        self.head = check_head_fits(self.method_cfg, self.pair.target)
+        if self.head is not None:
+            say(f"EAGLE head {self.method_cfg['params']['head']}: "
+                f"{head_source(self.method_cfg['params']['head'])}")
         self.ids = {p.id: self.task.encode(p, self.tokenizer) for p in self.tuning + self.held_out}
         self.vanilla = self._build(VANILLA, {})
         self._log_probs: dict[tuple, float] = {}       # (prompt id, tokens) -> mean log p
@@ -180,6 +185,8 @@ class Study:
         return {k: v for k, v in params.items() if k in self.space}
 
     def _build(self, method_cfg: dict, params: dict) -> Any:
+        if getattr(self, "head", None) is not None and "head" in params:
+            params = {**params, "head": self.head}      # loaded once in load(), same reference
         return build_method(method_cfg, params, self.pair, self.sampling, int(self.cfg.seed))
 
     def _measure(self, method: Any, prompt: Any) -> Measurement:
@@ -433,7 +440,7 @@ class Study:
                 "marked FAIL, its point is queued again")
 
     def run_trial(self, trial: optuna.Trial) -> None:
-        values = suggest(trial, self.space)
+        values = suggest(trial, self.space, conditional=self.plan is None)
         if self.plan is not None and not self._claim(trial, values):
             return
         params = {**self.default, **values}          # every parameter: searched + fixed

@@ -70,10 +70,23 @@ def _describe(dist: BaseDistribution) -> str:
     return f"(allowed: {dist.low} to {dist.high})"
 
 
-def suggest(trial: optuna.Trial, space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Each parameter through Optuna's public ``suggest_*`` (enqueued values come back as given)."""
-    values = {}
-    for name, dist in distributions(space).items():
+def suggest(trial: optuna.Trial, space: Mapping[str, Mapping[str, Any]],
+            conditional: bool = False) -> dict[str, Any]:
+    """Each parameter through Optuna's public ``suggest_*`` (enqueued values come back as given).
+
+    ``conditional``: define-by-run, as Optuna intends for conditional spaces: a parameter whose
+    ``active_when`` does not hold for the values drawn so far is not suggested at all (it stays at
+    the method's default), so a sampler such as TPE never spends trials on values that build the
+    same method. Plans (heuristic, grid) enqueue complete points and keep ``conditional`` off.
+    """
+    dists = distributions(space)
+    order = [n for n in dists if not space[n].get("active_when")] + \
+        [n for n in dists if space[n].get("active_when")]
+    values: dict[str, Any] = {}
+    for name in order:
+        dist = dists[name]
+        if conditional and not is_active(name, space[name], values):
+            continue
         if isinstance(dist, CategoricalDistribution):
             values[name] = trial.suggest_categorical(name, dist.choices)
         elif isinstance(dist, IntDistribution):

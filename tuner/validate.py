@@ -163,10 +163,15 @@ def check_head(method: Mapping[str, Any], models: Mapping[str, Any]) -> None:
     from decoding.eagle_head import SHIPPED, read_config
     from decoding.models import target_dims
     head = params["head"]
-    allowed = (f"allowed: a shipped head {sorted(SHIPPED)}, 'auto', 'random[:seed]', a local head "
+    allowed = (f"allowed: a shipped head {sorted(SHIPPED)}, 'random[:seed]', a local head "
                "directory or a hub id; models.eagle_head sets the default")
     if not isinstance(head, str) or not head:
         raise ConfigError(f"method.params.head={head!r} is invalid ({allowed})")
+    if head == "auto":      # the library's convenience; a study must say which weights it measured
+        raise ConfigError(f"method.params.head='auto' is invalid in a study: name the head "
+                          f"(models.eagle_head or method.params.head; allowed: a shipped head "
+                          f"{sorted(SHIPPED)}, 'random[:seed]', a local head directory or a hub "
+                          "id[@revision]) so the study records which weights it measured")
     try:
         raw = read_config(head)
     except ValueError as err:
@@ -181,14 +186,17 @@ def check_head(method: Mapping[str, Any], models: Mapping[str, Any]) -> None:
                               f"({models['target'].get('kind')}): {'; '.join(bad)}")
 
 
-def check_head_fits(method: Mapping[str, Any], target: Any) -> None:
-    """After the models load: the head loads and fits the target (hub heads, unconverted GGUF)."""
+def check_head_fits(method: Mapping[str, Any], target: Any) -> Any:
+    """After the models load: the head loads and fits the target (hub heads, unconverted GGUF).
+
+    Returns the loaded head (every trial reuses it), or None for methods without a head.
+    """
     params = method.get("params") or {}
     if "head" not in params:
-        return
+        return None
     from decoding.eagle_head import load_head
     try:
-        load_head(str(params["head"]), target)
+        return load_head(str(params["head"]), target)
     except (ValueError, OSError) as err:
         raise ConfigError(f"method.params.head: {str(err).splitlines()[0]}") from None
 
