@@ -25,6 +25,7 @@ from decoding.eagle_head import (SHIPPED, HeadConfig, head_identity, load_head, 
                                  random_seed, save_head)
 from decoding.sampling import SamplingConfig, logits_to_probs
 from tests.conftest import tiny_pair
+from tests.laws import pair_pvalue, two_token_law
 
 PROMPT = [3, 4, 5, 6, 7]
 SHAPES = [{}, {"shape": "3-2-1"}, {"shape": (1, 1, 1, 1)},
@@ -179,17 +180,6 @@ def test_sampled_siblings_declare_the_heads_distribution(tiny_pairs):
     assert chisquare(observed, wanted * observed.sum() / wanted.sum()).pvalue > 1e-3
 
 
-def exact_pair_law(model, prompt, sampling):
-    with torch.no_grad():
-        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], sampling)
-        law = {}
-        for a in range(first.shape[0]):
-            second = logits_to_probs(model(torch.tensor([prompt + [a]])).logits[0, -1], sampling)
-            for b in range(first.shape[0]):
-                law[(a, b)] = float(first[a] * second[b])
-    return law
-
-
 @pytest.mark.parametrize("tree", [dict(shape=(2, 1), siblings="without"),
                                   dict(width=3, total_tokens=3)], ids=["without", "dynamic"])
 def test_sampled_trees_follow_the_target_law(tree):
@@ -198,20 +188,14 @@ def test_sampled_trees_follow_the_target_law(tree):
     chi-square on the pair against the target's exact law."""
     pair = tiny_pair("related", vocab_size=6, initializer_range=0.3)
     sampling = dict(temperature=1.0)
-    law = exact_pair_law(pair.target, [3, 1, 4], SamplingConfig(**sampling))
+    law = two_token_law(pair.target, [3, 1, 4], SamplingConfig(**sampling))
     m = build_method("eagle", pair, head="random:4", **tree, **sampling)
     draws, counts = 700, {}
     for seed in range(draws):
         m.seed = seed
         key = generate(m, [3, 1, 4], 3).tokens[:2]
         counts[key] = counts.get(key, 0) + 1
-    keys = sorted(law)
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    expected = np.array([law[k] for k in keys]) * draws
-    big = expected >= 5
-    observed = np.append(observed[big], observed[~big].sum())
-    expected = np.append(expected[big], expected[~big].sum())
-    assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+    assert pair_pvalue(counts, law) > 1e-3
 
 
 # ----------------------------------------------------------------------------------------------

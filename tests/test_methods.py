@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
 from omegaconf import OmegaConf
-from scipy.stats import chisquare
 
 from decoding import METHODS, build_method, generate
 from decoding.speculative import SpeculativeDecoding
 from tests.conftest import tiny_pair
+from tests.laws import pair_pvalue, two_token_law
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
 TINY_MODELS = yaml.safe_load((CONF.parent / "models" / "tiny.yaml").read_text())
@@ -156,20 +155,6 @@ def test_temperature_zero_ignores_the_seed(tiny_pairs, name):
     assert len(outs) == 1
 
 
-def exact_two_token_law(model, prompt, sampling):
-    from decoding.sampling import logits_to_probs
-    with torch.inference_mode():
-        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], sampling)
-        law = {}
-        for a in range(first.shape[0]):
-            if first[a] == 0:
-                continue
-            second = logits_to_probs(model(torch.tensor([prompt + [a]])).logits[0, -1], sampling)
-            for b in range(first.shape[0]):
-                law[(a, b)] = float(first[a] * second[b])
-    return law
-
-
 @pytest.mark.parametrize("method,sampling_id", LAW_CASES)
 def test_sampled_tokens_follow_the_target_law(method, sampling_id):
     """End to end at T > 0: the first two generated tokens are distributed as the target says."""
@@ -177,7 +162,7 @@ def test_sampled_tokens_follow_the_target_law(method, sampling_id):
     sampling = SAMPLINGS[sampling_id]
     pair = tiny_pair("related", vocab_size=12, initializer_range=0.3)
     prompt = [3, 1, 4]
-    law = exact_two_token_law(pair.target, prompt, SamplingConfig(**sampling))
+    law = two_token_law(pair.target, prompt, SamplingConfig(**sampling))
     draws = 1500
     counts: dict[tuple, int] = {}
     m = build_method(method, pair, **SAMPLING_KW[method], **sampling)
@@ -187,16 +172,7 @@ def test_sampled_tokens_follow_the_target_law(method, sampling_id):
             m.reset()
         key = generate(m, prompt, 3).tokens[:2]
         counts[key] = counts.get(key, 0) + 1
-    assert set(counts) <= {k for k, p in law.items() if p > 0}
-    keys = sorted(law)
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    expected = np.array([law[k] for k in keys]) * draws
-    big = expected >= 5
-    observed = np.append(observed[big], observed[~big].sum())
-    expected = np.append(expected[big], expected[~big].sum())
-    if expected[-1] == 0:
-        observed, expected = observed[:-1], expected[:-1]
-    assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+    assert pair_pvalue(counts, law) > 1e-3
 
 
 # ----------------------------------------------------------------------------------------------

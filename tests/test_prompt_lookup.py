@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from decoding import build_method, generate
 from decoding.prompt_lookup import find_continuations
-from decoding.sampling import SamplingConfig, logits_to_probs
+from decoding.sampling import SamplingConfig
 from tests.conftest import tiny_pair
+from tests.laws import pair_pvalue, two_token_law
 
 SETTINGS = [{}, {"num_matches": 3}, {"max_ngram": 1, "num_draft_tokens": 3},
             {"max_ngram": 4, "min_ngram": 2, "num_draft_tokens": 16}]
@@ -93,17 +93,6 @@ def test_eos_and_budget_inside_a_draft(looping):
     assert inside >= 2
 
 
-def exact_pair_law(model, prompt, sampling):
-    with torch.no_grad():
-        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], sampling)
-        law = {}
-        for a in range(first.shape[0]):
-            second = logits_to_probs(model(torch.tensor([prompt + [a]])).logits[0, -1], sampling)
-            for b in range(first.shape[0]):
-                law[(a, b)] = float(first[a] * second[b])
-    return law
-
-
 @pytest.mark.parametrize("kw", [{"num_draft_tokens": 2}, {"num_draft_tokens": 2,
                                                           "num_matches": 3}],
                          ids=["chain", "trie"])
@@ -113,7 +102,7 @@ def test_sampled_tokens_follow_the_target_law(kw):
     pair = tiny_pair("related", vocab_size=6, initializer_range=0.3)
     prompt = [3, 1, 4, 3, 1, 5, 3, 1]                # [3, 1] -> drafts [5, 3] and [4, 3]
     sampling = dict(temperature=0.9, top_k=4)
-    law = exact_pair_law(pair.target, prompt, SamplingConfig(**sampling))
+    law = two_token_law(pair.target, prompt, SamplingConfig(**sampling))
     m = build_method("prompt_lookup", pair, **kw, **sampling)
     draws, counts, drafted = 800, {}, 0
     for seed in range(draws):
@@ -122,14 +111,7 @@ def test_sampled_tokens_follow_the_target_law(kw):
         counts[out.tokens] = counts.get(out.tokens, 0) + 1
         drafted += out.stats.drafted
     assert drafted >= draws                       # the first step always held a draft
-    keys = sorted(law)
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    expected = np.array([law[k] for k in keys]) * draws
-    assert observed[expected == 0].sum() == 0
-    big = expected >= 5
-    observed = np.append(observed[big], observed[~big].sum())
-    expected = np.append(expected[big], expected[~big].sum())
-    assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+    assert pair_pvalue(counts, law) > 1e-3
 
 
 def test_bad_settings_are_named(looping):
