@@ -40,9 +40,8 @@ import transformers
 from decoding import build_method, generate, load_pair
 from tuner.energy import EnergyMeter
 from tuner.quality import mean_log_prob, perplexity
-from tuner.tasks.task import Task
+from tuner.tasks.task import Task, task_configs
 
-ROOT = Path(__file__).resolve().parents[1]
 WARP = {"temperature": 1.0, "top_k": 20, "top_p": 0.9}          # conf/sampling/mjsd_paper.yaml
 CONFIGS = [
     ("vanilla", "vanilla", {}),
@@ -52,11 +51,6 @@ CONFIGS = [
     ("MJSD γ=4 M=4 W=2 τ=0.5", "mjsd",
      {"num_draft_tokens": 4, "num_beams": 4, "width": 2, "tau": 0.5}),
 ]
-
-
-def task_config(name: str) -> dict:
-    import yaml
-    return yaml.safe_load((ROOT / "conf" / "task" / f"{name}.yaml").read_text())
 
 
 def run(pair, task: Task, prompts: list, max_new_tokens: int, seeds: int) -> list[dict]:
@@ -110,7 +104,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     pair = load_pair("smollm2")
-    task = Task(task_config(args.task))
+    task = Task(task_configs()[args.task])
     prompts, _ = task.split(args.prompts + 1, 0)
     meter = EnergyMeter(pair.device)
     print(f"# torch {torch.__version__}, transformers {transformers.__version__}, "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import warnings
 from pathlib import Path
 
@@ -26,17 +25,11 @@ import yaml
 
 from decoding import build_method, encode_prompt, generate
 from decoding.models import load_pair
+from tuner.measure import first_difference, ulp
 
 ROOT = Path(__file__).resolve().parents[1]
 LOSSLESS = sorted(p.stem for p in (ROOT / "conf" / "method").glob("*.yaml")
                   if p.stem != "vanilla" and yaml.safe_load(p.read_text()).get("lossless"))
-
-
-def ulp(value: float, dtype: torch.dtype) -> float:
-    """Spacing of ``dtype`` numbers next to ``value`` (bf16: 8 significant bits)."""
-    if value == 0:
-        return torch.finfo(dtype).tiny
-    return torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(abs(value)))
 
 
 @torch.inference_mode()
@@ -53,13 +46,6 @@ def gaps_along(target: torch.nn.Module, prompt: list[int], tokens: tuple[int, ..
         rows.append({"prob_gap": p1 - p2, "logit_gap": l1 - l2,
                      "ulps": (l1 - l2) / ulp(l1, target.dtype)})
     return rows
-
-
-def first_difference(a, b) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def study(dtype: str, device: str, prompts: int, max_new_tokens: int) -> dict:

@@ -30,15 +30,10 @@ from decoding.base import DraftContext
 from decoding.eagle_head import EagleHead, check_fits, load_head, place, target_name
 from decoding.loop import DraftVerifyLoop
 from decoding.token_tree import Shape, TreeDrafter, check_tree_settings
+from decoding.tree import additive_mask, ancestor_slots, extend_mask
 
 if TYPE_CHECKING:
     from torch import nn
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[q, k] booleans (True = attend) -> [1, 1, q, k] additive float mask (0 / dtype min)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
 
 class EagleSource:
@@ -82,21 +77,14 @@ class EagleSource:
                depths: list[int]) -> torch.Tensor:
         """One head forward over tree ``nodes`` (ancestors fed earlier); [len(nodes), V]."""
         start, device = self.cache.length, self.root_feature.device
-        allowed = torch.zeros(len(nodes), start + len(nodes), dtype=torch.bool)
-        allowed[:, : self.fed] = True
-        inputs = []
-        for i, node in enumerate(nodes):
-            parent = parents[node]
-            inputs.append(self.root_feature if parent < 0 else self.features[parent])
-            while parent >= 0:
-                allowed[i, self.slot[parent]] = True
-                parent = parents[parent]
-            allowed[i, start + i] = True
-            self.slot[node] = start + i
+        inputs = [self.root_feature if parents[n] < 0 else self.features[parents[n]]
+                  for n in nodes]
+        mask = extend_mask(start, self.fed, ancestor_slots(nodes, parents, self.slot, start),
+                           self._dtype())
         positions = torch.tensor([self.fed - 1 + depths[n] for n in nodes], device=device)
         node_tokens = torch.tensor([[tokens[n] for n in nodes]], device=device)
-        out = self.head(torch.stack(inputs)[None], node_tokens, positions,
-                        additive_mask(allowed.to(device), self._dtype()), self.cache)[0]
+        out = self.head(torch.stack(inputs)[None], node_tokens, positions, mask.to(device),
+                        self.cache)[0]
         for i, node in enumerate(nodes):
             self.features[node] = out[i]
         return self.head.logits(out)                                                # [q, V]

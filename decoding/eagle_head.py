@@ -243,6 +243,8 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
         self.layers = nn.ModuleList(HeadLayer(cfg, i) for i in range(cfg.num_layers))
         self.shared = (embed_tokens, lm_head)          # a tuple: not registered as submodules
+        self._inv_freq: torch.Tensor | None = None     # RoPE frequencies (float32; not a buffer,
+                                                       # so dtype casts never touch them)
 
     def new_cache(self) -> HeadCache:
         return HeadCache(len(self.layers))
@@ -267,8 +269,11 @@ class EagleHead(nn.Module):
         embedded = embed(tokens.to(embed.weight.device)).to(self.fc.weight.device, dtype)
         x = self.fc(torch.cat([embedded, features.to(embedded.device, dtype)], dim=-1))
         # RoPE angles in float32 whatever the head's dtype (bf16 positions would be coarse)
-        inv_freq = cfg.rope_theta ** -(torch.arange(0, cfg.head_dim, 2, device=x.device,
-                                                    dtype=torch.float32) / cfg.head_dim)
+        inv_freq = self._inv_freq
+        if inv_freq is None or inv_freq.device != x.device:     # fixed per head: computed once
+            inv_freq = cfg.rope_theta ** -(torch.arange(0, cfg.head_dim, 2, device=x.device,
+                                                        dtype=torch.float32) / cfg.head_dim)
+            self._inv_freq = inv_freq
         angles = (positions.float() / cfg.rope_linear_factor)[:, None] * inv_freq   # [n, d/2]
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
@@ -296,6 +301,17 @@ def random_seed(reference: str) -> int | None:
     return None if match is None else int(match.group(1) or 0)
 
 
+def head_folder(reference: str) -> Path:
+    """The directory of a shipped name or local path."""
+    return SHIPPED.get(reference) or Path(reference).expanduser()
+
+
+def is_file_reference(reference: str) -> bool:
+    """A shipped name or a local directory (not random, auto or a hub id)."""
+    return random_seed(reference) is None and reference != "auto" and \
+        (reference in SHIPPED or is_local(reference))
+
+
 def is_local(reference: str) -> bool:
     return reference.startswith(LOCAL_PREFIXES) or Path(reference).expanduser().is_dir()
 
@@ -308,7 +324,7 @@ def _split_revision(reference: str) -> tuple[str, str | None]:
 def head_files(reference: str) -> tuple[Path, Path]:
     """(config.json, weights file) of a shipped name, local directory or hub id (downloaded)."""
     if reference in SHIPPED or is_local(reference):
-        folder = SHIPPED.get(reference) or Path(reference).expanduser()
+        folder = head_folder(reference)
         check_local_head(reference)
         weights = next(folder / f for f in WEIGHT_FILES if (folder / f).is_file())
         return folder / "config.json", weights
@@ -329,7 +345,7 @@ def head_files(reference: str) -> tuple[Path, Path]:
 
 def check_local_head(reference: str) -> None:
     """Raise ValueError unless a shipped name or local path is a head directory (files only)."""
-    folder = SHIPPED.get(reference) or Path(reference).expanduser()
+    folder = head_folder(reference)
     if not folder.is_dir():
         raise ValueError(f"head={reference!r}: no such local directory")
     if not (folder / "config.json").is_file() or not any((folder / f).is_file()
@@ -340,11 +356,10 @@ def check_local_head(reference: str) -> None:
 
 def read_config(reference: str) -> dict[str, Any] | None:
     """The raw config of a shipped or local head (None for hub ids and random heads)."""
-    if random_seed(reference) is not None or reference == "auto" or \
-            not (reference in SHIPPED or is_local(reference)):
+    if not is_file_reference(reference):
         return None
     check_local_head(reference)
-    folder = SHIPPED.get(reference) or Path(reference).expanduser()
+    folder = head_folder(reference)
     return json.loads((folder / "config.json").read_text())
 
 
@@ -355,16 +370,22 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def fit_problems(head_hidden: Any, head_vocab: Any, hidden: int, vocab: int) -> list[str]:
+    """What keeps a head from fitting a target: hidden size and vocabulary, each naming both."""
+    problems = []
+    if head_hidden != hidden:
+        problems.append(f"hidden size {head_hidden} (head) vs {hidden} (target)")
+    if head_vocab != vocab:
+        problems.append(f"vocabulary {head_vocab} (head) vs {vocab} (target)")
+    return problems
+
+
 def check_fits(cfg: HeadConfig, state: Mapping[str, torch.Tensor] | None, target: nn.Module,
                head_name: str, target_name: str) -> None:
     """Raise ValueError naming both models unless the head's features and vocabulary fit."""
     hidden = int(target.get_input_embeddings().embedding_dim)
     vocab = int(target.get_output_embeddings().weight.shape[0])
-    problems = []
-    if cfg.hidden_size != hidden:
-        problems.append(f"hidden size {cfg.hidden_size} (head) vs {hidden} (target)")
-    if cfg.vocab_size != vocab:
-        problems.append(f"vocabulary {cfg.vocab_size} (head) vs {vocab} (target)")
+    problems = fit_problems(cfg.hidden_size, cfg.vocab_size, hidden, vocab)
     embed = (state or {}).get("embed_tokens.weight")
     if not problems and embed is not None and tuple(embed.shape) != (vocab, hidden):
         problems.append(f"embed_tokens {tuple(embed.shape)} (head) vs {(vocab, hidden)} (target)")
@@ -462,8 +483,7 @@ def save_head(head: EagleHead, folder: Path, dtype: torch.dtype = torch.float16,
 def head_identity(reference: Any) -> dict[str, Any]:
     """What identifies a head for a study's fingerprint: the reference and, for files, a hash."""
     reference = str(reference)
-    if random_seed(reference) is not None or reference == "auto" or \
-            not (reference in SHIPPED or is_local(reference)):
+    if not is_file_reference(reference):
         return {"head": reference}
     try:
         _, weights = head_files(reference)
@@ -476,16 +496,19 @@ def head_identity(reference: Any) -> dict[str, Any]:
     return {"head": reference, "weights": weights.name, "sha256": digest.hexdigest()}
 
 
-def head_source(reference: Any) -> str:
+def head_source(reference: Any, identity: Mapping[str, Any] | None = None) -> str:
     """One line saying which weights a reference loaded: a random seed, a file and its sha256, or
-    a hub snapshot's commit (with a warning when the id carries no ``@revision`` pin)."""
+    a hub snapshot's commit (with a warning when the id carries no ``@revision`` pin).
+
+    ``identity``: ``head_identity(reference)`` if already computed (it hashes the weights).
+    """
     reference = str(reference)
     seed = random_seed(reference)
     if seed is not None:
         return f"random initialisation (seed {seed}): acceptance near zero, a smoke test only"
-    ident = head_identity(reference)
+    ident = identity if identity is not None else head_identity(reference)
     if "sha256" in ident:
-        folder = SHIPPED.get(reference) or Path(reference).expanduser()
+        folder = head_folder(reference)
         return f"{folder / ident['weights']} (sha256 {ident['sha256'][:12]})"
     try:
         config, _ = head_files(reference)
@@ -501,5 +524,5 @@ def parameter_count(head: EagleHead) -> int:
     return sum(p.numel() for p in head.parameters())
 
 
-__all__ = ["EagleHead", "HeadCache", "HeadConfig", "SHIPPED", "check_fits", "head_identity", "head_source",
+__all__ = ["EagleHead", "HeadCache", "HeadConfig", "SHIPPED", "check_fits", "fit_problems", "head_identity", "head_source",
            "load_head", "place", "random_head", "random_seed", "read_config", "save_head"]

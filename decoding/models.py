@@ -125,6 +125,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECTUNE_CACHE", Path.home() / ".cache" / "spectune"))
 
 
+def gguf_cache_dir(path: Path) -> Path:
+    """Where a GGUF file's safetensors conversion lives: keyed by its name, size and mtime."""
+    stat = path.stat()
+    return cache_root() / "gguf" / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+
+
 # --------------------------------------------------------------------------------------------
 # Base models
 
@@ -192,8 +198,7 @@ def convert_gguf(path: Path) -> Path:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    stat = path.stat()
-    target = cache_root() / "gguf" / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    target = gguf_cache_dir(path)
     if (target / "config.json").is_file():
         return target
     log.info("converting %s to safetensors once (about 30 s) into %s", path.name, target)
@@ -257,10 +262,9 @@ def target_dims(spec: Mapping[str, Any]) -> tuple[int, int] | None:
     elif kind in ("gguf_package", "gguf_file"):
         try:
             path = _package_gguf(spec) if kind == "gguf_package" else Path(spec["path"])
-            stat = path.stat()
+            folder = gguf_cache_dir(path)
         except (ModuleNotFoundError, FileNotFoundError, KeyError, OSError):
             return None
-        folder = cache_root() / "gguf" / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
     config = folder / "config.json" if folder is not None else None
     if config is None or not config.is_file():
         return None

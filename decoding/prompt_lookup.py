@@ -43,12 +43,15 @@ def find_continuations(ids: torch.Tensor, min_ngram: int, max_ngram: int, length
         another (a prefix adds no node to the trie, so it does not use up ``count``).
     """
     total = int(ids.shape[0])
+    sequence: list[int] | None = None      # one device->host copy, only once something matched
     found: list[list[int]] = []
     for n in range(min(max_ngram, total - 1), min_ngram - 1, -1):
         windows = ids[: total - 1].unfold(0, n, 1)                  # [L−n, n] starts 0..L−1−n
         hits = (windows == ids[total - n:]).all(dim=1).nonzero().flatten().tolist()
+        if hits and sequence is None:
+            sequence = ids.tolist()
         for start in reversed(hits):
-            follow = ids[start + n: start + n + length].tolist()
+            follow = sequence[start + n: start + n + length]
             if any(other[: len(follow)] == follow for other in found):
                 continue                     # already a path of the trie: no new node
             # a found continuation that is a prefix of this one would add no node either

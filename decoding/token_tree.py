@@ -38,7 +38,7 @@ from decoding.loop import DraftVerifyLoop
 from decoding.runtime import check_positive_int, crop_cache, forward_logits, new_cache
 from decoding.sampling import SamplingConfig, logits_to_probs
 from decoding.speculative import single_draft
-from decoding.tree import extend_forward, paths_to_parents
+from decoding.tree import ancestor_slots, extend_forward, paths_to_parents
 
 if TYPE_CHECKING:
     from torch import nn
@@ -121,15 +121,7 @@ class DraftModelSource:
     def extend(self, nodes: list[int], tokens: list[int], parents: list[int],
                depths: list[int]) -> torch.Tensor:
         """One forward over ``nodes`` (their ancestors already fed); [len(nodes), V] logits."""
-        start = self.cache.get_seq_length()
-        ancestors = []
-        for i, node in enumerate(nodes):
-            chain, parent = [], parents[node]
-            while parent >= 0:
-                chain.append(self.slot[parent])
-                parent = parents[parent]
-            ancestors.append(chain)
-            self.slot[node] = start + i
+        ancestors = ancestor_slots(nodes, parents, self.slot, self.cache.get_seq_length())
         return extend_forward(self.model, self.cache, self.length, [tokens[n] for n in nodes],
                               ancestors, [depths[n] for n in nodes])
 

@@ -22,6 +22,40 @@ import torch
 from transformers import DynamicCache
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[q, k] booleans (True = attend) -> [1, 1, q, k] additive float mask (0 / dtype min)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def ancestor_slots(nodes: Sequence[int], parents: Sequence[int], slot: dict[int, int],
+                   start: int) -> list[list[int]]:
+    """Cache slots of each new node's ancestors (tree nodes fed earlier); records the new nodes'
+    own slots ``start + i`` in ``slot`` (node -> cache slot) as it goes, so a node may be the
+    parent of a later node of the same batch."""
+    ancestors = []
+    for i, node in enumerate(nodes):
+        chain, parent = [], parents[node]
+        while parent >= 0:
+            chain.append(slot[parent])
+            parent = parents[parent]
+        ancestors.append(chain)
+        slot[node] = start + i
+    return ancestors
+
+
+def extend_mask(cached: int, prefix_len: int, ancestors: Sequence[Sequence[int]],
+                dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [1, 1, q, cached + q] for q tree nodes appended after ``cached`` cache rows:
+    each sees the committed prefix [0, prefix_len), its ancestors' slots and itself."""
+    q = len(ancestors)
+    allowed = torch.zeros(q, cached + q, dtype=torch.bool)
+    allowed[:, :prefix_len] = True
+    for i, slots in enumerate(ancestors):
+        allowed[i, list(slots) + [cached + i]] = True
+    return additive_mask(allowed, dtype)
+
+
 def tree_inputs(parents: Sequence[int], prefix_len: int, dtype: torch.dtype,
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Additive mask [1, 1, q, prefix_len + q] and position ids [q] for a forest of q nodes."""
@@ -39,9 +73,7 @@ def tree_inputs(parents: Sequence[int], prefix_len: int, dtype: torch.dtype,
         depth += live.long()
         ancestor = torch.where(live, parent[ancestor.clamp(min=0)], ancestor)
     allowed = torch.cat([torch.ones(q, prefix_len, dtype=torch.bool, device=device), visible], 1)
-    mask = torch.zeros(q, prefix_len + q, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None], prefix_len + depth
+    return additive_mask(allowed, dtype), prefix_len + depth
 
 
 def tree_forward(model: torch.nn.Module, tokens: Sequence[int], parents: Sequence[int],
@@ -84,15 +116,10 @@ def extend_forward(model: torch.nn.Module, cache: DynamicCache, prefix_len: int,
     """
     device = next(model.parameters()).device
     cached, q = cache.get_seq_length(), len(tokens)
-    allowed = torch.zeros(q, cached + q, dtype=torch.bool)
-    allowed[:, :prefix_len] = True
-    for i, slots in enumerate(ancestors):
-        allowed[i, list(slots) + [cached + i]] = True
-    mask = torch.zeros(q, cached + q, dtype=model.dtype)
-    mask.masked_fill_(~allowed, torch.finfo(model.dtype).min)
+    mask = extend_mask(cached, prefix_len, ancestors, model.dtype)
     positions = torch.tensor([prefix_len - 1 + d for d in depths], device=device)
     ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
-    return model(input_ids=ids, attention_mask=mask[None, None].to(device),
+    return model(input_ids=ids, attention_mask=mask.to(device),
                  position_ids=positions[None], past_key_values=cache, use_cache=True,
                  cache_position=torch.arange(cached, cached + q, device=device)).logits[0]
 

@@ -15,14 +15,11 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
 
-from tuner.tasks.task import Prompt, Task
+from tuner.tasks.task import Prompt, Task, task_configs
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "task"
 GUARDED = ("gsm8k", "cnndm")          # the bench's tasks: their held-out text must never leak
 
 
@@ -33,10 +30,6 @@ class Corpus:
     sequences: list[list[int]]
     counts: dict[str, int]             # records used per task
     dropped: int                       # records dropped for overlapping held-out text
-
-
-def task_configs() -> dict[str, dict]:
-    return {p.stem: yaml.safe_load(p.read_text()) for p in sorted(CONF.glob("*.yaml"))}
 
 
 def reference_answer(task: str, item: dict) -> str | None:
@@ -75,16 +68,6 @@ def guard_ngrams(configs: dict[str, dict]) -> set[tuple[str, ...]]:
     return grams
 
 
-def encode_chat(tokenizer: Any, task: Task, prompt: Prompt, answer: str | None) -> list[int]:
-    messages = [{"role": r, "content": c} for r, c in prompt.messages]
-    if answer is not None:
-        messages.append({"role": "assistant", "content": answer})
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False,
-                                                  add_generation_prompt=answer is None))
-    return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
-
-
 def training_corpus(tokenizer: Any, max_len: int, seed: int = 0) -> Corpus:
     """Every task's training records as token sequences (last ``max_len`` tokens), shuffled."""
     configs = task_configs()
@@ -98,7 +81,7 @@ def training_corpus(tokenizer: Any, max_len: int, seed: int = 0) -> Corpus:
             if len(_ngrams(text) & guard) >= 3:
                 dropped += 1
                 continue
-            ids = encode_chat(tokenizer, task, prompt, reference_answer(name, prompt.item))
+            ids = task.encode(prompt, tokenizer, reference_answer(name, prompt.item))
             sequences.append(ids[-max_len:])
             counts[name] += 1
     random.Random(seed).shuffle(sequences)
@@ -112,6 +95,6 @@ def held_out_sequences(tokenizer: Any, max_len: int, per_task: int) -> list[list
     for name in GUARDED:
         task, _, held = held_out(configs[name])
         for prompt in held[:per_task]:
-            ids = encode_chat(tokenizer, task, prompt, reference_answer(name, prompt.item))
+            ids = task.encode(prompt, tokenizer, reference_answer(name, prompt.item))
             out.append(ids[-max_len:])
     return out

@@ -16,6 +16,12 @@ from omegaconf import OmegaConf
 QUALITY_KEYS = ("held_out_perplexity_ratio", "held_out_quality_drop", "held_out_feasible")
 
 
+def held_out(confirmed: Mapping[str, Any]) -> dict[str, Any]:
+    """The held-out confirmation's numbers without their ``held_out_`` prefix."""
+    return {k.removeprefix("held_out_"): v for k, v in confirmed.items()
+            if k.startswith("held_out_")}
+
+
 def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, Any],
                  confirmed: Mapping[str, float], trial_summary: Mapping[str, Any],
                  budget: Mapping[str, int], notes: list[str], energy_reason: str = "",
@@ -44,8 +50,7 @@ def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, 
         rows.append(("quality bound", quality_bound))
         rows.append(("quality vs vanilla (tuning)", quality_line(trial_summary)))
         if confirmed:
-            held = {k[len("held_out_"):]: v for k, v in confirmed.items()
-                    if k.startswith("held_out_")}
+            held = held_out(confirmed)
             rows.append(("quality vs vanilla (held-out)", quality_line(held)))
     energy = trial_summary.get("energy_j_per_token")
     ratio = trial_summary.get("energy_ratio")
@@ -78,8 +83,7 @@ def recommendation(confirmed: Mapping[str, float]) -> str:
         return ("nothing beat vanilla on the held-out prompts: use vanilla decoding on this "
                 "hardware/model pair")
     if confirmed.get("held_out_feasible") == 0.0:
-        held = {k[len("held_out_"):]: v for k, v in confirmed.items()
-                if k.startswith("held_out_")}
+        held = held_out(confirmed)
         return (f"the winner ran {confirmed['held_out_speedup']:.2f}x vanilla on held-out "
                 f"prompts but broke the quality bound there ({quality_line(held)}): prefer "
                 "vanilla decoding unless that loss is acceptable")

@@ -171,9 +171,10 @@ class Study:
         self.pair, self.tokenizer = load_models(self.cfg.models, self.method_cfg["needs_draft"])
         # method=eagle: the head loads and fits before any trial; every trial reuses it
         self.head = check_head_fits(self.method_cfg, self.pair.target)
-        if self.head is not None:
-            say(f"EAGLE head {self.method_cfg['params']['head']}: "
-                f"{head_source(self.method_cfg['params']['head'])}")
+        if self.head is not None:      # its weights were hashed once, for the fingerprint
+            reference = self.method_cfg["params"]["head"]
+            identity = json.loads(self.fingerprint["method.head"])
+            say(f"EAGLE head {reference}: {head_source(reference, identity)}")
         self.ids = {p.id: self.task.encode(p, self.tokenizer) for p in self.tuning + self.held_out}
         self.vanilla = self._build(VANILLA, {})
         self._log_probs: dict[tuple, float] = {}       # (prompt id, tokens) -> mean log p
@@ -206,7 +207,7 @@ class Study:
                 method.reset()
 
     def _check(self, m: Measurement, reference: list[int], prompt_id: str) -> Measurement:
-        if self.greedy and self.method_cfg.get("lossless"):
+        if self.greedy and self.lossless:
             return check_against_vanilla(m, reference, self.ids[prompt_id], self.pair.target,
                                          float(self.cfg.near_tie_ulps))
         return m
@@ -770,8 +771,7 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
         f"{confirmed['held_out_speedup_min']:.3f}, max {confirmed['held_out_speedup_max']:.3f});"
         f" recorded {recorded}")
     if not s.lossless:
-        held = {k[len("held_out_"):]: v for k, v in confirmed.items()
-                if k.startswith("held_out_")}
+        held = report.held_out(confirmed)
         say(f"replay: held-out quality vs vanilla: {report.quality_line(held)}")
     return {"params": s.default, **confirmed}
 

@@ -160,27 +160,26 @@ def check_head(method: Mapping[str, Any], models: Mapping[str, Any]) -> None:
     params = method.get("params") or {}
     if "head" not in params:
         return
-    from decoding.eagle_head import SHIPPED, read_config
+    from decoding.eagle_head import SHIPPED, fit_problems, read_config
     from decoding.models import target_dims
     head = params["head"]
-    allowed = (f"allowed: a shipped head {sorted(SHIPPED)}, 'random[:seed]', a local head "
-               "directory or a hub id; models.eagle_head sets the default")
+    allowed = (f"a shipped head {sorted(SHIPPED)}, 'random[:seed]', a local head directory or a "
+               "hub id[@revision]")
     if not isinstance(head, str) or not head:
-        raise ConfigError(f"method.params.head={head!r} is invalid ({allowed})")
+        raise ConfigError(f"method.params.head={head!r} is invalid (allowed: {allowed}; "
+                          "models.eagle_head sets the default)")
     if head == "auto":      # the library's convenience; a study must say which weights it measured
         raise ConfigError(f"method.params.head='auto' is invalid in a study: name the head "
-                          f"(models.eagle_head or method.params.head; allowed: a shipped head "
-                          f"{sorted(SHIPPED)}, 'random[:seed]', a local head directory or a hub "
-                          "id[@revision]) so the study records which weights it measured")
+                          f"(models.eagle_head or method.params.head; allowed: {allowed}) so the "
+                          "study records which weights it measured")
     try:
         raw = read_config(head)
     except ValueError as err:
-        raise ConfigError(f"method.params.{err} ({allowed})") from None
+        raise ConfigError(f"method.params.{err} (allowed: {allowed}; models.eagle_head sets the "
+                          "default)") from None
     dims = target_dims(models["target"]) if raw else None
     if dims:
-        wanted = {"hidden size": dims[0], "vocabulary": dims[1]}
-        got = {"hidden size": raw.get("hidden_size"), "vocabulary": raw.get("vocab_size")}
-        bad = [f"{k} {got[k]} (head) vs {wanted[k]} (target)" for k in wanted if got[k] != wanted[k]]
+        bad = fit_problems(raw.get("hidden_size"), raw.get("vocab_size"), *dims)
         if bad:
             raise ConfigError(f"method.params.head={head!r} does not fit models.target "
                               f"({models['target'].get('kind')}): {'; '.join(bad)}")

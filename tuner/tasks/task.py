@@ -24,9 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import yaml
+
 from tuner.tasks import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def task_configs() -> dict[str, dict]:
+    """Every ``conf/task/*.yaml`` as plain dicts, by task name (scripts outside Hydra)."""
+    return {p.stem: yaml.safe_load(p.read_text())
+            for p in sorted((ROOT / "conf" / "task").glob("*.yaml"))}
+
+
 Messages = tuple[tuple[str, str], ...]   # ((role, content), ...)
 
 
@@ -210,13 +220,19 @@ class Task:
         held = self.order[len(self.order) - n_held_out:] if n_held_out else []
         return [self._prompt(i) for i in self.order[:n_tuning]], [self._prompt(i) for i in held]
 
-    def encode(self, prompt: Prompt, tokenizer: Any) -> list[int]:
-        """Token ids: the tokenizer's chat template when it has one, else plain text."""
+    def encode(self, prompt: Prompt, tokenizer: Any, answer: str | None = None) -> list[int]:
+        """Token ids: the tokenizer's chat template when it has one, else plain text.
+
+        ``answer``: appended as the assistant's turn (training text, e.g. an EAGLE head's);
+        None: the prompt ends with the generation prompt, as the tuner feeds it.
+        """
+        messages = [{"role": r, "content": c} for r, c in prompt.messages]
+        if answer is not None:
+            messages.append({"role": "assistant", "content": answer})
         if self.chat and getattr(tokenizer, "chat_template", None):
-            messages = [{"role": r, "content": c} for r, c in prompt.messages]
-            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=answer is None,
                                                       tokenize=True, return_dict=False))
-        return list(tokenizer("\n\n".join(c for _, c in prompt.messages))["input_ids"])
+        return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
 
     def score(self, prompts: Sequence[Prompt], completions: Sequence[str]
               ) -> tuple[dict[str, float], list[float] | None]:
