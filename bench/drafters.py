@@ -3,7 +3,7 @@ head), prompt lookup — on GSM8K and CNN/DM held-out prompts, greedy, in one ru
 
     python bench/drafters.py [--prompts 3] [--max-new-tokens 64] [--threads 1] [--out results.json]
 
-Prompts: the first ``--prompts`` of each task's held-out slice (``tuner.eagle_data.held_out``: the
+Prompts: the first ``--prompts`` of each task's held-out slice (``eagle_training.data.held_out``: the
 same split the EAGLE head was trained without). CNN/DM twice: the repo's copy (``cnndm``: the
 tokenised, lower-cased CoreNLP text, which a model writing natural text cannot copy n-grams from)
 and natural text (``cnndm-natural``: Spec-Bench's held-out summarization items that share no word
@@ -86,7 +86,7 @@ def run_task(task: str, pair, prompts: list[list[int]], max_new_tokens: int) -> 
 
 def bench_prompts(name: str):
     """(task, held-out prompts) of a bench task (see the module docstring)."""
-    from tuner.eagle_data import _ngrams, held_out, task_configs
+    from eagle_training.data import _ngrams, held_out, task_configs
     configs = task_configs()
     if name != "cnndm-natural":
         task, _, held = held_out(configs[name])

@@ -31,7 +31,7 @@ from decoding import build_method, generate
 from decoding.models import ModelPair, early_exit_draft
 from decoding.runtime import crop_cache, forward_logits, new_cache
 from decoding.tree import tree_forward
-from tuner.energy import EnergyMeter
+from tuner.measure.energy import EnergyMeter
 
 SEVEN_B = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,

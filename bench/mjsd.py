@@ -6,7 +6,7 @@ On the embedded default pair (SmolLM2-135M-Instruct fp32 target + its int8 dynam
 the same prompts for every method, interleaved per prompt after one untimed warm-up prompt:
 tokens/s (wall-clock; the authors time CPU time with time.process_time_ns), the ratio to vanilla,
 mean accepted tokens per target forward (bonus included), output perplexity under the unwarped
-target (tuner.quality, the paper's measure, computed outside the timed window), the task's quality
+target (tuner.measure.quality, the paper's measure, computed outside the timed window), the task's quality
 metric, and J/token from NVML's energy counter where an NVIDIA GPU exists (the authors sum
 nvidia-smi power polled at 1 Hz; on a CPU it is reported unavailable with the reason).
 
@@ -38,8 +38,8 @@ import torch
 import transformers
 
 from decoding import build_method, generate, load_pair
-from tuner.energy import EnergyMeter
-from tuner.quality import mean_log_prob, perplexity
+from tuner.measure.energy import EnergyMeter
+from tuner.measure.quality import mean_log_prob, perplexity
 from tuner.tasks.task import Task, task_configs
 
 WARP = {"temperature": 1.0, "top_k": 20, "top_p": 0.9}          # conf/sampling/mjsd_paper.yaml

@@ -25,7 +25,7 @@ import yaml
 
 from decoding import build_method, encode_prompt, generate
 from decoding.models import load_pair
-from tuner.measure import first_difference, ulp
+from tuner.measure.measurement import first_difference, ulp
 
 ROOT = Path(__file__).resolve().parents[1]
 LOSSLESS = sorted(p.stem for p in (ROOT / "conf" / "method").glob("*.yaml")

@@ -15,7 +15,7 @@ measured time of each point it evaluates (a pruned trial pays the fraction of pr
 and ends with the point it would pick (best completed, non-pruned trial). We report the grid value of
 that point as a fraction of the grid's optimum, against the fraction of the grid's wall-clock spent.
 Replaying on one table removes run-to-run noise from the comparison; the searches' own logic
-(``tuner.search.HeuristicPlan``, Optuna's TPESampler + WilcoxonPruner) runs unchanged.
+(``tuner.search.plans.HeuristicPlan``, Optuna's TPESampler + WilcoxonPruner) runs unchanged.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from tuner.search import HeuristicPlan, point_key
-from tuner.space import search_values
+from tuner.search.plans import HeuristicPlan, point_key
+from tuner.search.space import search_values
 
 ROOT = Path(__file__).resolve().parents[1]
 

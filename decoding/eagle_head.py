@@ -392,7 +392,7 @@ def check_fits(cfg: HeadConfig, state: Mapping[str, torch.Tensor] | None, target
     if problems:
         raise ValueError(f"EAGLE head {head_name!r} does not fit target {target_name!r}: "
                          f"{'; '.join(problems)}. A head is trained for one target model: use the "
-                         "head published for this target (or train one: python -m tuner.train_eagle)")
+                         "head published for this target (or train one: python -m eagle_training)")
 
 
 def _refuse_eagle3(state: Mapping[str, torch.Tensor], raw: Mapping[str, Any], name: str) -> None:

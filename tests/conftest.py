@@ -54,7 +54,7 @@ def gsm8k_questions() -> list[str]:
 def mlflow_url(tmp_path_factory):
     """One ``mlflow server`` (PostgreSQL backend, 1 worker) per test session: starts in 6-12 s."""
     from tests.services import require_postgres
-    from tuner import mlflow_server
+    from tuner.tracking import server as mlflow_server
     require_postgres()
     settings = mlflow_server.ServerSettings(
         artifacts_destination=str(tmp_path_factory.mktemp("mlflow") / "artifacts"),

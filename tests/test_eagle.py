@@ -325,7 +325,7 @@ def test_shipped_head_on_the_default_model(default_pair, gsm8k_questions):
 def test_a_study_fingerprints_the_heads_weights(tmp_path, monkeypatch):
     """The tuner records the head; other weights under the same path never resume the study."""
     from tests.test_study import TINY, run
-    from tuner.errors import StudyMismatch
+    from tuner.config.errors import StudyMismatch
     monkeypatch.chdir(tmp_path)
     target = tiny_pair("related").target
     folder = save_head(random_head(target, 0), tmp_path / "head")

@@ -11,7 +11,7 @@ import yaml
 from decoding import build_method, generate
 from decoding.clock import PhaseClock
 from decoding.models import ModelPair, early_exit_draft, load_model
-from tuner.energy import EnergyMeter
+from tuner.measure.energy import EnergyMeter
 
 pytestmark = pytest.mark.gpu
 CONF = Path(__file__).resolve().parents[1] / "conf" / "method"

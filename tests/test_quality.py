@@ -1,5 +1,5 @@
 """Quality of lossy trials: perplexity under the target, the quality bound as Optuna constraints,
-and studies that never report an infeasible trial as best (tuner/quality.py, tuner/run.py)."""
+and studies that never report an infeasible trial as best (tuner/measure/quality.py, tuner/run.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from optuna.trial import TrialState
 from decoding import build_method, generate
 from tests.conftest import tiny_pair
 from tests.test_tuner import compose_cfg, load_study
-from tuner.measure import Measurement, time_generation
-from tuner.quality import QualityBound, compare, mean_log_prob, perplexity
+from tuner.measure.measurement import Measurement, time_generation
+from tuner.measure.quality import QualityBound, compare, mean_log_prob, perplexity
 
 # mjsd on the tiny pair (target seed 0, unrelated draft seed 1), greedy, a 2-point grid over τ
 TINY_MJSD = ["method=mjsd", "sampling=greedy", "models=tiny", "task.n_prompts=2",

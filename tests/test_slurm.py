@@ -1,4 +1,4 @@
-"""tuner.slurm against the real single-node Slurm (scripts/services.sh), plus its pure parts.
+"""tuner.cluster.slurm against the real single-node Slurm (scripts/services.sh), plus its pure parts.
 
 Real-Slurm tests skip only when ``sbatch`` is absent (and fail under CI=true). Job outputs go to
 tmp_path (Slurm runs as root here). Every test cancels what it leaves queued.
@@ -19,8 +19,9 @@ import optuna
 import pytest
 
 from tests.services import require_slurm, wait_for
-from tuner import liveness, slurm
-from tuner.slurm import SlurmSettings
+from tuner.cluster import liveness
+from tuner.cluster import slurm
+from tuner.cluster.slurm import SlurmSettings
 
 PY = sys.executable
 
@@ -61,7 +62,7 @@ def test_launcher_configs_compose_into_settings():
     """conf/launcher/*.yaml and conf/tracking/server.yaml compose with Hydra and are accepted."""
     from hydra import compose, initialize_config_dir
 
-    from tuner.mlflow_server import ServerSettings
+    from tuner.tracking.server import ServerSettings
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base=None):
@@ -283,7 +284,8 @@ def test_worker_identity(monkeypatch):
 
 SWEEP_WORKER = """
 import os, sys, time, warnings, optuna
-from tuner import liveness, slurm
+from tuner.cluster import liveness
+from tuner.cluster import slurm
 warnings.simplefilter("ignore")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 where, name, n, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]

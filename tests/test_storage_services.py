@@ -19,7 +19,8 @@ import optuna
 import pytest
 
 from tests.services import PG_URL, require_postgres, wait_for as poll
-from tuner import liveness, mlflow_server
+from tuner.cluster import liveness
+from tuner.tracking import server as mlflow_server
 
 PY = sys.executable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +63,7 @@ def test_two_workers_share_a_study_on_postgresql_psycopg(pg):
 
 HEARTBEAT_WORKER = """
 import sys, time, warnings, optuna
-from tuner import liveness
+from tuner.cluster import liveness
 warnings.simplefilter("ignore")
 storage = liveness.heartbeat_storage(sys.argv[1], interval=1, grace=2)
 study = optuna.load_study(study_name=sys.argv[2], storage=storage)
@@ -166,7 +167,7 @@ def test_tracker_logs_a_study_through_the_server(server, tmp_path):
     import mlflow
     import torch
 
-    from tuner.track import make_tracker
+    from tuner.tracking.trackers import make_tracker
 
     experiment = f"tracker-{uuid.uuid4().hex[:8]}"
     tracker = make_tracker({"kind": "server", "tracking_uri": server,
@@ -187,7 +188,7 @@ def test_tracker_logs_a_study_through_the_server(server, tmp_path):
 
 
 def test_make_storage_journal_by_default_and_heartbeat_on_postgresql(pg, tmp_path):
-    from tuner.storage import make_storage
+    from tuner.study.storage import make_storage
 
     journal = make_storage(None, tmp_path / "studies" / "s.journal")
     assert isinstance(journal, optuna.storages.JournalStorage)

@@ -23,8 +23,8 @@ from optuna.trial import TrialState
 
 from decoding import generate
 from tests.test_tuner import compose_cfg, load_study
-from tuner.errors import ConfigError, StudyMismatch
-from tuner.storage import failure_reason
+from tuner.config.errors import ConfigError, StudyMismatch
+from tuner.study.storage import failure_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["models=tiny", "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=6",
@@ -39,7 +39,7 @@ def _in_tmp(tmp_path, monkeypatch):
 
 def run(tmp_path, *overrides, timer=None):
     from tuner.run import run as run_study
-    from tuner.measure import time_generation
+    from tuner.measure.measurement import time_generation
     return run_study(compose_cfg(tmp_path, *overrides), timer or time_generation)
 
 
@@ -119,10 +119,10 @@ def test_the_default_study_name_follows_the_settings(tmp_path):
 
 def _default_name(cfg):
     from decoding.models import resolve_device
-    from tuner.identity import fingerprint, short_hash
+    from tuner.config.identity import fingerprint, short_hash
     from tuner.run import resolve_budget
     from tuner.tasks.task import Task
-    from tuner.validate import plain
+    from tuner.config.validate import plain
     task = Task(plain(cfg.task))
     budget = resolve_budget(cfg, False)
     tuning, held = task.split(budget["n_prompts"], budget["n_held_out"])
@@ -187,7 +187,7 @@ def test_a_slowdown_half_way_does_not_bias_the_choice_with_per_trial_baselines(t
 
 
 def test_speedup_is_per_generated_token():
-    from tuner.measure import Measurement, paired_speedup
+    from tuner.measure.measurement import Measurement, paired_speedup
     vanilla = Measurement("p", "", (1,) * 10, "", 1.0, 10, 0, 0, 0.0, 0.0, (), ())
     shorter = Measurement("p", "", (2,) * 4, "", 0.5, 2, 4, 2, 0.0, 0.0, (), ())
     # the method stopped after 4 tokens in half the time: 0.125 s/token vs 0.1 -> slower
@@ -195,8 +195,8 @@ def test_speedup_is_per_generated_token():
 
 
 def test_text_is_decoded_outside_the_timed_window():
-    from tuner.build import ByteTokenizer
-    from tuner.measure import measure_prompt
+    from tuner.config.build import ByteTokenizer
+    from tuner.measure.measurement import measure_prompt
     from tuner.tasks.task import Prompt
     seen = []
 
@@ -217,7 +217,7 @@ def test_peak_memory_is_reset_per_window():
     # a fresh process: in this one the test suite's own memory hides a 256 MiB peak
     code = """
 import torch
-from tuner.measure import peak_memory_bytes, reset_peak_memory
+from tuner.measure.measurement import peak_memory_bytes, reset_peak_memory
 cpu = torch.device("cpu")
 big = torch.ones(256 * 1024 * 1024 // 4)
 del big
@@ -313,7 +313,7 @@ def test_a_torn_journal_is_reported_and_left_untouched(tmp_path):
 
 def test_an_orphan_check_does_not_trust_its_own_pid():
     from optuna.trial import create_trial
-    from tuner.storage import RUN_TOKEN, orphaned
+    from tuner.study.storage import RUN_TOKEN, orphaned
     import socket
     mine = {"host": socket.gethostname(), "pid": os.getpid()}
     earlier = create_trial(state=TrialState.RUNNING, user_attrs={**mine, "run_token": "old"})
@@ -338,7 +338,7 @@ def test_block_verify_with_a_zero_uniform_never_accepts_a_zero_probability_token
 
 
 def test_table9_grid_is_the_papers_27_points():
-    from tuner.search import GridPlan
+    from tuner.search.plans import GridPlan
     method = yaml.safe_load((ROOT / "conf" / "method" / "ouroboros.yaml").read_text())
     plan = GridPlan(method["space"], {k: method["params"][k] for k in method["space"]}, "table9")
     points = {(p["num_draft_tokens"], p["window"], p["phrase_length"], p["num_phrases"])
@@ -356,7 +356,7 @@ def test_a_truncated_grid_is_announced(tmp_path, capsys):
 
 
 def test_heuristic_ranges_are_clipped_to_the_space():
-    from tuner.space import search_values
+    from tuner.search.space import search_values
     space = {"g": {"type": "int", "low": 1, "high": 5, "heuristic": {"HH": [4, 9]}}}
     with pytest.warns(UserWarning, match=r"clipped to \[4, 5\]"):
         assert search_values(space, "heuristic", "HH") == {"g": [4, 5]}
@@ -394,7 +394,7 @@ def test_prepare_work_finish_phases(tmp_path, monkeypatch):
 
 
 def test_a_scheduled_rerun_says_what_changed_since_the_previous_run(tmp_path):
-    from tuner.report import compare_previous, write_best_yaml
+    from tuner.tracking.report import compare_previous, write_best_yaml
     folder = tmp_path / "best"
     args = dict(task="gsm8k", method_choice="speculative", models={"target": {"kind": "tiny"}},
                 sampling={"temperature": 0.0}, seed=0)

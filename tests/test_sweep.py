@@ -19,8 +19,8 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.services import PG_URL, require_postgres, require_slurm, wait_for
-from tuner import slurm
-from tuner.storage import failure_reason, make_storage
+from tuner.cluster import slurm
+from tuner.study.storage import failure_reason, make_storage
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}

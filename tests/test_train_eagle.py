@@ -1,4 +1,4 @@
-"""``python -m tuner.train_eagle`` on a tiny target for a few steps: the loss falls, the checkpoint
+"""``python -m eagle_training`` on a tiny target for a few steps: the loss falls, the checkpoint
 loads through the EAGLE loader and decodes losslessly; the training text keeps the held-out split."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 from decoding import build_method, generate
 from tests.conftest import tiny_pair
-from tuner.eagle_data import _ngrams, guard_ngrams, held_out, task_configs, training_corpus
-from tuner.train_eagle import main
+from eagle_training.data import _ngrams, guard_ngrams, held_out, task_configs, training_corpus
+from eagle_training.train import main
 
 
 def test_a_few_steps_lower_the_loss_and_write_a_loadable_head(tmp_path):

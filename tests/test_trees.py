@@ -366,7 +366,7 @@ def test_merge_duplicates_keeps_parents_first():
 
 
 def test_categorical_and_float_heuristics_are_value_lists():
-    from tuner.space import search_values
+    from tuner.search.space import search_values
     space = {"shape": {"type": "categorical", "choices": ["a", "b", "c"],
                        "heuristic": {"HH": ["a", "c"]}},
              "threshold": {"type": "float", "low": 0.0, "high": 0.5, "step": 0.1,

@@ -17,10 +17,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from optuna.trial import TrialState
 
-from tuner.measure import LosslessViolation, Measurement, check_against_vanilla
-from tuner.search import GridPlan, HeuristicPlan, point_key
-from tuner.space import distributions, grid_size, suggest, validate_params
-from tuner.storage import failure_reason
+from tuner.measure.measurement import LosslessViolation, Measurement, check_against_vanilla
+from tuner.search.plans import GridPlan, HeuristicPlan, point_key
+from tuner.search.space import distributions, grid_size, suggest, validate_params
+from tuner.study.storage import failure_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -62,7 +62,7 @@ def _in_tmp(tmp_path, monkeypatch):
 @pytest.mark.parametrize("method", sorted(p.stem for p in (CONF / "method").glob("*.yaml")))
 @pytest.mark.parametrize("search", sorted(p.stem for p in (CONF / "search").glob("*.yaml")))
 def test_every_method_and_search_composes_and_instantiates(tmp_path, method, search):
-    from tuner.build import build_method, load_models, plain
+    from tuner.config.build import build_method, load_models, plain
     cfg = compose_cfg(tmp_path, f"method={method}", f"search={search}")
     validate_params(cfg.method.params, plain(cfg.method.space))
     pair, _ = load_models(cfg.models, cfg.method.needs_draft)
@@ -71,7 +71,7 @@ def test_every_method_and_search_composes_and_instantiates(tmp_path, method, sea
 
 
 def test_bad_configs_get_clear_errors(tmp_path):
-    from tuner.build import method_class
+    from tuner.config.build import method_class
     with pytest.raises(ValueError, match=r"_target_='os.system' is not allowed"):
         method_class({"_target_": "os.system"})
     with pytest.raises(ValueError, match=r"num_draft_tokens=0 is outside its search space"):
@@ -255,7 +255,7 @@ class _FixedLogits(torch.nn.Module):
 
 
 def test_logit_gap_is_counted_in_bf16_ulps_at_the_chosen_logit():
-    from tuner.measure import logit_gap_ulps, ulp
+    from tuner.measure.measurement import logit_gap_ulps, ulp
     assert ulp(20.0, torch.bfloat16) == 0.125 and ulp(1.5, torch.bfloat16) == 2 ** -7
     model = _FixedLogits([20.0, 19.875, 19.0, -3.0])      # 1 ulp and 8 ulp behind token 0
     assert logit_gap_ulps(model, [0], 0, 1) == 1.0
@@ -420,7 +420,7 @@ def test_killed_study_resumes_without_losing_trials(tmp_path):
 
 
 def test_summary_reports_speed_per_category():
-    from tuner.measure import summarize
+    from tuner.measure.measurement import summarize
 
     def m(category, wall, speedup):
         return Measurement("p", category, (1, 2, 3, 4), "", wall, 2, 2, 1, 0.0, 0.0, (1,), (2,),
@@ -441,7 +441,7 @@ def test_a_stale_journal_lock_from_a_killed_run_is_released(tmp_path):
     code = """
 import os, time, optuna
 from pathlib import Path
-from tuner.storage import make_storage
+from tuner.study.storage import make_storage
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 optuna.create_study(study_name="s", storage=make_storage(None, "studies/s.journal"))
 lock = Path("studies/s.journal.lock")

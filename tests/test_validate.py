@@ -12,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from tuner.errors import ConfigError
+from tuner.config.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=2",

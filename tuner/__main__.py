@@ -38,7 +38,7 @@ def _best_choice() -> str | None:
 def main(cfg: DictConfig) -> float | None:
     if "task" not in cfg:
         sys.exit(f"choose a task: python -m tuner +task=NAME, with NAME one of {TASKS}")
-    from tuner.errors import ConfigError, Interrupted
+    from tuner.config.errors import ConfigError, Interrupted
     best = _best_choice()
     if best is not None and not cfg.get("replay"):
         sys.exit(f"error: +best={best}: {cfg.studies_dir}/best/{best}.yaml is not a best-config "

@@ -39,23 +39,24 @@ from optuna.trial import TrialState
 
 from decoding.eagle_head import head_source
 from decoding.models import resolve_device
-from tuner import liveness, report
-from tuner.build import build_method, load_models
-from tuner.energy import EnergyMeter, EnergyReading
-from tuner.errors import ConfigError, Interrupted
-from tuner.identity import fingerprint, hardware, short_hash
-from tuner.measure import (LosslessViolation, Measurement, Timer, check_against_vanilla,
+from tuner.cluster import liveness
+from tuner.tracking import report
+from tuner.config.build import build_method, load_models
+from tuner.measure.energy import EnergyMeter, EnergyReading
+from tuner.config.errors import ConfigError, Interrupted
+from tuner.config.identity import fingerprint, hardware, short_hash
+from tuner.measure.measurement import (LosslessViolation, Measurement, Timer, check_against_vanilla,
                            geometric_mean, measure_prompt, paired_speedup, peak_memory_bytes,
                            reset_peak_memory, summarize, time_generation)
-from tuner.objectives import ENERGY, PERPLEXITY, better_first, directions, objective_values
-from tuner.quality import QualityBound, compare, feasible, mean_log_prob
-from tuner.search import WAIT, GridPlan, HeuristicPlan, point_key
-from tuner.space import grid_size, suggest
-from tuner.storage import (RUN_TOKEN, fail_orphans, failure_reason, is_retried, journal_path,
+from tuner.search.objectives import ENERGY, PERPLEXITY, better_first, directions, objective_values
+from tuner.measure.quality import QualityBound, compare, feasible, mean_log_prob
+from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, point_key
+from tuner.search.space import grid_size, suggest
+from tuner.study.storage import (RUN_TOKEN, fail_orphans, failure_reason, is_retried, journal_path,
                            make_storage, open_study)
 from tuner.tasks.task import Task
-from tuner.track import NullTracker, environment_tags, flatten, make_tracker
-from tuner.validate import PHASES, check_head_fits, check_journal, plain, validate
+from tuner.tracking.trackers import NullTracker, environment_tags, flatten, make_tracker
+from tuner.config.validate import PHASES, check_head_fits, check_journal, plain, validate
 
 VANILLA = {"_target_": "decoding.vanilla.Vanilla", "needs_draft": False}
 # summary keys kept on every trial (the summary table and best_* metrics read them)
@@ -790,7 +791,7 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     if phase not in PHASES:
         raise ConfigError(f"phase={phase!r} is invalid: allowed are {list(PHASES)}")
     if (cfg.get("launcher") or {}).get("kind") == "slurm" and phase == "all":
-        from tuner.launch import launch   # noqa: PLC0415 - only for Slurm
+        from tuner.cluster.launch import launch   # noqa: PLC0415 - only for Slurm
         planned = Study(cfg, timer, open_storage=False)     # validated and named; nothing loaded
         return launch(cfg, planned.name, say)
     s = Study(cfg, timer)

@@ -25,7 +25,7 @@ import itertools
 import random
 from typing import Any, Collection, Mapping
 
-from tuner.space import canonical, is_active, search_values
+from tuner.search.space import canonical, is_active, search_values
 
 Point = dict[str, Any]
 WAIT = "wait"

@@ -157,7 +157,7 @@ def fail_dead_workers(study: optuna.Study, alive: Callable[[str], bool] | None =
     answer (``SlurmError``): "no answer" is not "dead". The failed trial's point is enqueued again
     by ``Requeue(max_retry)`` (0: never). Returns the numbers of the failed trials.
     """
-    from tuner.slurm import SlurmError, job_alive
+    from tuner.cluster.slurm import SlurmError, job_alive
 
     alive = alive or job_alive
     requeue = Requeue(max_retry) if max_retry != 0 else None

@@ -24,9 +24,9 @@ import optuna
 from optuna.exceptions import DuplicatedStudyError
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.errors import ConfigError
-from tuner.identity import check_resume
-from tuner.liveness import heartbeat_storage
+from tuner.config.errors import ConfigError
+from tuner.config.identity import check_resume
+from tuner.cluster.liveness import heartbeat_storage
 
 RUN_TOKEN = uuid.uuid4().hex          # this process's identity in trial attributes (pids repeat)
 RETRIED = ("orphaned", "interrupted", "duplicate")   # failures whose point is evaluated again
@@ -97,7 +97,7 @@ def failure_reason(study: optuna.Study, trial: FrozenTrial) -> str:
 def is_retried(study: optuna.Study, trial: FrozenTrial, dead: set[int] = frozenset()) -> bool:
     """A failure that says nothing about its point: the point is evaluated again.
 
-    ``dead``: trials whose worker died (``tuner.liveness.orphans``: stale heartbeat, gone job).
+    ``dead``: trials whose worker died (``tuner.cluster.liveness.orphans``: stale heartbeat, gone job).
     """
     if trial.state != TrialState.FAIL:
         return False
@@ -130,7 +130,7 @@ def orphaned(trial: FrozenTrial, host: str | None = None,
     """
     attrs = trial.user_attrs
     job = attrs.get("slurm_job_id")
-    if job:                       # a Slurm worker: judged by its job id (tuner.liveness)
+    if job:                       # a Slurm worker: judged by its job id (tuner.cluster.liveness)
         return job_alive is not None and not job_alive(str(job))
     if attrs.get("host") != (host or socket.gethostname()):
         return False

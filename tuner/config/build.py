@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from decoding.models import ModelPair, load_pair
-from tuner.validate import method_class, plain
+from tuner.config.validate import method_class, plain
 
 __all__ = ["ByteTokenizer", "build_method", "load_models", "method_class", "plain"]
 

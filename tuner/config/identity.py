@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import torch
 
-from tuner.errors import StudyMismatch
+from tuner.config.errors import StudyMismatch
 
 
 def hardware(device: torch.device) -> str:

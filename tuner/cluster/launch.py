@@ -21,8 +21,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from tuner import slurm
-from tuner.validate import plain
+from tuner.cluster import slurm
+from tuner.config.validate import plain
 
 PINNED = ("launcher", "phase", "study_name", "study_tag", "hydra")   # overrides we set ourselves
 
@@ -40,7 +40,7 @@ def _tracking_server(cfg: DictConfig, say) -> None:
     tracking = plain(cfg.tracking)
     if tracking.get("kind") != "server" or not tracking.get("start", False):
         return
-    from tuner.mlflow_server import ServerSettings, ensure_server
+    from tuner.tracking.server import ServerSettings, ensure_server
     url, proc = ensure_server(ServerSettings.from_config(tracking))
     say(f"MLflow server at {url}" + (f" started (pid {proc.pid})" if proc else " answers"))
 

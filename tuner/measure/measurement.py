@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from decoding import generate
-from tuner.energy import EnergyReading
+from tuner.measure.energy import EnergyReading
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Measurement:
     truncated: bool = False             # stopped by max_new_tokens, not by EOS
     energy_j: float | None = None       # NVML energy of this generation (GPU only)
     mean_log_prob: float | None = None  # mean log p(token) under the unwarped target (lossy
-    #                                     methods; tuner.quality, after the timed window)
+    #                                     methods; tuner.measure.quality, after the timed window)
 
     @property
     def new_tokens(self) -> int:

@@ -52,7 +52,7 @@ def environment_tags(device: torch.device) -> dict[str, str]:
     try:
         tags["git_commit"] = subprocess.run(   # of this code, wherever the study runs from
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+            cwd=Path(__file__).resolve().parents[2]).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         tags["git_commit"] = "unknown"
     if device.type == "cuda":

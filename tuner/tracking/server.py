@@ -14,7 +14,7 @@ doubles the start-up time).
 Use it from Python (``ensure_server(settings)``: reuse a server that answers, else create the
 database if missing, start one and wait for ``/health``), or from the shell:
 
-    python -m tuner.mlflow_server --artifacts-destination /shared/mlartifacts   # foreground
+    python -m tuner.tracking.server --artifacts-destination /shared/mlartifacts   # foreground
 
 For other nodes to reach it, bind ``--host 0.0.0.0`` and pass ``--allowed-hosts`` (MLflow's
 security middleware accepts localhost only by default).
@@ -161,7 +161,7 @@ def stop_server(proc: subprocess.Popen, timeout: float = 15.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m tuner.mlflow_server [options]``: create the database, run the server."""
+    """``python -m tuner.tracking.server [options]``: create the database, run the server."""
     d = ServerSettings()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend-store-uri", default=d.backend_store_uri)

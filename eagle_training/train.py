@@ -1,11 +1,11 @@
 """Train an EAGLE head for a target on this CPU, from the text the repo ships; write it loadable.
 
-    python -m tuner.train_eagle                         # SmolLM2-135M, 24 min + eval, -> decoding/heads/
-    python -m tuner.train_eagle --minutes 5 --out /tmp/head
-    python -m tuner.train_eagle --models tiny --steps 20 --out /tmp/tiny-head     (a smoke run)
+    python -m eagle_training                         # SmolLM2-135M, 24 min + eval, -> decoding/heads/
+    python -m eagle_training --minutes 5 --out /tmp/head
+    python -m eagle_training --models tiny --steps 20 --out /tmp/tiny-head     (a smoke run)
 
 Recipe (EAGLE paper §3.2, scaled down to a CPU and a time budget):
-  1. data (``tuner.eagle_data``): every task's records except its held-out slice, as chats with the
+  1. data (``eagle_training.data``): every task's records except its held-out slice, as chats with the
      reference answer; the last ``max_len`` tokens of each;
   2. features: one target forward per sequence (no grad) within ``extract_fraction`` of the budget,
      keeping the target's features f (post-norm last hidden states, fp16) and its top-``topk``
@@ -200,7 +200,7 @@ def top1_agreement(head: EagleHead, examples: list[Example]) -> float:
 
 def load_target(models: str) -> tuple[torch.nn.Module, Any, str]:
     from decoding.models import load_pair
-    from tuner.build import ByteTokenizer
+    from tuner.config.build import ByteTokenizer
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pair = load_pair(models, {"kind": "none"})
@@ -227,7 +227,7 @@ def write_readme(folder: Path, record: dict[str, Any]) -> None:
              "Recipe: EAGLE (Li et al. 2024) §3.2 scaled to a CPU — SmoothL1 feature regression + "
              "0.1 × cross-entropy to the target's top-20 distribution (over the sub-vocabulary the "
              "corpus' top-20 sets cover), U(−0.1, 0.1) feature noise, AdamW (0.9, 0.95), grad clip "
-             "0.5, warm-up + cosine decay over the time budget; see `tuner/train_eagle.py`.", "",
+             "0.5, warm-up + cosine decay over the time budget; see `eagle_training/train.py`.", "",
              f"Licence: {r['license']}. The training text is the repo's task data (see "
              "`data/README.md` for each dataset's licence); the held-out slices the bench and the "
              "tuner's confirmation use were excluded.", ""]
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--held-out", type=int, default=8, help="held-out chats per bench task")
     args = parser.parse_args(argv)
     from decoding.eagle_head import HEADS_DIR
-    from tuner.eagle_data import held_out_sequences, training_corpus
-    from tuner.identity import hardware
+    from eagle_training.data import held_out_sequences, training_corpus
+    from tuner.config.identity import hardware
     out = args.out or (HEADS_DIR / SHIPPED_NAMES[args.models] if args.models in SHIPPED_NAMES
                        else parser.error("--out is required for this --models"))
     settings = TrainSettings(minutes=args.minutes, steps=args.steps, max_len=args.max_len,
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "license": "Apache-2.0 (as its base model, SmolLM2-135M-Instruct)"
         if args.models == "smollm2" else "that of its base model",
         "target_signature": {k: target.config.to_dict().get(k) for k in SIGNATURE_KEYS},
-        "command": ["python -m tuner.train_eagle", *(argv if argv is not None else sys.argv[1:])],
+        "command": ["python -m eagle_training", *(argv if argv is not None else sys.argv[1:])],
         "hardware": hardware(next(target.parameters()).device),
         "data": f"{sum(corpus.counts.values())} task records {corpus.counts} "
                 f"(held-out slices excluded; {corpus.dropped} records overlapping held-out "

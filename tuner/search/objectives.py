@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 OBJECTIVES: dict[str, str] = {
-    "speedup": "maximize",              # paired geometric-mean speedup vs vanilla (tuner.measure)
+    "speedup": "maximize",              # paired geometric-mean speedup vs vanilla (tuner.measure.measurement)
     "tokens_per_s": "maximize",
     "mean_accepted_tokens": "maximize",
-    "perplexity": "minimize",           # output perplexity under the target (tuner.quality)
+    "perplexity": "minimize",           # output perplexity under the target (tuner.measure.quality)
     "perplexity_ratio": "minimize",     # ... over vanilla's on the same prompts
     "quality_drop": "minimize",         # vanilla's task metric minus the method's
-    "energy_j_per_token": "minimize",   # NVML energy (GPU only, tuner.energy)
+    "energy_j_per_token": "minimize",   # NVML energy (GPU only, tuner.measure.energy)
     "energy_ratio": "minimize",         # ... over vanilla's J/token
 }
 ENERGY = ("energy_j_per_token", "energy_ratio")

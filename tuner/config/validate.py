@@ -18,8 +18,8 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from tuner.errors import ConfigError
-from tuner.space import (check_active_when, distributions, grid_names, heuristic_values,
+from tuner.config.errors import ConfigError
+from tuner.search.space import (check_active_when, distributions, grid_names, heuristic_values,
                          validate_params)
 
 SEARCH_KINDS = ("heuristic", "grid", "sampler")
@@ -210,7 +210,7 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                                 or not timeout > 0):
         raise ConfigError(f"search.timeout={timeout!r} is invalid: allowed is a number of "
                           "seconds > 0, or null")
-    from tuner.objectives import OBJECTIVES
+    from tuner.search.objectives import OBJECTIVES
     objectives = search.get("objectives")
     if not isinstance(objectives, list) or not objectives or \
             any(o not in OBJECTIVES for o in objectives) or len(set(objectives)) < len(objectives):
@@ -347,7 +347,7 @@ def check_launcher(launcher: Mapping[str, Any]) -> None:
         return
     if kind != "slurm":
         raise ConfigError(f"launcher.kind={kind!r} is unknown: allowed are local, slurm")
-    from tuner.slurm import SlurmSettings
+    from tuner.cluster.slurm import SlurmSettings
     try:
         SlurmSettings.from_config(launcher)
     except ValueError as err:
