@@ -1,0 +1,218 @@
+"""Thread count and contention detection with real processes (no mocks of /proc).
+
+The machine these run on is shared (2 cores, other test suites running), so "quiet" is judged
+relative to the load measured with a known spinner running, never as an absolute ≈ 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tuner.measure.hygiene import (
+    CONTENTION_MODES, ContentionGuard, LoadSample, MachineBusy, Quiet, allowed_cpus,
+    check_contention_mode, check_threads, configure_threads, sample_other_load)
+
+ROOT = Path(__file__).resolve().parents[1]
+CPUS = allowed_cpus()
+N = len(CPUS)
+ONE_SPINNER = 1 / N     # one process spinning on an allowance of N CPUs: 0.5 of 2 CPUs
+# Thresholds for one spinner: it should read ≥ 70 % of a core (Python start-up, scheduler ticks
+# and /proc/stat's 10 ms resolution eat a little); killing it should drop the reading by ≥ 60 %
+# of a core (0.3 on 2 CPUs), leaving room for other people's load, which counts as "other" too.
+SPINNER_SEEN = 0.7 * ONE_SPINNER
+SPINNER_GONE_DROP = 0.6 * ONE_SPINNER
+SPIN_S = 20             # the spinner exits by itself after this, even if the test is killed
+
+needs_proc = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc/stat")
+
+
+def run_python(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter (no conftest thread setting) and parse its JSON line."""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+THREADS_CODE = """
+import json, os, torch
+from tuner.measure.hygiene import allowed_cpus, configure_threads
+mask = {mask}
+if mask is not None:
+    os.sched_setaffinity(0, set(mask))
+n = configure_threads({requested!r})
+print(json.dumps({{"n": n, "torch": torch.get_num_threads(), "allowed": list(allowed_cpus())}}))
+"""
+
+
+@pytest.mark.skipif(N < 2, reason="a mask narrower than the allowance needs 2+ CPUs")
+def test_threads_follow_a_narrowed_affinity_mask():
+    got = run_python(THREADS_CODE.format(mask=[CPUS[-1]], requested=None))
+    assert got == {"n": 1, "torch": 1, "allowed": [CPUS[-1]]}
+
+
+@pytest.mark.parametrize("requested", [None, "auto"])
+def test_threads_default_to_one_per_allowed_cpu(requested):
+    got = run_python(THREADS_CODE.format(mask=list(CPUS), requested=requested))
+    assert got == {"n": N, "torch": N, "allowed": list(CPUS)}
+
+
+def test_explicit_thread_count_is_applied():
+    got = run_python(THREADS_CODE.format(mask=None, requested=N + 1))
+    assert got["n"] == got["torch"] == N + 1
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "4", "many", True, [2]])
+def test_bad_threads_name_the_value_and_what_is_allowed(bad):
+    for validate in (check_threads, configure_threads):
+        with pytest.raises(ValueError) as err:
+            validate(bad)
+        assert f"threads={bad!r}" in str(err.value)
+        assert "'auto'" in str(err.value) and "integer >= 1" in str(err.value)
+
+
+def test_good_threads_pass_validation():
+    assert check_threads(None) is None and check_threads("auto") is None
+    assert check_threads(3) == 3
+
+
+@pytest.mark.parametrize("bad", ["Wait", "ignore", "", None, 1])
+def test_bad_contention_names_the_value_and_the_modes(bad):
+    with pytest.raises(ValueError) as err:
+        check_contention_mode(bad)
+    assert f"contention={bad!r}" in str(err.value)
+    assert all(mode in str(err.value) for mode in CONTENTION_MODES)
+    with pytest.raises(ValueError, match="contention="):
+        ContentionGuard(mode=bad)
+
+
+def test_good_contention_modes_pass_and_guard_bounds_are_checked():
+    assert [check_contention_mode(m) for m in CONTENTION_MODES] == list(CONTENTION_MODES)
+    for bad in ({"threshold": 0}, {"threshold": 1.5}, {"max_wait_s": -1}, {"window_s": 0}):
+        with pytest.raises(ValueError):
+            ContentionGuard(**bad)
+
+
+def start_spinner() -> subprocess.Popen:
+    """A CPU-bound process pinned to our allowed CPUs; exits by itself after SPIN_S."""
+    code = f"import time\nend = time.monotonic() + {SPIN_S}\nwhile time.monotonic() < end: pass"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    os.sched_setaffinity(proc.pid, set(CPUS))
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(timeout=5)
+
+
+@needs_proc
+def test_a_spinning_process_is_seen_and_its_end_too():
+    proc = start_spinner()
+    try:
+        time.sleep(0.2)         # interpreter start-up
+        on = max(sample_other_load(CPUS, 0.4).other_busy for _ in range(2))
+    finally:
+        stop(proc)
+    offs = []
+    for _ in range(8):          # settle: bounded, stops at the first clear drop
+        offs.append(sample_other_load(CPUS, 0.3).other_busy)
+        if offs[-1] <= on - SPINNER_GONE_DROP:
+            break
+    print(f"other_busy with spinner {on:.3f}, after kill {[round(x, 3) for x in offs]}")
+    assert on >= SPINNER_SEEN
+    assert min(offs) <= on - SPINNER_GONE_DROP
+
+
+@needs_proc
+def test_guard_modes_under_a_spinner():
+    threshold = 0.5 * ONE_SPINNER       # well under one spinner's share (0.25 of 2 CPUs)
+    proc = start_spinner()
+    try:
+        time.sleep(0.2)
+        warned = ContentionGuard("warn", threshold, window_s=0.3, cpus=CPUS).check()
+        with pytest.raises(MachineBusy) as err:
+            ContentionGuard("fail", threshold, window_s=0.3, cpus=CPUS).check()
+        began = time.monotonic()
+        waited = ContentionGuard("wait", threshold, max_wait_s=1.0, window_s=0.25,
+                                 cpus=CPUS).check()
+        took = time.monotonic() - began
+    finally:
+        stop(proc)
+    print(f"warn {warned}, wait {waited} in {took:.2f} s, fail: {err.value}")
+    assert warned.contended and warned.other_busy > threshold
+    assert warned.samples == 1 and warned.waited_s == 0
+    message = str(err.value)
+    assert str(list(CPUS)) in message and f"{threshold:.0%}" in message
+    assert "contention=warn" in message and "%" in message.split("used")[1]
+    assert waited.contended and waited.other_busy > threshold
+    assert 0.9 <= waited.waited_s <= 1.3 and waited.samples >= 4
+    assert 1.1 <= took <= 2.0           # first sample (0.25 s) + the 1 s bound
+
+
+@needs_proc
+def test_wait_returns_at_once_when_quiet():
+    # threshold 1.0: never busy, so no re-sampling however loaded the shared machine is
+    quiet = ContentionGuard("wait", 1.0, max_wait_s=30, window_s=0.1, cpus=CPUS).check()
+    assert quiet == Quiet(False, quiet.other_busy, 0.0, 1) and quiet.other_busy is not None
+
+
+def spin_python(stop_at: float) -> None:
+    while time.monotonic() < stop_at:
+        pass
+
+
+def spin_torch(stop_at: float) -> None:
+    a = torch.randn(256, 256)
+    while time.monotonic() < stop_at:
+        a = torch.tanh(a @ a)
+
+
+@needs_proc
+@pytest.mark.parametrize("work", [spin_python, spin_torch])
+def test_own_work_is_not_other_load(work):
+    before = sample_other_load(CPUS, 0.3)
+    worker = threading.Thread(target=work, args=(time.monotonic() + 0.9,))
+    worker.start()
+    try:
+        time.sleep(0.05)
+        busy = sample_other_load(CPUS, 0.5)
+    finally:
+        worker.join(timeout=10)
+    after = sample_other_load(CPUS, 0.3)
+    background = max(before.other_busy, after.other_busy)     # other people's load, if any
+    print(f"{work.__name__}: own {busy.own_busy:.3f}, other {busy.other_busy:.3f} "
+          f"(background {before.other_busy:.3f} / {after.other_busy:.3f})")
+    # Our thread(s) kept a good part of a core busy; had that been counted as other load,
+    # other_busy would sit own_busy above the background instead of at it.
+    assert busy.own_busy >= 0.3 * ONE_SPINNER
+    assert busy.other_busy <= background + 0.5 * busy.own_busy
+    assert busy.other_busy + busy.own_busy <= 1.0 + 1e-9
+
+
+@needs_proc
+def test_sample_record():
+    sample = sample_other_load(CPUS, 0.1)
+    assert isinstance(sample, LoadSample) and sample.known and sample.cpus == CPUS
+    assert 0.09 <= sample.window_s <= 1.0 and 0 <= sample.other_busy <= 1
+    with pytest.raises(ValueError, match="window_s=0"):
+        sample_other_load(CPUS, 0)
+
+
+def test_no_proc_stat_reads_unknown_and_never_waits_or_fails(monkeypatch):
+    # Stands in for macOS: the path is made absent, the code under test is unchanged.
+    monkeypatch.setattr("tuner.measure.hygiene.PROC_STAT", "/nonexistent/stat")
+    began = time.monotonic()
+    sample = sample_other_load(CPUS, 5.0)
+    assert sample == LoadSample(None, None, 0.0, CPUS) and not sample.known
+    for mode in CONTENTION_MODES:
+        assert ContentionGuard(mode, 0.01, window_s=5.0).check() == Quiet(False, None, 0.0, 1)
+    assert time.monotonic() - began < 1.0
