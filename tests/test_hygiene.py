@@ -18,8 +18,17 @@ import pytest
 import torch
 
 from tuner.measure.hygiene import (
-    CONTENTION_MODES, ContentionGuard, LoadSample, MachineBusy, Quiet, allowed_cpus,
-    check_contention_mode, check_threads, configure_threads, sample_other_load)
+    CONTENTION_MODES,
+    ContentionGuard,
+    LoadSample,
+    MachineBusy,
+    Quiet,
+    allowed_cpus,
+    check_contention_mode,
+    check_threads,
+    configure_threads,
+    sample_other_load,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CPUS = allowed_cpus()

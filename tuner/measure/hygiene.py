@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import resource
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 CONTENTION_MODES = ("wait", "warn", "fail")
 DEFAULT_CONTENTION = "wait"     # re-sample until quiet (bounded), then measure anyway, flagged
@@ -104,7 +104,7 @@ def configure_threads(requested: int | str | None) -> int:
         ValueError: a bad value (see ``check_threads``).
     """
     n = check_threads(requested) or len(allowed_cpus())
-    import torch    # here, so that validation needs no torch
+    import torch  # here, so that validation needs no torch
     torch.set_num_threads(n)
     return n
 
@@ -175,7 +175,7 @@ def sample_other_load(cpus: Sequence[int] | None = None,
 
 
 def _fraction(part: float, whole: float) -> float:
-    """part / whole clipped to [0, 1] (tick-sampled /proc/stat vs exact getrusage can overshoot)."""
+    """part / whole clipped to [0, 1] (tick-sampled /proc/stat vs exact getrusage overshoot)."""
     return min(1.0, max(0.0, part / whole))
 
 
