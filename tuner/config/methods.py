@@ -1,0 +1,95 @@
+"""The method and its sampling settings: the class ``_target_`` names, its real signature, the
+parameters and search space it is given, and temperature / top-k / top-p / seed.
+
+The method's module is imported (to read its signature); nothing is instantiated.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from typing import Any, Mapping
+
+from tuner.config.errors import ConfigError
+from tuner.config.values import integer
+from tuner.search.space import check_active_when, distributions, validate_params
+
+SAMPLING_ARGS = ("temperature", "top_k", "top_p", "seed")
+
+
+def method_class(method_cfg: Mapping[str, Any]) -> type:
+    """The class named by ``_target_``: it must be defined in a ``decoding.`` module."""
+    target = str(method_cfg.get("_target_", ""))
+    if not target.startswith("decoding."):
+        raise ConfigError(f"method._target_={target!r} is not allowed: only classes defined "
+                          "under 'decoding.' can be instantiated")
+    from hydra.utils import get_class     # resolves exactly as instantiate() would
+    module_name, _, attr = target.rpartition(".")
+    try:
+        cls = get_class(target)
+    except (ImportError, ValueError):
+        found = importlib.util.find_spec(module_name) if "." in module_name else None
+        if found is None:
+            raise ConfigError(f"method._target_={target!r}: module {module_name!r} does not "
+                              "exist (methods are classes in decoding/*.py)") from None
+        raise ConfigError(f"method._target_={target!r}: {module_name} has no class "
+                          f"{attr!r}") from None
+    if not inspect.isclass(cls) or not cls.__module__.startswith("decoding.") or \
+            f"{cls.__module__}.{cls.__qualname__}" != target:
+        where = f"{cls.__module__}.{cls.__qualname__}" if inspect.isclass(cls) else repr(cls)
+        raise ConfigError(f"method._target_={target!r} is not allowed: it resolves to {where}, "
+                          "which is not defined in a 'decoding.' module")
+    if not callable(getattr(cls, "stream", None)):
+        raise ConfigError(f"method._target_={target!r} is not a decoding method (no stream())")
+    return cls
+
+
+def method_arguments(cls: type) -> list[str]:
+    """The hyperparameters a method takes (everything but models and the sampling arguments)."""
+    names = [p for p in inspect.signature(cls).parameters
+             if p not in ("self", "target", "draft", "eos_token_ids")]
+    return [n for n in names if n not in SAMPLING_ARGS]
+
+
+def check_method(method: Mapping[str, Any]) -> None:
+    cls = method_class(method)
+    allowed = method_arguments(cls)
+    params = method.get("params") or {}
+    space = method.get("space") or {}
+    for name, value in params.items():
+        if name in SAMPLING_ARGS:
+            raise ConfigError(f"method.params.{name}={value!r} is not a method parameter: set "
+                              f"{'seed' if name == 'seed' else 'sampling.' + name} instead")
+        if name not in allowed:
+            raise ConfigError(f"method.params.{name}={value!r} is not a parameter of "
+                              f"{method['_target_']}: allowed are {allowed}")
+    for name in space:
+        if name not in allowed:
+            raise ConfigError(f"method.space.{name} is not a parameter of {method['_target_']}: "
+                              f"allowed are {allowed}")
+    try:
+        distributions(space)
+        check_active_when(space)
+        validate_params(params, space)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    missing = [n for n in space if n not in params]
+    if missing:
+        raise ConfigError(f"method.params lacks {missing}: every searched parameter needs a "
+                          "default (trial 0)")
+    if not isinstance(method.get("needs_draft"), bool):
+        raise ConfigError(f"method.needs_draft={method.get('needs_draft')!r} is invalid: allowed "
+                          "are true, false")
+
+
+def check_sampling(sampling: Mapping[str, Any], seed: Any) -> None:
+    from decoding.sampling import SamplingConfig
+    unknown = sorted(set(sampling) - {"temperature", "top_k", "top_p"})
+    if unknown:
+        raise ConfigError(f"sampling.{unknown[0]} is unknown: allowed are temperature, top_k, "
+                          "top_p")
+    try:
+        SamplingConfig(**sampling)
+    except ValueError as err:
+        raise ConfigError(f"sampling.{err}") from None
+    integer("seed", seed, 0, "an integer >= 0")
