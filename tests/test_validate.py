@@ -117,6 +117,11 @@ CASES = [
      "method.params.head='auto' is invalid in a study: name the head"),
     (["method=prompt_lookup", "method.params.min_ngram=3"],
      "method.params.min_ngram=3 is outside its search space (allowed: 1 to 2)"),
+    (["storage=sqlite:////nonexistent/dir/x.db"],
+     "storage='sqlite:////nonexistent/dir/x.db': folder /nonexistent/dir does not exist"),
+    (["tracking=server", "tracking.tracking_uri=http://127.0.0.1:9", "tracking.start=false"],
+     "tracking.tracking_uri='http://127.0.0.1:9': no MLflow server answers there"),
+    (["studies_dir="], "studies_dir='' is empty: allowed is a folder path"),
 ]
 
 
@@ -187,3 +192,157 @@ def test_a_missing_best_config_is_an_error(tmp_path):
     assert result.returncode != 0
     assert "nosuchstudy" in result.stderr and "Traceback" not in result.stderr
 
+
+# -- classes of bad input (each README row above has its exact case; these cover the class) ------
+
+
+def refused(*overrides: str) -> str:
+    """The one line validate() refuses ``overrides`` with."""
+    from tuner.config.validate import validate
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_cfg(*overrides))
+    text = str(caught.value)
+    assert "\n" not in text, text
+    return text
+
+
+def accepted(*overrides: str) -> None:
+    from tuner.config.validate import validate
+    validate(compose_cfg(*overrides))
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+@pytest.mark.parametrize("make,fragment", [
+    (lambda tmp: tmp / "missing" / "x.db", "folder {tmp}/missing does not exist"),
+    (lambda tmp: tmp, "is a folder, not an SQLite file"),
+    (lambda tmp: (tmp / "notes.txt", (tmp / "notes.txt").write_text("hello"))[0],
+     "exists and is not an SQLite database"),
+    (lambda tmp: Path("/proc/version/x.db"), "/proc/version is not a folder"),
+    (lambda tmp: Path("/proc/x.db"), "/proc/x.db cannot be written"),
+])
+def test_a_sqlite_storage_that_cannot_be_created_is_refused(tmp_path, make, fragment):
+    path = make(tmp_path)
+    text = refused(f"storage={sqlite_url(path)}")
+    assert text.startswith(f"storage='{sqlite_url(path)}'") and \
+        fragment.format(tmp=tmp_path) in text and "allowed is an SQLite file" in text, text
+    assert not (tmp_path / "missing").exists()        # nothing was created
+
+
+def test_a_usable_sqlite_storage_passes(tmp_path):
+    import sqlite3
+    sqlite3.connect(tmp_path / "existing.db").execute("create table t (x)").connection.close()
+    accepted(f"storage={sqlite_url(tmp_path / 'existing.db')}")
+    accepted(f"storage={sqlite_url(tmp_path / 'new.db')}")
+    accepted("storage=sqlite:///relative.db")          # in the current folder (tmp_path)
+    assert not (tmp_path / "new.db").exists() and not Path("relative.db").exists()
+
+
+def test_a_tracking_sqlite_file_that_cannot_be_created_is_refused(tmp_path):
+    text = refused("tracking=mlflow", "tracking.tracking_uri=sqlite:////proc/version/m/mlflow.db")
+    assert text.startswith("tracking.tracking_uri='sqlite:////proc/version/m/mlflow.db': its "
+                           "folder /proc/version/m cannot be created"), text
+    assert "is a folder, not an SQLite file" in refused(
+        "tracking=mlflow", f"tracking.tracking_uri={sqlite_url(tmp_path)}")
+    accepted("tracking=mlflow", f"tracking.tracking_uri={sqlite_url(tmp_path / 'new' / 'm.db')}")
+    assert (tmp_path / "new").is_dir()                 # created, as the tracker would
+
+
+def closed_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def http_server():
+    """A loopback HTTP server answering GET /health with the status given to it."""
+    import http.server
+    import threading
+    servers = []
+
+    def start(status: int) -> str:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(status if self.path == "/health" else 404)
+                self.end_headers()
+                self.wfile.write(b"OK")
+
+            def log_message(self, *args):
+                pass
+        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def server_cfg(uri: str, start: bool = False) -> list[str]:
+    return ["tracking=server", f"tracking.tracking_uri={uri}",
+            f"tracking.start={str(start).lower()}"]
+
+
+def test_a_tracking_server_that_does_not_answer_is_refused_quickly():
+    import time
+    port = closed_port()
+    began = time.monotonic()
+    text = refused(*server_cfg(f"http://127.0.0.1:{port}"))
+    assert time.monotonic() - began < 10
+    assert text.startswith(f"tracking.tracking_uri='http://127.0.0.1:{port}': no MLflow server "
+                           "answers there (GET "), text
+    assert f"python -m tuner.tracking.server --host 127.0.0.1 --port {port}" in text
+    assert "tracking.start=true starts one only with launcher=slurm" in refused(
+        *server_cfg(f"http://127.0.0.1:{port}", start=True))     # launcher=local starts none
+
+
+def test_a_tracking_server_that_accepts_but_never_answers_is_refused_within_seconds():
+    import socket
+    import time
+    with socket.socket() as silent:                    # the handshake completes; no reply ever
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        began = time.monotonic()
+        text = refused(*server_cfg(uri))
+        assert time.monotonic() - began < 10
+    assert "no MLflow server answers there" in text and "timed out" in text, text
+
+
+def test_a_tracking_server_is_probed_for_mlflow(http_server):
+    accepted(*server_cfg(http_server(200)))
+    accepted(*server_cfg(http_server(401) + "/"))      # behind authentication: it answers
+    text = refused(*server_cfg(http_server(404)))
+    assert "HTTP 404, not an MLflow server" in text, text
+
+
+def test_a_server_the_launcher_starts_is_not_probed(monkeypatch):
+    from tuner.config import stores
+
+    def no_probe(uri, timeout=0):
+        raise AssertionError("probed a server that the launcher starts")
+    monkeypatch.setattr(stores, "probe_server", no_probe)
+    tracking = {"kind": "server", "tracking_uri": "http://127.0.0.1:5000", "start": True,
+                "port": 5000}
+    stores.check_tracking(tracking, launcher_starts_server=True)
+    with pytest.raises(ConfigError, match=r"tracking.tracking_uri='http://127.0.0.1:9' does not "
+                                          r"point at the server tracking.start=true starts "
+                                          r"\(tracking.port=5000\)"):
+        stores.check_tracking({**tracking, "tracking_uri": "http://127.0.0.1:9"},
+                              launcher_starts_server=True)
+    from tuner.config.validate import validate
+    try:         # launcher=slurm, phase=all: the tracking check passes without probing
+        validate(compose_cfg(*server_cfg("http://127.0.0.1:5000", start=True), "launcher=slurm"))
+    except ConfigError as err:                         # no sbatch here: the launcher check says so
+        assert str(err).startswith("launcher=slurm"), err
+
+
+@pytest.mark.parametrize("value", ["studies_dir=", "studies_dir=' '", "studies_dir=null"])
+def test_an_empty_studies_dir_is_refused(value):
+    assert "is empty: allowed is a folder path" in refused(value)
+    assert not any(Path(".").iterdir())               # nothing landed in the current folder

@@ -1,9 +1,10 @@
 """Check a composed config completely before any model, storage or MLflow store is touched.
 
 ``validate(cfg)`` raises ``ConfigError`` with one line naming the setting, the value and what is
-allowed; it reads only small files (the task's shipped data, a journal's lines) and imports the
-method's module to check its real signature. The README's table of bad-input cases lists every
-message (each backed by a test in tests/test_validate.py).
+allowed. It reads only small files (the task's shipped data, a journal's lines), imports the
+method's module to check its real signature, and sends one short HTTP GET to a tracking server that
+should already run. The README's table of bad-input cases lists every message (each backed by a
+test in tests/test_validate.py).
 
 The checks live by subject: ``task`` (settings, data source), ``methods`` (method, sampling),
 ``models`` (specs, EAGLE head), ``search`` (search, Optuna classes, quality bounds), ``stores``
@@ -53,9 +54,13 @@ def validate(cfg: DictConfig) -> None:
     if beat.get("grace") is not None:
         integer("heartbeat.grace", beat.get("grace"), int(beat.get("interval", 60)) + 1,
                 "an integer > heartbeat.interval (seconds), or null")
-    check_folder("studies_dir", cfg.studies_dir)
-    check_tracking(plain(cfg.tracking))
-    check_launcher(plain(cfg.get("launcher")) or {"kind": "local"})
+    check_folder("studies_dir", cfg.studies_dir, "a folder path (default: studies; '.' for the "
+                 "current folder)")
+    launcher = plain(cfg.get("launcher")) or {"kind": "local"}
+    tracking = plain(cfg.tracking)
+    check_tracking(tracking, launcher_starts_server=launcher.get("kind") == "slurm" and
+                   cfg.get("phase", "all") == "all" and bool(tracking.get("start")))
+    check_launcher(launcher)
 
 
 def check_choices(cfg: DictConfig) -> None:
