@@ -121,6 +121,14 @@ CASES = [
      "storage='sqlite:////nonexistent/dir/x.db': folder /nonexistent/dir does not exist"),
     (["tracking=server", "tracking.tracking_uri=http://127.0.0.1:9", "tracking.start=false"],
      "tracking.tracking_uri='http://127.0.0.1:9': no MLflow server answers there"),
+    (["search=tpe", "search.sampler._target_=optuna.samplers.NoSuchSampler"],
+     "search.sampler._target_='optuna.samplers.NoSuchSampler' does not exist: allowed are "
+     "optuna.samplers.{"),
+    (["search=tpe", "+search.sampler.bogus=1"],
+     "search.sampler.bogus=1 is not an argument of optuna.samplers.TPESampler: allowed are"),
+    (["search=tpe", "search.pruner.p_threshold=7"],
+     "search.pruner: optuna.pruners.WilcoxonPruner(p_threshold=7, n_startup_steps=2) fails: "
+     "p_threshold must be between 0 and 1"),
     (["studies_dir="], "studies_dir='' is empty: allowed is a folder path"),
 ]
 
@@ -340,6 +348,65 @@ def test_a_server_the_launcher_starts_is_not_probed(monkeypatch):
         validate(compose_cfg(*server_cfg("http://127.0.0.1:5000", start=True), "launcher=slurm"))
     except ConfigError as err:                         # no sbatch here: the launcher check says so
         assert str(err).startswith("launcher=slurm"), err
+
+
+def write_data(tmp_path: Path, *lines: str) -> str:
+    good = (ROOT / "data/gsm8k/test_200.jsonl").read_text().splitlines()[:3]
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join([*good, *lines, *good]) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("line,fragment", [
+    ('{"question": "x", "answer": ', "line 4 is not valid JSON (Expecting value, column 29)"),
+    ('{"question": "x"} trailing', "line 4 is not valid JSON (Extra data, column 19)"),
+    ("[1, 2]", "line 4 holds a JSON list, not an object"),
+    ('{"question": "x", "answer": "#### 1"}', "line 4 has no field 'upstream_index' "
+                                             "(task.id_field)"),
+])
+def test_a_malformed_data_file_names_the_file_and_line(tmp_path, line, fragment):
+    path = write_data(tmp_path, line)
+    text = refused(f"task.data.local={path}")
+    assert text.startswith(f"task.data.local='{path}': {path} {fragment}"), text
+    assert "allowed" in text
+
+
+def test_a_data_file_with_blank_lines_or_a_json_array_passes(tmp_path):
+    accepted(f"task.data.local={write_data(tmp_path, '', '   ')}")
+    array = tmp_path / "array.json"
+    array.write_text("[" + ",".join((ROOT / "data/gsm8k/test_200.jsonl").read_text()
+                                    .splitlines()[:4]) + "]")
+    accepted(f"task.data.local={array}")
+    array.write_text('[{"a": 1},\n {"a": ]')
+    assert "array.json line 2 is not valid JSON" in refused(f"task.data.local={array}")
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (["search.pruner._target_=optuna.pruners.Nope"],
+     "search.pruner._target_='optuna.pruners.Nope' does not exist: allowed are optuna.pruners.{"),
+    (["search.sampler._target_=optuna.storages.InMemoryStorage"],
+     "search.sampler._target_='optuna.storages.InMemoryStorage' is not an Optuna sampler"),
+    (["search.sampler._target_=optuna.pruners.MedianPruner"],
+     "search.sampler._target_='optuna.pruners.MedianPruner' is not an Optuna sampler"),
+    (["+search.pruner.bogus=1"], "search.pruner.bogus=1 is not an argument of "
+                                 "optuna.pruners.WilcoxonPruner: allowed are ['p_threshold', "
+                                 "'n_startup_steps']"),
+    (["search.sampler._target_=optuna.samplers.RandomSampler",
+      "+search.sampler.n_startup_trials=3"],
+     "search.sampler.n_startup_trials=3 is not an argument of optuna.samplers.RandomSampler"),
+    (["search.sampler._target_=optuna.samplers.GridSampler"],
+     "search.sampler: optuna.samplers.GridSampler(seed=0) fails: "),
+    (["search.sampler=7"], "search.sampler=7 is invalid: allowed is null or a mapping"),
+])
+def test_a_bad_optuna_sampler_or_pruner_is_refused(overrides, fragment):
+    text = refused("search=tpe", *overrides)
+    assert fragment in text, text
+
+
+def test_every_shipped_search_config_instantiates():
+    for name in sorted(p.stem for p in (ROOT / "conf" / "search").glob("*.yaml")):
+        if name != "pareto_energy":          # needs GPU energy readings: refused elsewhere
+            accepted(f"search={name}")
 
 
 @pytest.mark.parametrize("value", ["studies_dir=", "studies_dir=' '", "studies_dir=null"])

@@ -11,7 +11,7 @@ import inspect
 from typing import Any, Mapping
 
 from tuner.config.errors import ConfigError
-from tuner.config.values import integer
+from tuner.config.values import get_class, integer
 from tuner.search.space import check_active_when, distributions, validate_params
 
 SAMPLING_ARGS = ("temperature", "top_k", "top_p", "seed")
@@ -23,7 +23,6 @@ def method_class(method_cfg: Mapping[str, Any]) -> type:
     if not target.startswith("decoding."):
         raise ConfigError(f"method._target_={target!r} is not allowed: only classes defined "
                           "under 'decoding.' can be instantiated")
-    from hydra.utils import get_class     # resolves exactly as instantiate() would
     module_name, _, attr = target.rpartition(".")
     try:
         cls = get_class(target)

@@ -1,16 +1,21 @@
 """The search: its kind, budget, objectives and bounds, the grid or heuristic values it will try,
-the Optuna classes it names, and the quality bounds' need for a task metric."""
+and the Optuna sampler and pruner (resolved and instantiated once here, so a wrong class or
+argument is one line, not a traceback after the study opened)."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import warnings
 from typing import Any, Mapping
 
 from tuner.config.errors import ConfigError
-from tuner.config.values import integer
+from tuner.config.values import get_class, integer
 from tuner.search.space import distributions, grid_names, heuristic_values
 
 SEARCH_KINDS = ("heuristic", "grid", "sampler")
+OPTUNA_KINDS = {"sampler": ("optuna.samplers", "BaseSampler"),
+                "pruner": ("optuna.pruners", "BasePruner")}
 
 
 def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class: str) -> None:
@@ -56,11 +61,8 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                 heuristic_values(name, space[name], dist, task_class)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-    for key in ("sampler", "pruner"):
-        target = (search.get(key) or {}).get("_target_", "")
-        if target and not str(target).startswith("optuna."):
-            raise ConfigError(f"search.{key}._target_={target!r} is not allowed: only Optuna "
-                              "classes ('optuna.')")
+    for key in OPTUNA_KINDS:
+        check_optuna(key, search.get(key))
 
 
 def check_quality(search: Mapping[str, Any], task: Mapping[str, Any]) -> None:
@@ -73,3 +75,60 @@ def check_quality(search: Mapping[str, Any], task: Mapping[str, Any]) -> None:
         raise ConfigError(f"{wants[0]} needs a task quality metric, but task {task.get('name')} "
                           "has metric='none': allowed is a task with a metric (gsm8k, humaneval, "
                           "mbpp, cnndm, wmt16), or search.max_perplexity_ratio instead")
+
+
+def check_optuna(key: str, spec: Any) -> None:
+    """``search.<key>`` (sampler or pruner): an Optuna class of that kind, its arguments real.
+
+    Instantiated once (cheap: no storage, no study) so bad values fail here with one line.
+    """
+    if not spec:
+        return
+    if not isinstance(spec, Mapping) or not spec.get("_target_"):
+        raise ConfigError(f"search.{key}={spec!r} is invalid: allowed is null or a mapping with "
+                          f"_target_ (one of {allowed_classes(key)})")
+    target = str(spec["_target_"])
+    if not target.startswith("optuna."):
+        raise ConfigError(f"search.{key}._target_={target!r} is not allowed: only Optuna "
+                          "classes ('optuna.')")
+    import importlib
+    module_name, base_name = OPTUNA_KINDS[key]
+    base = getattr(importlib.import_module(module_name), base_name)
+    try:
+        cls = get_class(target)
+    except (ImportError, ValueError, AttributeError):
+        cls = None
+    if not inspect.isclass(cls) or not issubclass(cls, base):
+        what = "does not exist" if cls is None else f"is not an Optuna {key}"
+        raise ConfigError(f"search.{key}._target_={target!r} {what}: allowed are "
+                          f"{allowed_classes(key)}")
+    arguments = {k: v for k, v in spec.items() if not k.startswith("_")}
+    params = inspect.signature(cls).parameters
+    takes = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        for name, value in arguments.items():
+            if name not in takes:
+                raise ConfigError(f"search.{key}.{name}={value!r} is not an argument of "
+                                  f"{target}: allowed are {takes}")
+    from hydra.utils import instantiate
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")       # experimental-feature notices
+            instantiate(dict(spec))
+    except Exception as err:   # noqa: BLE001 - whatever the class rejects, said in one line
+        cause = err.__cause__ or err
+        detail = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        given = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+        raise ConfigError(f"search.{key}: {target}({given}) fails: {detail}: allowed arguments "
+                          f"are {takes}") from None
+
+
+def allowed_classes(key: str) -> str:
+    """'optuna.samplers.{RandomSampler, TPESampler, ...}': the public classes of that kind."""
+    import importlib
+    module_name, base_name = OPTUNA_KINDS[key]
+    module = importlib.import_module(module_name)
+    base = getattr(module, base_name)
+    names = sorted(n for n, c in vars(module).items() if inspect.isclass(c) and issubclass(
+        c, base) and not n.startswith(("_", "Base")))
+    return f"{module_name}.{{{', '.join(names)}}}"

@@ -2,11 +2,11 @@
 
 ``validate(cfg)`` raises ``ConfigError`` with one line naming the setting, the value and what is
 allowed. It reads only small files (the task's shipped data, a journal's lines), imports the
-method's module to check its real signature, and sends one short HTTP GET to a tracking server that
-should already run. The README's table of bad-input cases lists every message (each backed by a
-test in tests/test_validate.py).
+method's module to check its real signature, instantiates the Optuna sampler and pruner, and sends
+one short HTTP GET to a tracking server that should already run. The README's table of bad-input
+cases lists every message (each backed by a test in tests/test_validate.py).
 
-The checks live by subject: ``task`` (settings, data source), ``methods`` (method, sampling),
+The checks live by subject: ``task`` (settings and data file), ``methods`` (method, sampling),
 ``models`` (specs, EAGLE head), ``search`` (search, Optuna classes, quality bounds), ``stores``
 (storage, folders, journal, tracking). Their public names are importable from here too.
 """
@@ -22,7 +22,8 @@ from tuner.config.errors import ConfigError
 from tuner.config.methods import (SAMPLING_ARGS, check_method, check_sampling,  # noqa: F401
                                   method_arguments, method_class)
 from tuner.config.models import check_head, check_head_fits, check_models  # noqa: F401
-from tuner.config.search import SEARCH_KINDS, check_quality, check_search  # noqa: F401
+from tuner.config.search import (SEARCH_KINDS, check_optuna, check_quality,  # noqa: F401
+                                 check_search)
 from tuner.config.stores import (TRACKING, check_folder, check_journal,  # noqa: F401
                                  check_storage, check_tracking)
 from tuner.config.task import check_task  # noqa: F401

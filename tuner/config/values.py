@@ -20,3 +20,16 @@ def integer(name: str, value: Any, low: int, allowed: str) -> int:
         raise ConfigError(f"{name}={value!r} is invalid: allowed is {allowed}")
     return value
 
+
+def get_class(path: str) -> Any:
+    """``hydra.utils.get_class`` (resolves exactly as ``instantiate`` will), minus its ERROR log
+    record on failure: the caller turns the failure into its one line."""
+    import logging
+
+    from hydra.utils import get_class as hydra_get_class
+    logger = logging.getLogger("hydra.utils")
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        return hydra_get_class(path)
+    finally:
+        logger.disabled = disabled
