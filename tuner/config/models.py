@@ -1,17 +1,23 @@
-"""The model specs and an EAGLE head's fit.
+"""The model specs, an EAGLE head's fit, and whether the generation fits the models' context.
 
 What is knowable without loading weights is checked in ``validate``: the spec kinds, dtypes,
-devices and files, and a head's size against the target's. ``check_head_fits`` runs right after
-the models load, before any trial.
+devices and files, a head's size against the target's, and ``max_new_tokens`` against a context
+length read from the spec (tiny models), a local hub folder's ``config.json``, or a GGUF file's
+header (or its converted cache). ``check_head_fits`` and ``check_generation_fits`` run right after
+the models and tokenizer load, before any trial.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import struct
 from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.config.errors import ConfigError
+
+DERIVED = ("same", "int8_dynamic", "early_exit")   # drafts made from the target: its context
 
 
 def check_models(models: Mapping[str, Any], needs_draft: bool) -> None:
@@ -94,3 +100,129 @@ def check_head_fits(method: Mapping[str, Any], target: Any) -> Any:
         return load_head(str(params["head"]), target)
     except (ValueError, OSError) as err:
         raise ConfigError(f"method.params.head: {str(err).splitlines()[0]}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Context length: the prompt and every new token must fit the models' positions
+
+
+def check_generation_fits(longest_prompt_tokens: int, max_new_tokens: int, context: int,
+                          model_name: str, *, setting: str = "task.max_new_tokens") -> None:
+    """After tokenising: the longest prompt plus ``max_new_tokens`` fits ``context`` positions.
+
+    ``setting`` names where ``max_new_tokens`` came from (``cpu_budget.max_new_tokens`` when
+    ``budget=auto`` capped it on a CPU).
+    """
+    if longest_prompt_tokens + max_new_tokens <= context:
+        return
+    room = context - longest_prompt_tokens
+    allowed = (f"{setting} <= {room}" if room >= 1 else
+               f"prompts shorter than {context} tokens (this one alone fills the context: "
+               "another task, or a model with a longer context)")
+    raise ConfigError(f"{setting}={max_new_tokens} does not fit the context of {model_name}: "
+                      f"the longest prompt has {longest_prompt_tokens} tokens, and "
+                      f"{longest_prompt_tokens} + {max_new_tokens} > {context} (its context "
+                      f"length): allowed is {allowed}")
+
+
+def check_context(models: Mapping[str, Any], needs_draft: bool, max_new_tokens: int,
+                  setting: str = "task.max_new_tokens") -> None:
+    """Before loading: ``max_new_tokens`` < every context length knowable from the specs (the
+    draft's too, when the method loads one)."""
+    drafts = (models.get("draft") or []) if needs_draft else []
+    specs = [("target", models["target"])] + [
+        ("draft", d) for d in (drafts if isinstance(drafts, list) else [drafts])
+        if isinstance(d, Mapping) and d.get("kind") not in DERIVED + ("none",)]
+    for role, spec in specs:
+        context = context_length(spec)
+        if context is not None and max_new_tokens >= context:
+            raise ConfigError(f"{setting}={max_new_tokens} does not fit the context length "
+                              f"{context} of models.{role} ({model_label(spec)}): allowed is "
+                              f"{setting} < {context} (the prompt's tokens count too)")
+
+
+def model_label(spec: Mapping[str, Any]) -> str:
+    return str(spec.get("path") or spec.get("package") or spec.get("kind"))
+
+
+def context_length(spec: Mapping[str, Any]) -> int | None:
+    """The spec's ``max_position_embeddings`` when knowable unloaded, else None (hub ids)."""
+    from decoding.models import TINY_DEFAULTS, _package_gguf, gguf_cache_dir
+    kind = spec.get("kind")
+    if kind == "tiny":
+        value = spec.get("max_position_embeddings", TINY_DEFAULTS["max_position_embeddings"])
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+    if kind == "hub" and spec.get("path"):
+        return _config_context(Path(str(spec["path"])).expanduser() / "config.json")
+    if kind in ("gguf_package", "gguf_file"):
+        try:
+            path = _package_gguf(spec) if kind == "gguf_package" else Path(str(spec["path"]))
+            cached = _config_context(gguf_cache_dir(path) / "config.json")
+        except (ModuleNotFoundError, FileNotFoundError, KeyError, OSError):
+            return None
+        return cached if cached is not None else gguf_context_length(path)
+    return None
+
+
+def _config_context(path: Path) -> int | None:
+    try:
+        value = json.loads(path.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else None
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+            11: "<q", 12: "<d"}          # GGUF value types; 8 is a string, 9 an array
+_STRING, _ARRAY, _LONGEST = 8, 9, 1 << 24
+
+
+def gguf_context_length(path: Path) -> int | None:
+    """``<architecture>.context_length`` from a GGUF (v2/v3) header, reading only up to it.
+
+    The reference reader (``gguf.GGUFReader``) maps every tensor (seconds); this stops at the key.
+    """
+    try:
+        with Path(path).open("rb") as f:
+            if f.read(4) != b"GGUF" or struct.unpack("<I", f.read(4))[0] < 2:
+                return None
+            f.read(8)                                          # tensor count
+            arch, found = None, {}
+            for _ in range(struct.unpack("<Q", f.read(8))[0]):
+                key = _gguf_string(f)
+                value = _gguf_value(f, struct.unpack("<I", f.read(4))[0])
+                if key == "general.architecture":
+                    arch = value
+                elif key.endswith(".context_length"):
+                    found[key] = value
+                if arch is not None and f"{arch}.context_length" in found:
+                    value = found[f"{arch}.context_length"]
+                    return int(value) if isinstance(value, int) and value > 0 else None
+    except (OSError, struct.error, UnicodeDecodeError, ValueError):
+        return None
+    return None
+
+
+def _gguf_string(f: Any) -> str:
+    length = struct.unpack("<Q", f.read(8))[0]
+    if length > _LONGEST:
+        raise ValueError("corrupt GGUF string length")
+    return f.read(length).decode("utf-8")
+
+
+def _gguf_value(f: Any, kind: int) -> Any:
+    if kind in _SCALARS:
+        fmt = _SCALARS[kind]
+        return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+    if kind == _STRING:
+        return _gguf_string(f)
+    if kind != _ARRAY:
+        raise ValueError(f"unknown GGUF value type {kind}")
+    item, count = struct.unpack("<IQ", f.read(12))             # arrays are skipped
+    if item in _SCALARS:
+        f.seek(count * struct.calcsize(_SCALARS[item]), 1)
+    else:
+        for _ in range(count):
+            _gguf_value(f, item)
+    return None

@@ -1,14 +1,15 @@
 """Check a composed config completely before any model, storage or MLflow store is touched.
 
 ``validate(cfg)`` raises ``ConfigError`` with one line naming the setting, the value and what is
-allowed. It reads only small files (the task's shipped data, a journal's lines), imports the
-method's module to check its real signature, instantiates the Optuna sampler and pruner, and sends
-one short HTTP GET to a tracking server that should already run. The README's table of bad-input
-cases lists every message (each backed by a test in tests/test_validate.py).
+allowed. It reads only small files (the task's shipped data, a GGUF header, a journal's lines),
+imports the method's module to check its real signature, instantiates the Optuna sampler and
+pruner, and sends one short HTTP GET to a tracking server that should already run. The README's
+table of bad-input cases lists every message (each backed by a test in tests/test_validate.py).
 
 The checks live by subject: ``task`` (settings and data file), ``methods`` (method, sampling),
-``models`` (specs, EAGLE head), ``search`` (search, Optuna classes, quality bounds), ``stores``
-(storage, folders, journal, tracking). Their public names are importable from here too.
+``models`` (specs, EAGLE head, context length), ``search`` (search, Optuna classes, quality
+bounds), ``stores`` (storage, folders, journal, tracking). Their public names are importable
+from here too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from omegaconf import DictConfig
 from tuner.config.errors import ConfigError
 from tuner.config.methods import (SAMPLING_ARGS, check_method, check_sampling,  # noqa: F401
                                   method_arguments, method_class)
-from tuner.config.models import check_head, check_head_fits, check_models  # noqa: F401
+from tuner.config.models import (check_context, check_generation_fits,  # noqa: F401
+                                 check_head, check_head_fits, check_models)
 from tuner.config.search import (SEARCH_KINDS, check_optuna, check_quality,  # noqa: F401
                                  check_search)
 from tuner.config.stores import (TRACKING, check_folder, check_journal,  # noqa: F401
@@ -32,6 +34,7 @@ from tuner.config.values import integer, plain  # noqa: F401
 BASELINES = ("per_trial", "per_study")
 RESUME = ("auto", "force")
 PHASES = ("all", "prepare", "work", "finish")
+CPU_BUDGET = {"n_prompts": 1, "n_held_out": 0, "max_new_tokens": 1, "n_trials": 1}   # minimums
 
 
 def validate(cfg: DictConfig) -> None:
@@ -49,6 +52,7 @@ def validate(cfg: DictConfig) -> None:
     check_quality(plain(cfg.search), task)
     check_choices(cfg)
     check_numbers(cfg)
+    check_context(models, method["needs_draft"], *generation_budget(cfg, task, models))
     check_storage(cfg.storage)
     beat = plain(cfg.get("heartbeat")) or {}
     integer("heartbeat.interval", beat.get("interval", 60), 1, "an integer >= 1 (seconds)")
@@ -89,6 +93,23 @@ def check_numbers(cfg: DictConfig) -> None:
     drift = cfg.drift_threshold
     if not isinstance(drift, (int, float)) or not 0 < drift or math.isinf(drift):
         raise ConfigError(f"drift_threshold={drift!r} is invalid: allowed is a number > 0")
+    caps = plain(cfg.get("cpu_budget")) or {}
+    for key, low in CPU_BUDGET.items():
+        if key in caps:
+            integer(f"cpu_budget.{key}", caps[key], low, f"an integer >= {low}")
+
+
+def generation_budget(cfg: DictConfig, task: Mapping[str, Any],
+                      models: Mapping[str, Any]) -> tuple[int, str]:
+    """(max_new_tokens a study will generate, the setting it comes from), as ``budget`` resolves
+    it: ``budget=auto`` without a GPU caps it at cpu_budget.max_new_tokens."""
+    wanted = int(task["max_new_tokens"])
+    cap = (plain(cfg.get("cpu_budget")) or {}).get("max_new_tokens")
+    if cfg.budget == "auto" and cap is not None and int(cap) < wanted:
+        from decoding.models import resolve_device
+        if resolve_device(models["target"].get("device")).type != "cuda":
+            return int(cap), "cpu_budget.max_new_tokens"
+    return wanted, "task.max_new_tokens"
 
 
 def check_launcher(launcher: Mapping[str, Any]) -> None:
