@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tuner.config.errors import ConfigError
 from tuner.config.values import get_class, integer

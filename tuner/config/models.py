@@ -12,8 +12,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import struct
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from tuner.config.errors import ConfigError
 

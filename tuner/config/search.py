@@ -7,7 +7,8 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tuner.config.errors import ConfigError
 from tuner.config.values import get_class, integer
@@ -38,10 +39,10 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
         raise ConfigError(f"search.pruner is set with search.objectives={objectives}: the pruner "
                           "is fed per-prompt paired speedups, so allowed is objectives=[speedup] "
                           "or pruner=null")
-    bounds = (("max_quality_drop", 0.0, ">= 0 (the largest acceptable drop of the task's metric "
-               "against vanilla)"),
-              ("max_perplexity_ratio", 1e-300, "> 0 (e.g. 1.05: at most 5 % above vanilla's "
-               "perplexity)"))
+    bounds = (("max_quality_drop", 0.0, (">= 0 (the largest acceptable drop of the task's "
+                                         "metric against vanilla)")),
+              ("max_perplexity_ratio", 1e-300, ("> 0 (e.g. 1.05: at most 5 % above vanilla's "
+                                                "perplexity)")))
     for name, low, allowed in bounds:
         value = search.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))

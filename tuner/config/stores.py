@@ -11,8 +11,9 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from tuner.config.errors import ConfigError
@@ -127,7 +128,8 @@ def check_journal(path: Path) -> None:
         raise ConfigError(f"study journal {path} ends in an incomplete line ({len(lines[-1])} "
                           "bytes, a crash mid-write?); nothing was changed. Repair: keep a copy, "
                           f"then drop the last line: python -c \"import pathlib; p=pathlib."
-                          f"Path('{path}'); b=p.read_bytes(); p.write_bytes(b[:b.rfind(b'\\n')+1])\"")
+                          f"Path('{path}'); b=p.read_bytes(); "
+                          "p.write_bytes(b[:b.rfind(b'\\n')+1])\"")
     for number, line in enumerate(lines[:-1], 1):
         try:
             json.loads(line)

@@ -8,8 +8,9 @@ say only "An error occurred while generating the dataset").
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from tuner.config.errors import ConfigError
 from tuner.config.values import integer
@@ -44,7 +45,7 @@ def check_data(task: Mapping[str, Any]) -> None:
     local = data.get("local")
     if not local or source == "hub":
         return
-    from tuner.tasks.task import ROOT           # where load_records resolves relative paths
+    from tuner.tasks.task import ROOT  # where load_records resolves relative paths
     path = Path(local) if Path(local).is_absolute() else ROOT / local
     if path.is_file():
         check_data_file(path, f"task.data.local={local!r}",

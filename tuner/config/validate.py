@@ -15,22 +15,44 @@ from here too.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from omegaconf import DictConfig
 
 from tuner.config.errors import ConfigError
-from tuner.config.methods import (SAMPLING_ARGS, check_method, check_sampling,  # noqa: F401
-                                  method_arguments, method_class)
-from tuner.config.models import (check_context, check_generation_fits,  # noqa: F401
-                                 check_head, check_head_fits, check_models)
-from tuner.config.search import (SEARCH_KINDS, check_optuna, check_quality,  # noqa: F401
-                                 check_search)
-from tuner.config.stores import (TRACKING, check_folder, check_journal,  # noqa: F401
-                                 check_storage, check_tracking)
-from tuner.config.task import check_task  # noqa: F401
-from tuner.config.values import integer, plain  # noqa: F401
+from tuner.config.methods import (
+    SAMPLING_ARGS,
+    check_method,
+    check_sampling,
+    method_arguments,
+    method_class,
+)
+from tuner.config.models import (
+    check_context,
+    check_generation_fits,
+    check_head,
+    check_head_fits,
+    check_models,
+)
+from tuner.config.search import SEARCH_KINDS, check_optuna, check_quality, check_search
+from tuner.config.stores import (
+    TRACKING,
+    check_folder,
+    check_journal,
+    check_storage,
+    check_tracking,
+)
+from tuner.config.task import check_task
+from tuner.config.values import integer, plain
 
+# validate() and the checks' public names, importable from here (where callers always looked)
+__all__ = ["BASELINES", "PHASES", "RESUME", "SAMPLING_ARGS", "SEARCH_KINDS", "TRACKING",
+           "check_context", "check_folder", "check_generation_fits", "check_head",
+           "check_head_fits", "check_journal", "check_launcher", "check_method", "check_models",
+           "check_optuna", "check_quality", "check_sampling", "check_search", "check_storage",
+           "check_task", "check_tracking", "generation_budget", "integer", "method_arguments",
+           "method_class", "plain", "validate"]
 BASELINES = ("per_trial", "per_study")
 RESUME = ("auto", "force")
 PHASES = ("all", "prepare", "work", "finish")
