@@ -1,4 +1,5 @@
-"""Shared fixtures: seeded tiny random models (no download) and the embedded default pair."""
+"""Shared fixtures and helpers: seeded tiny random models (no download), the embedded default pair,
+Hydra composition of the tuner's config, and a tmp working directory for studies."""
 
 from __future__ import annotations
 
@@ -13,7 +14,49 @@ import torch
 from decoding.models import LoadedModel, ModelPair, early_exit_draft, load_model, load_pair
 
 ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}   # tuner subprocesses
+# a fast tuner study on the tiny models; tests measure bookkeeping, not speed, and several of them
+# run workers side by side on 2 cores: contention is reported (warn), never waited for
+FAST = ["method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_out=2",
+        "task.max_new_tokens=6", "warmup_prompts=1", "contention=warn"]
 torch.set_num_threads(2)
+
+
+def compose_cfg(tmp_path: Path | None, *overrides: str, base: tuple[str, ...] | None = None):
+    """The tuner's config as ``python -m tuner +task=gsm8k <FAST> study_name=t <overrides>``
+    would compose it (``base`` replaces the FAST defaults); studies/ and mlruns/ are relative
+    paths, so every test runs in its own tmp_path (the ``in_tmp`` fixture)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    GlobalHydra.instance().clear()
+    defaults = ["+task=gsm8k", *FAST, "study_name=t"] if base is None else list(base)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[*defaults, *overrides], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def run_study(tmp_path: Path, *overrides: str, timer=None):
+    """``tuner.run.run`` in process on ``compose_cfg(tmp_path, *overrides)``."""
+    from tuner.measure.timing import time_generation
+    from tuner.run import run
+    return run(compose_cfg(tmp_path, *overrides), timer or time_generation)
+
+
+def load_study(tmp_path: Path, name: str = "t"):
+    import optuna
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(tmp_path / "studies" / f"{name}.journal")))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Run the test in its own empty working directory (studies/, mlruns/ land there)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 def tiny_pair(kind: str, **target_opts) -> ModelPair:

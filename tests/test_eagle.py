@@ -324,8 +324,9 @@ def test_shipped_head_on_the_default_model(default_pair, gsm8k_questions):
 
 def test_a_study_fingerprints_the_heads_weights(tmp_path, monkeypatch):
     """The tuner records the head; other weights under the same path never resume the study."""
-    from tests.test_study import TINY, run
+    from tests.conftest import run_study as run
     from tuner.config.errors import StudyMismatch
+    TINY = ["task.n_held_out=1"]          # the tiny models and budget come with run_study
     monkeypatch.chdir(tmp_path)
     target = tiny_pair("related").target
     folder = save_head(random_head(target, 0), tmp_path / "head")

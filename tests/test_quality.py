@@ -1,5 +1,6 @@
 """Quality of lossy trials: perplexity under the target, the quality bound as Optuna constraints,
-and studies that never report an infeasible trial as best (tuner/measure/quality.py, tuner/run.py)."""
+and studies that never report an infeasible trial as best (tuner/measure/quality.py,
+tuner/study/finish.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from optuna.trial import TrialState
 
 from decoding import build_method, generate
 from tests.conftest import tiny_pair
-from tests.test_tuner import compose_cfg, load_study
-from tuner.measure.measurement import Measurement, time_generation
+from tests.conftest import compose_cfg, load_study
+from tuner.measure.measurement import Measurement
+from tuner.measure.timing import time_generation
 from tuner.measure.quality import QualityBound, compare, mean_log_prob, perplexity
 
 # mjsd on the tiny pair (target seed 0, unrelated draft seed 1), greedy, a 2-point grid over τ
@@ -25,9 +27,7 @@ TINY_MJSD = ["method=mjsd", "sampling=greedy", "models=tiny", "task.n_prompts=2"
              "~method.space", "+method.space={tau:{type:float,low:0.0,high:0.9,step:0.9}}"]
 
 
-@pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("in_tmp")
 
 
 def test_perplexity_of_vanilla_greedy_output_equals_a_direct_computation():
@@ -62,7 +62,7 @@ def test_quality_record_and_bound():
 def rigged(monkeypatch):
     """τ = 0 looks 10x faster but accepts the unrelated draft's tokens: perplexity 20 where
     vanilla's greedy output (and every τ > 0 output, identical at T = 0) has 10."""
-    import tuner.run as run_module
+    import tuner.measure.hf as run_module
     vanilla_outputs: dict[tuple, tuple] = {}
 
     def fake_log_prob(model, prompt_ids, tokens):
@@ -138,7 +138,7 @@ def test_tpe_gets_the_constraints_and_pareto_runs_speed_against_perplexity(tmp_p
 
 
 def test_energy_against_vanilla_is_per_token_and_needs_nvml():
-    from tuner.run import _energy_versus
+    from tuner.measure.hf import energy_versus as _energy_versus
 
     def m(tokens, joules):
         return Measurement("p", "", (1,) * tokens, "", 1.0, 1, 0, 0, 0.0, 0.0, (), (),

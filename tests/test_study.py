@@ -22,25 +22,14 @@ import yaml
 from optuna.trial import TrialState
 
 from decoding import generate
-from tests.test_tuner import compose_cfg, load_study
+from tests.conftest import ENV, ROOT, compose_cfg, load_study, run_study
 from tuner.config.errors import ConfigError, StudyMismatch
-from tuner.study.storage import failure_reason
+from tuner.study.trials import failure_reason
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["models=tiny", "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=6",
-        "warmup_prompts=1"]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-
-
-@pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-
-
-def run(tmp_path, *overrides, timer=None):
-    from tuner.run import run as run_study
-    from tuner.measure.measurement import time_generation
-    return run_study(compose_cfg(tmp_path, *overrides), timer or time_generation)
+        "warmup_prompts=1", "contention=warn"]
+pytestmark = pytest.mark.usefixtures("in_tmp")
+run = run_study
 
 
 # -- every parameter reaches the method ---------------------------------------------------------
@@ -76,8 +65,8 @@ def test_an_ablation_switch_reaches_the_method_mlflow_and_the_best_yaml(tmp_path
 
 
 def test_an_unknown_parameter_is_refused_before_models_load(tmp_path, monkeypatch):
-    import tuner.run as run_module
-    monkeypatch.setattr(run_module, "load_models", lambda *a, **k: pytest.fail("models loaded"))
+    import tuner.measure.hf as hf
+    monkeypatch.setattr(hf, "load_models", lambda *a, **k: pytest.fail("models loaded"))
     with pytest.raises(ConfigError, match=r"method.params.bogus=1 is not a parameter of "
                                           r"decoding.speculative.SpeculativeDecoding"):
         run(tmp_path, "method=speculative", *TINY, "+method.params.bogus=1")
@@ -96,8 +85,8 @@ def test_an_unknown_parameter_is_refused_before_models_load(tmp_path, monkeypatc
 def test_changed_settings_never_resume_a_study(tmp_path, change, key, monkeypatch):
     run(tmp_path, "method=speculative", *TINY, "search=tpe", "search.n_trials=1",
         "tracking=none")
-    import tuner.run as run_module
-    monkeypatch.setattr(run_module, "load_models", lambda *a, **k: pytest.fail("models loaded"))
+    import tuner.measure.hf as hf
+    monkeypatch.setattr(hf, "load_models", lambda *a, **k: pytest.fail("models loaded"))
     with pytest.raises(StudyMismatch, match=rf"study 't' was measured under other settings "
                                             rf"\({key}: .*resume=force"):
         run(tmp_path, "method=speculative", *TINY, "search=tpe", "search.n_trials=1",
@@ -105,33 +94,35 @@ def test_changed_settings_never_resume_a_study(tmp_path, change, key, monkeypatc
 
 
 def test_the_default_study_name_follows_the_settings(tmp_path):
-    a = compose_cfg(tmp_path, "method=speculative", *TINY, "study_name=null")
-    b = compose_cfg(tmp_path, "method=speculative", *TINY, "study_name=null",
-                    "task.max_new_tokens=8")
-    from tuner.run import Study
-    names = []
-    for cfg in (a, b):
-        from tuner import run as run_module
-        study = Study.__new__(Study)
-        names.append(_default_name(cfg))
+    from tuner.study.settings import StudySettings
+    names = [StudySettings.from_config(compose_cfg(tmp_path, "method=speculative", *TINY,
+                                                   "study_name=null", *extra)).name
+             for extra in ((), ("task.max_new_tokens=8",))]
     assert names[0] != names[1] and all(n.startswith("gsm8k-speculative-tiny-") for n in names)
 
 
-def _default_name(cfg):
-    from decoding.models import resolve_device
-    from tuner.config.identity import fingerprint, short_hash
-    from tuner.run import resolve_budget
-    from tuner.tasks.task import Task
-    from tuner.config.validate import plain
-    task = Task(plain(cfg.task))
-    budget = resolve_budget(cfg, False)
-    tuning, held = task.split(budget["n_prompts"], budget["n_held_out"])
-    fp = fingerprint(task=plain(cfg.task), tuning_ids=[p.id for p in tuning],
-                     held_out_ids=[p.id for p in held], budget=budget,
-                     sampling=plain(cfg.sampling), seed=0, models=plain(cfg.models),
-                     method=plain(cfg.method), search=plain(cfg.search), baseline="per_trial",
-                     warmup_prompts=1, near_tie_ulps=4.0, device=resolve_device("cpu"))
-    return f"{cfg.study_prefix}-{short_hash(fp)}"
+def test_an_unchanged_config_keeps_its_recorded_fingerprint(tmp_path):
+    """A study created before a code change resumes after it: the fingerprint of an unchanged
+    config is the one recorded here (a changed hash orphans every existing study)."""
+    from tuner.config.identity import short_hash
+    from tuner.study.settings import StudySettings
+    cfg = compose_cfg(tmp_path, base=("+task=gsm8k", "models=tiny", "method=speculative"))
+    settings = StudySettings.from_config(cfg)
+    assert "threads" not in settings.fingerprint           # threads=auto: not a key
+    assert settings.name == f"gsm8k-speculative-tiny-{short_hash(settings.fingerprint)}"
+    assert short_hash({k: v for k, v in settings.fingerprint.items() if k != "hardware"}) == \
+        RECORDED_WITHOUT_HARDWARE
+    if settings.fingerprint["hardware"] == '"cpu: AMD EPYC"':   # the machine it was recorded on
+        assert settings.name == "gsm8k-speculative-tiny-168d329e"
+    pinned = StudySettings.from_config(compose_cfg(tmp_path, "threads=1", base=(
+        "+task=gsm8k", "models=tiny", "method=speculative")))
+    assert pinned.fingerprint["threads"] == "1"            # an explicit count is part of it
+
+
+# recorded with the code of 0e521a8 (before the study was split into settings, evaluator,
+# objective and optimize loop); the hardware key (the CPU's model name) is left out so that the
+# check holds on any machine; on the AMD EPYC it was recorded on the full name is checked too
+RECORDED_WITHOUT_HARDWARE = "d86b0e47"
 
 
 def test_resume_force_continues_a_changed_study(tmp_path):
@@ -194,10 +185,9 @@ def test_speedup_is_per_generated_token():
     assert paired_speedup(vanilla, shorter) == pytest.approx(0.8)
 
 
-def test_text_is_decoded_outside_the_timed_window():
-    from tuner.config.build import ByteTokenizer
-    from tuner.measure.measurement import measure_prompt
-    from tuner.tasks.task import Prompt
+def test_text_is_decoded_outside_the_timed_window(tmp_path):
+    from tuner.measure.hf import HFEvaluator
+    from tuner.study.settings import StudySettings
     seen = []
 
     def timer(method, ids, max_new_tokens, device):
@@ -205,19 +195,19 @@ def test_text_is_decoded_outside_the_timed_window():
         seen.append(out.text)
         return out, 1.0
 
-    from decoding import build_method
-    from tests.conftest import tiny_pair
-    method = build_method("vanilla", tiny_pair("same"))
-    m = measure_prompt(method, Prompt("p", (), {}), [3, 4, 5], 5, ByteTokenizer(),
-                       torch.device("cpu"), timer)
-    assert seen == [None] and len(m.text) > 0 and m.truncated
+    settings = StudySettings.from_config(compose_cfg(tmp_path, *TINY, "warmup_prompts=0"))
+    evaluator = HFEvaluator(settings, timer)
+    evaluator.open()
+    pair, = evaluator.measure(settings.default, [(0, settings.tuning[0])], parity=1)
+    assert seen == [None, None]                  # vanilla and the method: ids only in the window
+    assert len(pair.method.text) > 0 and pair.method.truncated
 
 
 def test_peak_memory_is_reset_per_window():
     # a fresh process: in this one the test suite's own memory hides a 256 MiB peak
     code = """
 import torch
-from tuner.measure.measurement import peak_memory_bytes, reset_peak_memory
+from tuner.measure.timing import peak_memory_bytes, reset_peak_memory
 cpu = torch.device("cpu")
 big = torch.ones(256 * 1024 * 1024 // 4)
 del big
@@ -266,7 +256,8 @@ def test_ctrl_c_fails_the_trial_kills_the_runs_and_the_rerun_finishes(tmp_path):
     args = [sys.executable, "-m", "tuner", "+task=gsm8k", "method=speculative", "models=tiny",
             "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=48", "search=grid",
             "search.ranges=full", "method.space.num_draft_tokens.high=3",
-            "method.params.num_draft_tokens=1", "study_name=c", "tracking.experiment=cc"]
+            "method.params.num_draft_tokens=1", "study_name=c", "tracking.experiment=cc",
+            "contention=warn"]
     log = open(tmp_path / "first.log", "w")
     proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.PIPE,
                             text=True)
@@ -313,12 +304,12 @@ def test_a_torn_journal_is_reported_and_left_untouched(tmp_path):
 
 def test_an_orphan_check_does_not_trust_its_own_pid():
     from optuna.trial import create_trial
-    from tuner.study.storage import RUN_TOKEN, orphaned
+    from tuner.cluster.liveness import RUN_TOKEN, gone
     import socket
     mine = {"host": socket.gethostname(), "pid": os.getpid()}
     earlier = create_trial(state=TrialState.RUNNING, user_attrs={**mine, "run_token": "old"})
     current = create_trial(state=TrialState.RUNNING, user_attrs={**mine, "run_token": RUN_TOKEN})
-    assert orphaned(earlier) and not orphaned(current)
+    assert gone(earlier) and gone(current) is None
 
 
 # -- small correctness fixes ------------------------------------------------------------------
@@ -370,7 +361,7 @@ def test_the_sandbox_fails_a_program_that_exits_early():
 
 
 def test_prepare_work_finish_phases(tmp_path, monkeypatch):
-    import tuner.run as run_module
+    import tuner.measure.hf as run_module
     common = ["method=speculative", *TINY, "search=grid", "search.ranges=full",
               "method.space.num_draft_tokens.high=3", "method.params.num_draft_tokens=2",
               "tracking.experiment=ph"]

@@ -13,46 +13,21 @@ import optuna
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from optuna.trial import TrialState
 
-from tuner.measure.measurement import LosslessViolation, Measurement, check_against_vanilla
+from tuner.measure.lossless import LosslessViolation, check_against_vanilla
+from tuner.measure.measurement import Measurement
 from tuner.search.plans import GridPlan, HeuristicPlan, point_key
 from tuner.search.space import distributions, grid_size, suggest, validate_params
-from tuner.study.storage import failure_reason
+from tuner.study.trials import failure_reason
 
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
-FAST = ["method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_out=2", "task.max_new_tokens=6",
-        "warmup_prompts=1"]
+from tests.conftest import CONF, ENV, FAST, compose_cfg, load_study, run_study
 
-
-def compose_cfg(tmp_path: Path, *overrides: str):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        # studies/ and mlruns/ are relative paths: every test runs in its own tmp_path
-        cfg = compose("config", overrides=["+task=gsm8k", *FAST, "study_name=t", *overrides],
-                      return_hydra_config=True)
-    from hydra.core.hydra_config import HydraConfig
-    HydraConfig.instance().set_config(cfg)
-    return cfg
+pytestmark = pytest.mark.usefixtures("in_tmp")
 
 
 def run_cfg(tmp_path, *overrides):
-    from tuner.run import run
-    return run(compose_cfg(tmp_path, *overrides))
-
-
-def load_study(tmp_path, name="t"):
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
-        str(tmp_path / "studies" / f"{name}.journal")))
-    return optuna.load_study(study_name=name, storage=storage)
-
-
-@pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+    return run_study(tmp_path, *overrides)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -84,7 +59,7 @@ def test_bad_configs_get_clear_errors(tmp_path):
 
 
 def test_cli_without_a_task_or_with_an_unknown_one(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = ENV
     no_task = subprocess.run([sys.executable, "-m", "tuner"], cwd=tmp_path, env=env,
                              capture_output=True, text=True)
     assert no_task.returncode != 0 and "choose a task: python -m tuner +task=NAME" in \
@@ -255,7 +230,7 @@ class _FixedLogits(torch.nn.Module):
 
 
 def test_logit_gap_is_counted_in_bf16_ulps_at_the_chosen_logit():
-    from tuner.measure.measurement import logit_gap_ulps, ulp
+    from tuner.measure.lossless import logit_gap_ulps, ulp
     assert ulp(20.0, torch.bfloat16) == 0.125 and ulp(1.5, torch.bfloat16) == 2 ** -7
     model = _FixedLogits([20.0, 19.875, 19.0, -3.0])      # 1 ulp and 8 ulp behind token 0
     assert logit_gap_ulps(model, [0], 0, 1) == 1.0
@@ -317,15 +292,15 @@ def test_study_end_to_end_with_mlflow(tmp_path):
 
 
 def test_a_raising_trial_does_not_stop_the_study(tmp_path, monkeypatch):
-    from tuner import run as run_module
-    real = run_module.Study.evaluate
+    from tuner.measure.hf import HFEvaluator
+    real = HFEvaluator.measure
 
-    def flaky(self, trial, params):
+    def flaky(self, params, prompts, parity, store=None):
         if params["num_draft_tokens"] == 2:
             raise torch.OutOfMemoryError("simulated out of memory")
-        return real(self, trial, params)
+        return real(self, params, prompts, parity, store)
 
-    monkeypatch.setattr(run_module.Study, "evaluate", flaky)
+    monkeypatch.setattr(HFEvaluator, "measure", flaky)
     result = run_cfg(tmp_path, "search=grid", "search.ranges=full",
                      "method.space.num_draft_tokens.high=3",
                      "method.params.num_draft_tokens=1",
@@ -357,12 +332,12 @@ def test_a_lossless_violation_fails_the_trial(tmp_path, monkeypatch):
 
 
 def test_always_failing_trials_stop_at_the_trial_budget(tmp_path, monkeypatch):
-    from tuner import run as run_module
+    from tuner.measure.hf import HFEvaluator
 
-    def broken(self, trial, params):
+    def broken(self, params, prompts, parity, store=None):
         raise RuntimeError("always broken")
 
-    monkeypatch.setattr(run_module.Study, "evaluate", broken)
+    monkeypatch.setattr(HFEvaluator, "measure", broken)
     with pytest.raises(RuntimeError, match="no trial completed"):
         run_cfg(tmp_path, "search=tpe", "search.n_trials=3", "tracking=none")
     assert len(load_study(tmp_path).get_trials(states=(TrialState.FAIL,))) == 3
@@ -371,8 +346,41 @@ def test_always_failing_trials_stop_at_the_trial_budget(tmp_path, monkeypatch):
 def test_tpe_search_with_pruner_runs(tmp_path):
     run_cfg(tmp_path, "search=tpe", "search.n_trials=3", "tracking=none")
     study = load_study(tmp_path)
-    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 3
+    assert len(study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))) == 3
     assert study.trials[0].params == {"num_draft_tokens": 4}          # trial 0 = the default
+
+
+def test_a_clearly_slower_trial_is_pruned_and_never_wins(tmp_path):
+    """The Wilcoxon pruner really fires: a configuration ten times slower than trial 0 on
+    every prompt is stopped after a few of its 8 prompts, ends PRUNED (not COMPLETE), is recorded
+    as such in MLflow and is never the winner. (The timer is the real generation's; only the
+    method's wall time is scaled, so the paired speedups are clearly ordered.)"""
+    from tuner.measure.timing import time_generation
+
+    def timer(method, ids, max_new_tokens, device):
+        out, wall = time_generation(method, ids, max_new_tokens, device)
+        slow = getattr(method, "num_draft_tokens", 4) != 4       # vanilla has none
+        return out, wall * (10.0 if slow else 1.0)
+
+    from tuner.run import run
+    result = run(compose_cfg(tmp_path, "search=tpe", "search.n_trials=3", "task.n_prompts=8",
+                             "budget=full",
+                             "tracking.experiment=prune"), timer)
+    study = load_study(tmp_path)
+    pruned = study.get_trials(states=(TrialState.PRUNED,))
+    assert pruned, [(t.number, t.state, t.params) for t in study.trials]
+    for trial in pruned:
+        assert trial.params["num_draft_tokens"] != 4
+        assert 2 <= trial.user_attrs["pruned_at"] < 8             # stopped before the end
+        assert len(trial.intermediate_values) == trial.user_attrs["pruned_at"]
+    assert result["trial"] not in {t.number for t in pruned}
+    assert result["params"]["num_draft_tokens"] == 4
+    import mlflow
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["prune"], output_format="list")
+    states = {r.data.tags["trial"]: r.data.tags["state"] for r in runs
+              if r.data.tags.get("kind") == "trial"}
+    assert all(states[str(t.number)] == "PRUNED" for t in pruned)
 
 
 def test_an_energy_objective_without_gpu_energy_is_a_clear_error(tmp_path):
@@ -389,7 +397,7 @@ def test_killed_study_resumes_without_losing_trials(tmp_path):
             "search.ranges=full",
             "method.space.num_draft_tokens.high=4", "tracking=none", "study_name=t",
             "task.max_new_tokens=24"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env = ENV
     log = open(tmp_path / "first.log", "w")
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240
@@ -451,5 +459,5 @@ optuna.load_study(study_name="s", storage=make_storage(None, "studies/s.journal"
 print("released")
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=150, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            text=True, timeout=150, env=ENV)
     assert result.returncode == 0 and "released" in result.stdout, result.stderr[-2000:]

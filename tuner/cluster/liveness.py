@@ -10,10 +10,10 @@ ask/tell, so:
     while the trial runs (a no-op for storages without heartbeat support, e.g. journal files).
   * ``fail_stale(study)`` fails RUNNING trials whose heartbeat is older than the grace period
     (``optuna.storages.fail_stale_trials``, public but experimental) and returns their numbers.
-  * ``fail_dead_workers(study)`` is the journal-storage equivalent: journal storage has no
-    heartbeat, so a RUNNING trial whose user attr ``slurm_job_id`` (``1234_2``) is no longer alive
-    in Slurm is marked ``error="orphaned: ..."``, failed, and its point re-queued by ``Requeue``.
-  * ``reap(study)`` does whichever applies; call it in each worker before ``study.ask()``.
+  * ``reap(study)``: the one reaper, called by every worker before it claims a point: stale
+    heartbeats (RDB), Slurm jobs that ended (user attr ``slurm_job_id``, ``1234_2``) and dead
+    processes on this host (``host``, ``pid``, ``run_token``) are marked ``orphaned: ...``,
+    failed, and their points re-queued by ``Requeue``.
   * ``orphans(study)``: the numbers of trials failed this way (not failed evaluations), so that
     they count neither as failed points nor against the trial budget.
 
@@ -24,18 +24,22 @@ Study.optimize"; that is expected here (``Heartbeat`` is the ask/tell replacemen
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import uuid
 import warnings
 from typing import TYPE_CHECKING, Callable
 
 import optuna
 from optuna.storages import RDBStorage
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
 
 log = logging.getLogger(__name__)
+RUN_TOKEN = uuid.uuid4().hex          # this process's identity in trial attributes (pids repeat)
 ORPHANED = "orphaned"   # prefix of the ``error`` user attr of a trial whose worker died
 _IDENTITY = ("host", "pid", "gpu", "slurm_job_id", "error", "retry_of", "retries")   # not copied
 
@@ -56,9 +60,10 @@ class Requeue:
         retries = int(trial.user_attrs.get("retries", 0)) + 1
         if self.max_retry is not None and retries > self.max_retry:
             return
-        attrs = {k: v for k, v in trial.user_attrs.items() if k not in _IDENTITY}
-        study.enqueue_trial(trial.params, user_attrs={**attrs, "retry_of": trial.number,
-                                                      "retries": retries})
+        from tuner.study.points import enqueue, held_point
+        attrs = {k: v for k, v in trial.user_attrs.items() if k not in (*_IDENTITY, "point")}
+        enqueue(study, held_point(trial), **{**attrs, "retry_of": trial.number,
+                                              "retries": retries})
 
 
 def heartbeat_storage(url: str, interval: int = 60, grace: int | None = None,
@@ -149,38 +154,68 @@ def fail_stale(study: optuna.Study) -> list[int]:
     return sorted(n for n in running if now.get(n) == TrialState.FAIL)
 
 
-def fail_dead_workers(study: optuna.Study, alive: Callable[[str], bool] | None = None,
-                      max_retry: int | None = 1) -> list[int]:
-    """Fail RUNNING trials whose ``slurm_job_id`` user attr names a job Slurm says is gone.
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
-    Trials without that attr (local runs) are left alone, as are all trials when Slurm does not
-    answer (``SlurmError``): "no answer" is not "dead". The failed trial's point is enqueued again
-    by ``Requeue(max_retry)`` (0: never). Returns the numbers of the failed trials.
+
+def gone(trial: FrozenTrial, job_alive: Callable[[str], bool] | None = None) -> str | None:
+    """Why ``trial``'s worker is gone (its Slurm job ended, or its process on this host), or None.
+
+    A Slurm worker is judged by its job id (``job_alive``; "no answer" from Slurm is not "dead"),
+    a local one by its pid on this host; a pid equal to ours belongs to an earlier process (pids
+    repeat across container restarts) unless the trial carries this process's run token.
     """
-    from tuner.cluster.slurm import SlurmError, job_alive
-
-    alive = alive or job_alive
-    requeue = Requeue(max_retry) if max_retry != 0 else None
-    failed = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        job = t.user_attrs.get("slurm_job_id")
-        if not job:
-            continue
+    attrs = trial.user_attrs
+    job = attrs.get("slurm_job_id")
+    if job:
+        from tuner.cluster.slurm import SlurmError, job_alive as slurm_alive
         try:
-            if alive(str(job)):
-                continue
+            return None if (job_alive or slurm_alive)(str(job)) else f"Slurm job {job} is gone"
         except SlurmError as e:
             log.warning("cannot tell whether Slurm job %s is alive: %s", job, e)
-            return failed
-        try:   # the same mark as the tuner's own orphan check (tuner/run.py), then FAIL
-            study._storage.set_trial_user_attr(t._trial_id, "error",
-                                               f"{ORPHANED}: Slurm job {job} is gone")
-            study.tell(t.number, state=TrialState.FAIL)
-        except (ValueError, RuntimeError):   # another worker failed or finished it first
+            return None
+    if attrs.get("host") != socket.gethostname():
+        return None
+    pid = int(attrs.get("pid", -1))
+    if pid == os.getpid():
+        return None if attrs.get("run_token") == RUN_TOKEN else f"process {pid} (an earlier run)"
+    return None if _alive(pid) else f"process {pid}"
+
+
+def reap(study: optuna.Study, say: Callable[[str], None] = log.info,
+         job_alive: Callable[[str], bool] | None = None, max_retry: int | None = 1) -> list[int]:
+    """Fail every RUNNING trial whose worker is gone and queue its point again; their numbers.
+
+    One reaper for every storage: a stale heartbeat (RDB storages, ``fail_stale``: their
+    callback re-queues), a Slurm job that ended, a process on this host that died. The reason is
+    recorded as the study attribute ``trial_<n>_error`` ("orphaned: ..."), the point comes back as
+    a WAITING trial (``Requeue``: ``retry_of``, ``retries``), at most ``max_retry`` times.
+    """
+    failed = fail_stale(study) if _heartbeat_interval(study._storage) is not None else []
+    requeue = Requeue(max_retry) if max_retry != 0 else None
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        why = gone(trial, job_alive)
+        if why is None:
             continue
-        failed.append(t.number)
+        study.set_user_attr(f"trial_{trial.number}_error",
+                            f"{ORPHANED}: its worker ({why}) ended before it finished")
+        try:
+            study.tell(trial.number, state=TrialState.FAIL)
+        except (ValueError, RuntimeError):   # its owner finished or failed it meanwhile
+            continue
+        failed.append(trial.number)
         if requeue is not None:
-            requeue(study, t)
+            requeue(study, trial)
+    for number in failed:
+        say(f"trial {number}: its worker is gone; marked FAIL, its point will be evaluated again")
     return failed
 
 
@@ -194,16 +229,10 @@ def orphans(study: optuna.Study) -> set[int]:
     """
     found = set()
     for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.FAIL and str(t.user_attrs.get("error", "")).startswith(ORPHANED):
+        reason = t.user_attrs.get("error") or study.user_attrs.get(f"trial_{t.number}_error", "")
+        if t.state == TrialState.FAIL and str(reason).startswith(ORPHANED):
             found.add(t.number)
         origin = t.user_attrs.get("retry_of", t.system_attrs.get("failed_trial"))
         if origin is not None:
             found.add(int(origin))
     return found
-
-
-def reap(study: optuna.Study) -> list[int]:
-    """Fail (and re-queue) dead trials: by heartbeat on RDB storage, else by Slurm job id."""
-    if _heartbeat_interval(study._storage) is not None:
-        return fail_stale(study)
-    return fail_dead_workers(study)

@@ -355,7 +355,7 @@ def current_job_id() -> str | None:
 
 def worker_identity() -> dict[str, str]:
     """User attrs to put on every trial: host, GPU(s) and Slurm job id (``slurm_job_id``)."""
-    ident = {"host": socket.gethostname().split(".")[0],
+    ident = {"host": socket.gethostname(),     # as the reaper compares it (liveness.gone)
              "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")
              or os.environ.get("SLURM_JOB_GPUS") or "none"}
     job = current_job_id()

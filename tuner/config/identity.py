@@ -39,8 +39,13 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
                 budget: Mapping[str, Any], sampling: Mapping[str, Any], seed: int,
                 models: Mapping[str, Any], method: Mapping[str, Any], search: Mapping[str, Any],
                 baseline: str, warmup_prompts: int, near_tie_ulps: float,
-                device: torch.device) -> dict[str, str]:
-    """Flat ``{key: canonical JSON}``: easy to store, compare and report key by key."""
+                device: torch.device, threads: Any = "auto") -> dict[str, str]:
+    """Flat ``{key: canonical JSON}``: easy to store, compare and report key by key.
+
+    ``threads``: an explicit intra-op thread count is part of the identity; ``auto`` (one per CPU
+    the process may use) is not a key, so a study made before threads were recorded keeps its
+    fingerprint (the count is recorded on every trial either way).
+    """
     search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout")}
     digest = hashlib.sha256(_canonical([tuning_ids, held_out_ids]).encode()).hexdigest()[:16]
     raw = {
@@ -56,6 +61,8 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
         "baseline": baseline, "warmup_prompts": warmup_prompts,
         "near_tie_ulps": near_tie_ulps, "hardware": hardware(device),
     }
+    if threads not in (None, "auto"):
+        raw["threads"] = threads
     head = (method.get("params") or {}).get("head")
     if head is not None:     # method=eagle: the head's files, not just its name
         from decoding.eagle_head import head_identity

@@ -13,6 +13,19 @@ import optuna
 from omegaconf import OmegaConf
 
 
+def describe(settings, created: bool) -> str:
+    """The study's one-line header."""
+    from tuner.config.identity import hardware
+    from tuner.search.space import grid_size
+    return (f"study {settings.name} ({'new' if created else 'resumed'}): task "
+            f"{settings.task.name} ({settings.task.task_class}), method "
+            f"{settings.method['_target_']}, {len(settings.tuning)} tuning + "
+            f"{len(settings.held_out)} held-out prompts, {settings.budget['max_new_tokens']} new "
+            f"tokens, device {settings.device} ({hardware(settings.device)}), search "
+            f"{settings.search['kind']}, baseline {settings.baseline}, grid size "
+            f"{grid_size(settings.space)}")
+
+
 QUALITY_KEYS = ("held_out_perplexity_ratio", "held_out_quality_drop", "held_out_feasible")
 
 

@@ -1,11 +1,11 @@
-"""Experiment tracking: one MLflow parent run per study, one nested run per trial (started when the
-trial starts, so durations are real) and one for the vanilla baseline.
+"""MLflow as a study listener: one parent run per study, one nested run per trial (started when
+the trial starts, so durations are real) and one for the vanilla baseline.
 
 Written with ``MlflowClient`` and explicit run ids (no "active run" global), so several workers of
-one study can log into the same parent. The parent's run id is stored in the study
-(``mlflow_parent_run_id``); a resumed study keeps logging into it. Statuses are honest: a failed
-trial's run is FAILED, an interrupted one KILLED, the parent FINISHED only when the study finished.
-``NullTracker`` has the same methods and does nothing (``tracking=none``).
+one study log into the same parent: its run id is kept in the study (``mlflow_parent_run_id``)
+and a resumed study keeps logging into it. Statuses are honest: a failed trial's run is FAILED,
+an interrupted one KILLED, a pruned one FINISHED with ``state=PRUNED``, the parent FINISHED only
+when the study finished. ``tracking=none`` uses the no-op ``Callback``.
 """
 
 from __future__ import annotations
@@ -16,34 +16,20 @@ import logging
 import platform
 import subprocess
 import tempfile
+import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 import transformers
 
+from tuner.config.identity import short_hash
+from tuner.tracking.callbacks import Callback, StudyResult, TrialOutcome
+from tuner.tracking.report import markdown
 
-class NullTracker:
-    parent_id: str | None = None
-
-    def start_study(self, study_name: str, parent_id: str | None, params: Mapping[str, Any],
-                    tags: Mapping[str, str], config_yaml: str) -> str | None:
-        return None
-
-    def start_run(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]
-                  ) -> str | None:
-        return None
-
-    def end_run(self, run_id: str | None, metrics: Mapping[str, float], tags: Mapping[str, str],
-                status: str = "FINISHED", table: list[dict] | None = None) -> None: ...
-
-    def mark_winner(self, run_id: str | None, trial_number: int) -> None: ...
-
-    def finish_study(self, metrics: Mapping[str, float], tags: Mapping[str, str],
-                     description: str, files: list[tuple[str, Path]], status: str = "FINISHED"
-                     ) -> None: ...
-
-    def end_study(self, status: str) -> None: ...
+PARENT_ATTR = "mlflow_parent_run_id"          # study attribute: the parent run
+BASELINE_ATTR = "mlflow_baseline_run_id"      # study attribute: the baseline run (once per study)
 
 
 def environment_tags(device: torch.device) -> dict[str, str]:
@@ -78,7 +64,9 @@ def flatten(prefix: str, value: Any) -> dict[str, str]:
     return {prefix: json.dumps(value) if isinstance(value, (list, tuple)) else str(value)}
 
 
-class MlflowTracker:
+class MlflowRuns:
+    """Runs of one MLflow experiment, by explicit run id."""
+
     def __init__(self, tracking_uri: str, artifact_root: str | None, experiment: str) -> None:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
@@ -111,53 +99,24 @@ class MlflowTracker:
                 self.experiment_id = found.experiment_id
         self.parent_id: str | None = None
 
-    # -- the study's parent run -----------------------------------------------------------------
-
-    def start_study(self, study_name, parent_id, params, tags, config_yaml) -> str:
-        if parent_id is not None:
-            self.parent_id = parent_id
-            self.client.update_run(parent_id, status="RUNNING")
-            return parent_id
-        run = self.client.create_run(self.experiment_id, run_name=study_name,
-                                     tags={"study_name": study_name, "kind": "study", **tags})
-        self.parent_id = run.info.run_id
-        self._log(self.parent_id, params=params)
-        self.client.log_text(self.parent_id, config_yaml, "config.yaml")
-        return self.parent_id
-
-    def finish_study(self, metrics, tags, description, files, status="FINISHED") -> None:
-        self._log(self.parent_id, metrics=metrics,
-                  tags={**tags, "mlflow.note.content": description})
-        for folder, path in files:
-            self.client.log_artifact(self.parent_id, str(path), folder)
-        self.client.set_terminated(self.parent_id, status)
-
-    def end_study(self, status: str) -> None:
-        if self.parent_id is not None:
-            self.client.set_terminated(self.parent_id, status)
-
-    # -- trial and baseline runs -----------------------------------------------------------------
-
-    def start_run(self, name, params, tags) -> str:
-        run = self.client.create_run(self.experiment_id, run_name=name,
-                                     tags={"mlflow.parentRunId": self.parent_id, **tags})
+    def start(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str],
+              parent_id: str | None = None) -> str:
+        """A new RUNNING run (nested under ``parent_id`` when given); its id."""
+        tags = {**tags, **({"mlflow.parentRunId": parent_id} if parent_id else {})}
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=dict(tags))
         self._log(run.info.run_id, params=params)
         return run.info.run_id
 
-    def end_run(self, run_id, metrics, tags, status="FINISHED", table=None) -> None:
-        if run_id is None:
-            return
+    def end(self, run_id: str, metrics: Mapping[str, float], tags: Mapping[str, str],
+            status: str = "FINISHED", table: list[dict] | None = None,
+            files: list[tuple[str, Path]] = ()) -> None:
+        """Log what the run measured, attach ``table``/``files``, and terminate it."""
         self._log(run_id, metrics=metrics, tags=tags)
         if table:
             self.client.log_text(run_id, json.dumps(table, indent=1), "measurements.json")
+        for folder, path in files:
+            self.client.log_artifact(run_id, str(path), folder)
         self.client.set_terminated(run_id, status)
-
-    def mark_winner(self, run_id, trial_number) -> None:
-        if run_id is None:
-            return
-        self.client.set_tag(run_id, "winner", "true")
-        self.client.update_run(run_id, name=f"trial-{trial_number} (best)")
-        self.client.set_tag(self.parent_id, "best_trial", str(trial_number))
 
     def _log(self, run_id: str, params: Mapping[str, Any] | None = None,
              metrics: Mapping[str, float] | None = None,
@@ -172,9 +131,130 @@ class MlflowTracker:
             tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
 
 
-def make_tracker(cfg: Mapping[str, Any]) -> NullTracker | MlflowTracker:
+
+
+class MlflowCallback(Callback):
+    """The study's MLflow runs (see the module docstring)."""
+
+    def __init__(self, runs: MlflowRuns) -> None:
+        self.runs = runs
+        self.study = self.settings = None
+        self.parent_id: str | None = None
+        self.trial_runs: dict[int, str] = {}       # trial number -> its run id
+
+    def study_started(self, settings, study, created) -> None:
+        self.settings, self.study = settings, study
+        self.parent_id = study.user_attrs.get(PARENT_ATTR)
+        deadline = time.monotonic() + 30
+        while self.parent_id is None and not created and time.monotonic() < deadline:
+            time.sleep(0.5)                # the study's creator is about to record its parent
+            self.parent_id = study.user_attrs.get(PARENT_ATTR)
+        if self.parent_id is not None:
+            self.runs.client.update_run(self.parent_id, status="RUNNING")
+            return
+        self.parent_id = self.runs.start(settings.name, study_params(settings),
+                                         study_tags(settings))
+        self.runs.client.log_text(self.parent_id, settings.config_yaml, "config.yaml")
+        study.set_user_attr(PARENT_ATTR, self.parent_id)
+
+    def trial_started(self, trial, params, stage) -> None:
+        run_id = self.runs.start(f"trial-{trial.number}",
+                                 {**params, **flatten("sampling", self.settings.sampling)},
+                                 {"kind": "trial", "stage": stage, "trial": str(trial.number)},
+                                 self.parent_id)
+        trial.set_user_attr("mlflow_run_id", run_id)
+        self.trial_runs[trial.number] = run_id
+
+    def trial_ended(self, trial, outcome: TrialOutcome) -> None:
+        run_id = self.trial_runs.pop(trial.number, None)
+        if run_id is None:
+            return
+        evaluation = outcome.evaluation
+        tags = {"state": outcome.state, **outcome.tags}
+        if outcome.error:
+            tags["error"] = outcome.error[:500]
+        if evaluation is None:
+            self.runs.end(run_id, {}, tags, outcome.status)
+            return
+        table = [asdict(m) for m in evaluation.measurements] + \
+            [{"vanilla": True, **asdict(r)} for r in evaluation.baselines]
+        self.runs.end(run_id, evaluation.summary, tags, outcome.status, table)
+        if evaluation.baselines and BASELINE_ATTR not in self.study.user_attrs:
+            self._baseline(evaluation)
+
+    def _baseline(self, evaluation) -> None:
+        """One 'baseline (vanilla)' run per study, speedup 1.0: the reference row."""
+        run_id = self.runs.start("baseline (vanilla)", {"method": "vanilla"},
+                                 {"kind": "baseline"}, self.parent_id)
+        self.runs.end(run_id, evaluation.baseline_summary, {"state": "COMPLETE"}, "FINISHED",
+                      [asdict(r) for r in evaluation.baselines])
+        self.study.set_user_attr(BASELINE_ATTR, run_id)
+
+    def study_finished(self, result: StudyResult) -> None:
+        if result.winner is not None:
+            winner = next((t for t in self.study.get_trials(deepcopy=False)
+                           if t.number == result.winner), None)
+            run_id = winner.user_attrs.get("mlflow_run_id") if winner else None
+            if run_id:
+                self.runs.client.set_tag(run_id, "winner", "true")
+                self.runs.client.update_run(run_id, name=f"trial-{result.winner} (best)")
+            self.runs.client.set_tag(self.parent_id, "best_trial", str(result.winner))
+        self.runs.end(self.parent_id, result.metrics,
+                      {**result.tags, "mlflow.note.content": markdown(result.rows, result.advice)},
+                      "FINISHED", files=result.files)
+
+    def study_ended(self, status: str) -> None:
+        if self.parent_id is not None and status != "FINISHED":
+            self.runs.client.set_terminated(self.parent_id, status)
+
+
+def study_params(settings) -> dict[str, str]:
+    """The parent run's params: what the study measured and how."""
+    return {"task": settings.task.name, "method": settings.method["_target_"],
+            "search": settings.search["kind"], "baseline": settings.baseline,
+            "fingerprint": short_hash(settings.fingerprint),
+            **flatten("budget", settings.budget), **flatten("sampling", settings.sampling),
+            **flatten("models", settings.models), **flatten("params", settings.default),
+            "lossless": settings.lossless, "search.objectives": json.dumps(list(
+                settings.objectives)),
+            **flatten("search", {k: settings.search.get(k) for k in
+                                 ("max_quality_drop", "max_perplexity_ratio")})}
+
+
+def study_tags(settings) -> dict[str, str]:
+    from tuner.config.identity import hardware
+    from tuner.measure.energy import EnergyMeter
+    return {"study_name": settings.name, "kind": "study", "hardware": hardware(settings.device),
+            "energy": EnergyMeter(settings.device).reason or "nvml",
+            **environment_tags(settings.device)}
+
+
+def make_tracker(cfg: Mapping[str, Any]) -> Callback:
+    """``tracking.kind``: mlflow / server (an MLflow listener) or none (the no-op listener)."""
     if cfg.get("kind") in ("mlflow", "server"):
-        return MlflowTracker(cfg["tracking_uri"], cfg.get("artifact_root"), cfg["experiment"])
+        return MlflowCallback(MlflowRuns(cfg["tracking_uri"], cfg.get("artifact_root"),
+                                         cfg["experiment"]))
     if cfg.get("kind") == "none":
-        return NullTracker()
+        return Callback()
     raise ValueError(f"tracking.kind={cfg.get('kind')!r} is unknown: allowed are mlflow, none")
+
+
+def start_replay(settings, origin: Mapping[str, Any]) -> tuple[MlflowRuns, str] | None:
+    """``+best=``: a top-level MLflow run for the replay, started now so its duration is real."""
+    listener = make_tracker(settings.tracking)
+    if not isinstance(listener, MlflowCallback):
+        return None
+    runs = listener.runs
+    run_id = runs.start(f"replay-{origin['study']}",
+                        {"replay_of": origin["study"], "trial": origin["trial"],
+                         **flatten("params", settings.default), **flatten("budget", settings.budget)},
+                        {"kind": "replay", **environment_tags(settings.device)})
+    runs.client.log_text(run_id, settings.config_yaml, "config.yaml")
+    return runs, run_id
+
+
+def end_replay(handle: tuple[MlflowRuns, str] | None, metrics: Mapping[str, float],
+               description: str, status: str = "FINISHED") -> None:
+    if handle is not None:
+        runs, run_id = handle
+        runs.end(run_id, metrics, {"mlflow.note.content": description}, status)

@@ -1,0 +1,90 @@
+"""The measurement seam: what an evaluator is and what it returns.
+
+An *evaluator* measures one configuration of a method against its baseline on a list of prompts.
+The study (``tuner.study``) decides which configuration and which prompts; the evaluator decides
+how they are run: in this process with transformers (``tuner.measure.hf.HFEvaluator``) or inside
+an inference engine's server. It knows nothing of Optuna or MLflow, and returns plain records:
+
+  * ``measure(...)`` yields one ``Paired`` per prompt as soon as it is measured (so a pruner can
+    stop a trial early): the method and its baseline on the same prompt, interleaved A/B with the
+    order alternating, the lossless check already applied (a violation raises
+    ``LosslessViolation``);
+  * ``assess(pairs)`` runs after the timed window and turns the pairs into an ``Evaluation``: the
+    summary numbers (speedup, tokens/s, acceptance, energy, quality, ...), with task quality and
+    perplexity scored outside any timed window.
+
+Failures an evaluator must tell apart: ``ParametersRefused`` (the method rejected this point:
+a configuration error, not a measurement) and everything else (a bug or an accident of the run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from tuner.measure.measurement import Measurement
+    from tuner.tasks.task import Prompt
+
+
+class ParametersRefused(ValueError):
+    """The method refused its parameters when it was built (e.g. a tree deeper than its budget):
+    the point is a configuration error, not a measurement, and costs no budget once fixed."""
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One prompt measured with the method and with its baseline."""
+
+    index: int                 # the prompt's position in the study's list (the pruner's step)
+    method: Measurement        # ``speedup`` = the baseline's seconds/token over the method's
+    baseline: Measurement      # the baseline on the same prompt
+    fresh_baseline: bool       # measured in this call (False: the study's stored baseline)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What a configuration measured on some prompts, ready for the optimizer and the trackers."""
+
+    summary: dict[str, float]                      # per-trial numbers (tuner.measure.measurement)
+    measurements: tuple[Measurement, ...]          # the method, one per prompt
+    baselines: tuple[Measurement, ...] = ()        # fresh baseline runs of this call
+    baseline_summary: dict[str, float] = field(default_factory=dict)   # their summary
+    notes: tuple[str, ...] = ()                    # what the reader must know (contention, ...)
+
+
+class BaselineStore(Protocol):
+    """Where a once-per-study baseline is kept (``baseline=per_study``): a study attribute."""
+
+    def get(self) -> Mapping[str, Any] | None: ...
+
+    def put(self, value: Mapping[str, Any]) -> None: ...
+
+
+class Evaluator(Protocol):
+    """How a configuration is measured; see the module docstring for the contract."""
+
+    def open(self) -> None:
+        """Acquire what measuring needs (load models, start a server); called once."""
+
+    def close(self) -> None:
+        """Release it (stop servers); always called, also after a failure or Ctrl-C."""
+
+    def describe(self) -> dict[str, str]:
+        """What the numbers were measured with (engine, versions, threads) for the records."""
+
+    def measure(self, params: Mapping[str, Any], prompts: Sequence[tuple[int, Prompt]],
+                parity: int, store: BaselineStore | None = None) -> Iterator[Paired]:
+        """Measure ``params`` on ``prompts`` ((index, prompt) in measuring order).
+
+        Args:
+            params: every parameter of the method (searched and fixed).
+            prompts: the prompts, in the order to measure them, with their study indices.
+            parity: the baseline runs first on the k-th pair (k = 1, 2, ...) when
+                ``(parity + k) % 2 == 0``, so the order alternates and shifts between trials.
+            store: ``baseline=per_study``: the study's stored baseline (measured on first use);
+                None: the baseline is measured beside the method on every prompt.
+        """
+
+    def assess(self, pairs: Sequence[Paired]) -> Evaluation:
+        """Summarise ``pairs`` (quality and perplexity are scored here, outside timing)."""

@@ -1,0 +1,197 @@
+"""The finish step: choose the winner, confirm it on held-out prompts, write and report it.
+
+  1. the best feasible COMPLETE trial by the first objective (Pareto front first); a leader that
+     was measured while the machine was busy is re-measured on the tuning prompts before it can
+     win (``contention``), so no winner rests on a contended measurement alone;
+  2. the winner against vanilla on held-out prompts the search never saw (interleaved);
+  3. ``studies/best/<study>.yaml``, Optuna's plots, the summary table and the recommendation,
+     told to the listeners (terminal, MLflow).
+No feasible trial: the summary says so and recommends vanilla; no trial at all: an error that says
+how to resume.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.measure.quality import feasible
+from tuner.search.objectives import objective_values
+from tuner.study.objective import TRIAL_ATTRS
+from tuner.study.trials import completed, counts, failure_reason, ranked, trial_params
+from tuner.tracking import report
+from tuner.tracking.callbacks import Callback, StudyResult
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.measure.evaluator import Evaluation, Evaluator
+    from tuner.study.settings import StudySettings
+
+REMEASURE_AT_MOST = 3      # contended leaders re-measured before a winner is chosen
+QUALITY_PREFIXES = ("quality_", "vanilla_quality_")
+PERPLEXITY_KEYS = ("perplexity", "vanilla_perplexity", "perplexity_ratio")
+
+
+def finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
+           callbacks: Callback, say: Callable[[str], None]) -> dict[str, Any]:
+    """Steps 1–3 of the module docstring; returns the winner and its confirmation."""
+    winner = choose_winner(settings, study, evaluator, say)
+    if winner is None and completed(study):
+        return no_feasible_trial(settings, study, callbacks, say)
+    if winner is None:
+        failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        reason = failure_reason(study, failed[-1]) if failed else "none ran"
+        raise RuntimeError(f"no trial completed in study {settings.name} ({len(failed)} failed; "
+                           f"last: {reason[:300]}); fix the cause and re-run the same command "
+                           "to resume")
+    params = trial_params(settings, winner)
+    best = {"trial": winner.number, "value": winner.values[0], "trials": len(completed(study)),
+            "run_id": winner.user_attrs.get("mlflow_run_id")}
+    confirmed = confirm(settings, evaluator, params, say)
+    folder = Path(settings.studies_dir) / "best"
+    path = report.write_best_yaml(folder, settings.name, settings.task.name,
+                                  settings.method_choice, settings.models, settings.sampling,
+                                  settings.seed, params, best, confirmed)
+    summary = dict(winner.user_attrs)
+    notes = study_notes(settings, study, confirmed, summary)
+    since = report.compare_previous(folder, settings.family, settings.name, params, confirmed)
+    if since:
+        notes.insert(0, since)
+    rows = report.summary_rows(settings.name, params, best, confirmed, summary, settings.budget,
+                               notes, evaluator.describe().get("energy", ""),
+                               settings.bound.describe() if settings.bound.active or
+                               not settings.lossless else None)
+    advice = report.recommendation(confirmed)
+    files = [("best", path)] + [("plots", plot) for plot in (
+        report.plots_png(study, path.with_suffix(".history.png")),
+        report.plots_html(study, path.with_suffix(".plots.html"))) if plot]
+    metrics = {**{f"best_{k}": v for k, v in summary.items() if k in TRIAL_ATTRS},
+               **{f"best_{k}": v for k, v in confirmed.items()}}
+    tags = {"best_params": json.dumps(params), "best_trial": str(winner.number)}
+    if settings.bound.active:
+        tags["best_feasible"] = "true"
+        metrics["infeasible_trials"] = float(sum(t.user_attrs.get("feasible") is False
+                                                 for t in completed(study)))
+    callbacks.study_finished(StudyResult(rows, advice, metrics, tags, files, winner.number))
+    report.print_summary(rows, advice, say)
+    say(f"best configuration written to {path}")
+    return {"params": params, "study_name": settings.name, **best, **confirmed}
+
+
+def choose_winner(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
+                  say: Callable[[str], None]) -> FrozenTrial | None:
+    """The best feasible trial; contended leaders are re-measured first (see module doc)."""
+    candidates = ranked(settings, study)
+    if not candidates or not candidates[0].user_attrs.get("contended"):
+        return candidates[0] if candidates else None
+    value = {t.number: settings.sign * t.values[0] for t in candidates}
+    for trial in [t for t in candidates if t.user_attrs.get("contended")][:REMEASURE_AT_MOST]:
+        key = f"remeasured_{trial.number}"
+        if key not in study.user_attrs:
+            say(f"trial {trial.number} was measured while the machine was busy: re-measuring "
+                "it on the tuning prompts before it can win")
+            evaluation = measure(settings, evaluator, trial_params(settings, trial),
+                                 settings.tuning)
+            study.set_user_attr(key, objective_values(evaluation.summary,
+                                                      settings.objectives)[0])
+        value[trial.number] = settings.sign * study.user_attrs[key]
+    return max(candidates, key=lambda t: value[t.number])
+
+
+def measure(settings: StudySettings, evaluator: Evaluator, params: Mapping[str, Any],
+            prompts) -> Evaluation:
+    """The configuration vs vanilla on ``prompts``, interleaved (vanilla first on even pairs)."""
+    pairs = list(evaluator.measure(params, list(enumerate(prompts)), parity=1))
+    return evaluator.assess(pairs)
+
+
+def confirm(settings: StudySettings, evaluator: Evaluator, params: Mapping[str, Any],
+            say: Callable[[str], None]) -> dict[str, float]:
+    """The configuration vs vanilla on held-out prompts the search never saw."""
+    if not settings.held_out:
+        return {}
+    say(f"held-out confirmation on {len(settings.held_out)} prompts: vanilla vs {dict(params)}")
+    return held_out_record(settings, measure(settings, evaluator, params, settings.held_out))
+
+
+def held_out_record(settings: StudySettings, evaluation: Evaluation) -> dict[str, float]:
+    """The confirmation's numbers, ``held_out_``-prefixed."""
+    s = evaluation.summary
+    out = {"speedup": s["speedup"], "speedup_min": s["speedup_min"],
+           "speedup_max": s["speedup_max"], "tokens_per_s": s["tokens_per_s"],
+           "vanilla_tokens_per_s": s["vanilla_tokens_per_s"],
+           "mean_accepted_tokens": s["mean_accepted_tokens"], "prompts": s["prompts"],
+           "truncated_fraction": s["truncated_fraction"]}
+    if "matches_vanilla" in s:
+        out["matches_vanilla"] = s["matches_vanilla"]
+    quality = {k: v for k, v in s.items() if k.startswith(QUALITY_PREFIXES) or
+               k in PERPLEXITY_KEYS}
+    out.update(quality)
+    if settings.bound.active:
+        out["feasible"] = float(feasible(settings.bound.constraints(quality, settings.lossless)))
+    return {f"held_out_{k}": v for k, v in out.items()}
+
+
+def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping[str, float],
+                summary: Mapping[str, Any]) -> list[str]:
+    """What the reader of the summary must know."""
+    out = []
+    truncated = confirmed.get("held_out_truncated_fraction",
+                              summary.get("truncated_fraction", 0.0)) or 0.0
+    if settings.task.metric.__name__ != "_speed_only" and truncated >= 0.5:
+        out.append(f"quality is not meaningful: {truncated:.0%} of the outputs were cut at "
+                   f"max_new_tokens={settings.budget['max_new_tokens']} before an answer "
+                   "(raise task.max_new_tokens, or budget=full)")
+    if settings.device.type == "cpu":
+        out.append("CPU run: a wide verification forward costs several single-token forwards "
+                   "here; speedups on a GPU differ")
+    trials = study.get_trials(deepcopy=False)
+    failed = [t for t in trials if t.state == TrialState.FAIL and counts(study, t)]
+    if failed:
+        out.append(f"{len(failed)} trial(s) failed; first: "
+                   f"{failure_reason(study, failed[0])[:120]}")
+    pruned = [t.number for t in trials if t.state == TrialState.PRUNED]
+    if pruned:
+        out.append(f"trials {pruned} were pruned (clearly slower on their first prompts)")
+    for attr, text in (("vanilla_drift", "vanilla speed drifted beyond drift_threshold"),
+                       ("contended", "other processes used this machine's CPUs while measuring")):
+        flagged = [t.number for t in trials if t.user_attrs.get(attr)]
+        if flagged:
+            out.append(f"{text} in trials {flagged}")
+    if not settings.lossless and not settings.greedy:
+        out.append("lossy method at temperature > 0: quality is compared with one sampled "
+                   "vanilla output per prompt; with few prompts the perplexity ratio and the "
+                   "quality drop are noisy")
+    if settings.bound.active:
+        done = completed(study)
+        broken = [t.number for t in done if t.user_attrs.get("feasible") is False]
+        out.append(f"quality bound {settings.bound.describe()}: {len(broken)} of {len(done)} "
+                   f"trials broke it{f' (trials {broken})' if broken else ''}; they are never "
+                   "chosen")
+    return out
+
+
+def no_feasible_trial(settings: StudySettings, study: optuna.Study, callbacks: Callback,
+                      say: Callable[[str], None]) -> dict[str, Any]:
+    """Every completed trial broke the quality bound: say so, recommend vanilla, no winner."""
+    done = completed(study)
+    fastest = max(done, key=lambda t: settings.sign * t.values[0])
+    rows = [("study", settings.name), ("quality bound", settings.bound.describe()),
+            ("feasible trials", f"0 of {len(done)}"),
+            ("best infeasible trial", f"#{fastest.number}: {fastest.params}, "
+             f"{settings.objectives[0]} {fastest.values[0]:.3f}, constraint values "
+             f"{fastest.user_attrs.get('constraints')}")]
+    rows += [("note", note) for note in study_notes(settings, study, {},
+                                                    dict(fastest.user_attrs))]
+    advice = (f"use vanilla decoding: no configuration met the quality bound "
+              f"({settings.bound.describe()}); relax search.max_quality_drop / "
+              "search.max_perplexity_ratio only if that quality loss is acceptable")
+    callbacks.study_finished(StudyResult(rows, advice, {"feasible_trials": 0.0,
+                                                        "infeasible_trials": float(len(done))},
+                                         {"best_trial": "none", "best_feasible": "none"}))
+    report.print_summary(rows, advice, say)
+    return {"study_name": settings.name, "feasible": False, "trials": len(done)}

@@ -1,0 +1,132 @@
+"""The objective: a trial's point → every parameter → the evaluator → the objective values.
+
+Per trial the tuning prompts are shuffled (seeded by the study seed and the trial number), measured
+pair by pair by the evaluator, and — when the pruner is fed (``objectives == [speedup]``) — each
+pair's paired speedup is reported at the prompt's study index. When the pruner says stop, the
+measured prompts are still assessed and recorded, and ``Pruned`` (an ``optuna.TrialPruned``) is
+raised: the trial ends PRUNED, with Optuna's last reported value, and is never the winner.
+The objective records on the trial what the report reads later (summary keys, constraints,
+feasibility, drift, contention) and sets the quality constraints with ``Trial.set_constraint``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import optuna
+
+from tuner.config.identity import hardware, short_hash
+from tuner.measure.quality import feasible
+from tuner.search.objectives import objective_values
+
+if TYPE_CHECKING:
+    from tuner.measure.evaluator import Evaluation, Evaluator, Paired
+    from tuner.study.settings import StudySettings
+
+# summary keys kept on every trial (the summary table and best_* metrics read them)
+TRIAL_ATTRS = ("speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate",
+               "vanilla_drift_ratio", "perplexity", "vanilla_perplexity", "perplexity_ratio",
+               "quality_drop", "energy_j_per_token", "vanilla_energy_j_per_token", "energy_ratio",
+               "contended_prompts", "other_load_max")
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What a finished evaluation tells the optimizer and the listeners."""
+
+    values: list[float]                # one per objective, in search.objectives' order
+    evaluation: Evaluation
+    tags: dict[str, str]               # for the trial's run: vanilla_drift, feasible, ...
+
+
+class Pruned(optuna.TrialPruned):
+    """The pruner stopped the trial; carries what was measured until then."""
+
+    def __init__(self, result: TrialResult, after: int) -> None:
+        super().__init__(f"pruned after {after} prompts")
+        self.result = result
+
+
+class StudyAttr:
+    """A value kept as a study user attribute (the evaluator's ``BaselineStore``)."""
+
+    def __init__(self, study: optuna.Study, key: str) -> None:
+        self.study, self.key = study, key
+
+    def get(self) -> Any:
+        return self.study.user_attrs.get(self.key)
+
+    def put(self, value: Any) -> None:
+        self.study.set_user_attr(self.key, value)
+
+
+class Objective:
+    """Measures one trial's point with the evaluator; see the module docstring."""
+
+    def __init__(self, settings: StudySettings, evaluator: Evaluator, study: optuna.Study,
+                 progress: Callable[[optuna.Trial, int, int, Paired], None]) -> None:
+        self.settings, self.evaluator, self.study = settings, evaluator, study
+        self.progress = progress
+        self.feeds_pruner = list(settings.objectives) == ["speedup"]
+
+    def __call__(self, trial: optuna.Trial, params: Mapping[str, Any]) -> TrialResult:
+        s = self.settings
+        order = list(enumerate(s.tuning))
+        random.Random(f"{s.seed}-{trial.number}").shuffle(order)
+        store = StudyAttr(self.study, "baseline") if s.baseline == "per_study" else None
+        pairs, pruned = [], False
+        for done, pair in enumerate(self.evaluator.measure(params, order, trial.number, store),
+                                    1):
+            pairs.append(pair)
+            self.progress(trial, done, len(order), pair)
+            if self.feeds_pruner:
+                trial.report(pair.method.speedup, step=pair.index)
+                if done < len(order) and trial.should_prune():
+                    pruned = True
+                    break
+        result = self._record(trial, self.evaluator.assess(pairs))
+        if pruned:
+            trial.set_user_attr("pruned_at", len(pairs))
+            raise Pruned(result, len(pairs))
+        return result
+
+    def _record(self, trial: optuna.Trial, evaluation: Evaluation) -> TrialResult:
+        """Drift, constraints and the summary keys the report reads, set on the trial."""
+        summary = evaluation.summary
+        summary.update(self._drift(summary))
+        tags = {"energy": self.evaluator.describe().get("energy", "nvml")}
+        constraints = self.settings.bound.constraints(summary, self.settings.lossless)
+        for key, value in constraints.items():       # Optuna 5: read by TPE, NSGA-II, GP
+            trial.set_constraint(key, value)
+        if constraints:
+            ok = feasible(constraints)
+            summary["feasible"] = float(ok)
+            trial.set_user_attr("feasible", ok)
+            trial.set_user_attr("constraints", constraints)
+            tags["feasible"] = str(ok).lower()
+        for key in TRIAL_ATTRS:
+            if key in summary:
+                trial.set_user_attr(key, summary[key])
+        drifted = abs(summary.get("vanilla_drift_ratio", 1.0) - 1) > self.settings.drift_threshold
+        tags["vanilla_drift"] = str(drifted).lower()
+        if drifted:
+            trial.set_user_attr("vanilla_drift", True)
+        if summary.get("contended_prompts"):
+            trial.set_user_attr("contended", True)
+            tags["contended"] = "true"
+        values = objective_values(summary, self.settings.objectives)
+        return TrialResult(values, evaluation, tags)
+
+    def _drift(self, summary: Mapping[str, float]) -> dict[str, float]:
+        """This trial's vanilla speed against the study's first on this hardware."""
+        if self.settings.baseline != "per_trial" or "vanilla_tokens_per_s" not in summary:
+            return {}
+        s_per_token = 1.0 / summary["vanilla_tokens_per_s"]
+        key = f"vanilla_reference_{short_hash({'hw': hardware(self.settings.device)})}"
+        reference = self.study.user_attrs.get(key)
+        if reference is None:
+            self.study.set_user_attr(key, s_per_token)
+            reference = s_per_token
+        return {"vanilla_drift_ratio": s_per_token / reference}

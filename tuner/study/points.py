@@ -1,0 +1,140 @@
+"""Which point a trial holds, and how a worker claims the next one without duplicating another's.
+
+*The point a trial holds* is one notion whatever the trial's state: every trial the tuner enqueues
+(trial 0, a plan's next point, a dead trial's retry) records its point as the user attribute
+``point`` at enqueue time, so a WAITING trial (whose parameters Optuna keeps as fixed params, not
+in ``params``) and a RUNNING trial that has not suggested yet hold their point as visibly as a
+COMPLETE one. ``held_point`` reads it (``params`` for trials that never had it: samplers' trials,
+studies made before this).
+
+With a plan (heuristic, grid), ``next_claim`` asks the plan for a point nobody holds, enqueues it,
+asks Optuna for a trial, and keeps it only if no earlier trial holds the same point; otherwise the
+trial is failed as a duplicate (a retried failure: it costs no budget). The earliest trial holding
+a point always wins, so two workers that enqueue the same point at the same moment evaluate it once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, point_key
+from tuner.search.space import suggest
+from tuner.study.trials import counts, dead_trials
+
+if TYPE_CHECKING:
+    from tuner.study.settings import StudySettings
+
+RETRY = "retry"       # the claimed trial lost a race: ask again at once
+HOLDING = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A trial this worker may evaluate, with every searched value and the plan's stage."""
+
+    trial: optuna.Trial
+    values: dict[str, Any]     # searched parameters (fixed ones are added by the objective)
+    stage: str                 # default | the plan's stage | the search kind
+
+
+def held_point(trial: FrozenTrial) -> dict[str, Any]:
+    """The point ``trial`` holds, in any state (see the module docstring)."""
+    point = trial.user_attrs.get("point")
+    return json.loads(point) if point else dict(trial.params)
+
+
+def enqueue(study: optuna.Study, point: Mapping[str, Any], **attrs: Any) -> None:
+    """Queue ``point`` as a WAITING trial that holds it from now on."""
+    study.enqueue_trial(dict(point), user_attrs={**attrs, "point": json.dumps(dict(point))})
+
+
+def make_plan(settings: StudySettings, say: Callable[[str], None]):
+    """The search's plan (None for samplers: Optuna proposes the points)."""
+    kind, default = settings.search["kind"], settings.searched(settings.default)
+    if kind == "heuristic":
+        return HeuristicPlan(settings.space, settings.task.task_class, settings.seed, default)
+    if kind != "grid":
+        return None
+    ranges = settings.search.get("ranges", "heuristic")
+    plan = GridPlan(settings.space, default, ranges, settings.task.task_class)
+    trials = settings.budget["n_trials"]
+    if plan.size() > trials:
+        say(f"WARNING: search.n_trials={trials} truncates the {ranges} grid of {plan.size()} "
+            f"points: {plan.size() - trials} points will not be evaluated (raise "
+            "search.n_trials, or budget=full)")
+    return plan
+
+
+class Points:
+    """Claims points for one worker of a study (plans) or lets the sampler choose (samplers)."""
+
+    def __init__(self, settings: StudySettings, study: optuna.Study, plan) -> None:
+        self.settings, self.study, self.plan = settings, study, plan
+
+    def limit(self) -> int:
+        """Trials the search may spend: the budget, or the plan's size + trial 0."""
+        trials = self.settings.budget["n_trials"]
+        return trials if self.plan is None else min(trials, self.plan.size() + 1)
+
+    def next_claim(self) -> Claim | str | None:
+        """A trial to evaluate, ``WAIT`` (the plan's next points are held by others), ``RETRY``,
+        or None (the plan is done)."""
+        if self.plan is not None and \
+                not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            step = self.plan.next_point(*self.results_and_held())
+            if step is None or step == WAIT:
+                return step
+            point, stage = step
+            enqueue(self.study, point, stage=stage)
+        trial = self.study.ask()
+        if self.plan is not None and "point" not in trial.user_attrs and \
+                "stage" not in trial.user_attrs:       # the queue emptied before our ask
+            self._fail_duplicate(trial, "another worker took the queued point")
+            return RETRY
+        values = suggest(trial, self.settings.space, conditional=self.plan is None)
+        stage = trial.user_attrs.get("stage", self.settings.search["kind"])
+        if self.plan is not None and not self._first_holder(trial, values):
+            return RETRY
+        return Claim(trial, values, stage)
+
+    def results_and_held(self) -> tuple[dict[tuple, float], set[tuple]]:
+        """What the plan reads: final values by point (failed, pruned and infeasible points are
+        −inf: never best) and the points other trials hold now (WAITING, RUNNING)."""
+        results, held = {}, set()
+        dead = dead_trials(self.study)
+        sign = self.settings.sign
+        for t in self.study.get_trials(deepcopy=False):
+            key = point_key(held_point(t))
+            if t.state == TrialState.COMPLETE:
+                results[key] = sign * t.values[0] if t.user_attrs.get("feasible", True) \
+                    else -math.inf
+            elif t.state == TrialState.PRUNED or (t.state == TrialState.FAIL and
+                                                   counts(self.study, t, dead)):
+                results[key] = -math.inf
+            elif t.state in (TrialState.WAITING, TrialState.RUNNING):
+                held.add(key)
+        return results, held
+
+    def _first_holder(self, trial: optuna.Trial, values: Mapping[str, Any]) -> bool:
+        """Keep ``trial`` unless an earlier trial holds its point (then fail it as a duplicate)."""
+        key = point_key(values)
+        dead = dead_trials(self.study)
+        for other in self.study.get_trials(deepcopy=False):
+            if other.number >= trial.number or point_key(held_point(other)) != key:
+                continue
+            if other.state in HOLDING or (other.state == TrialState.FAIL and
+                                          counts(self.study, other, dead)):
+                self._fail_duplicate(trial, f"trial {other.number} holds this point")
+                return False
+        return True
+
+    def _fail_duplicate(self, trial: optuna.Trial, why: str) -> None:
+        trial.set_user_attr("error", f"duplicate: {why}")      # a retried failure: no budget
+        trial.set_user_attr("error_kind", "duplicate")
+        self.study.tell(trial, state=TrialState.FAIL)

@@ -1,0 +1,175 @@
+"""``StudySettings``: everything a study needs to know, built once from the validated config.
+
+``StudySettings.from_config(cfg)`` validates the whole config (one-line errors, nothing loaded),
+resolves the budget (CPU caps under ``budget=auto``), splits the task's prompts into tuning and
+held-out slices, fingerprints what changes the measurements and names the study. Every later
+stage (storage, evaluator, optimizer, trackers, report) reads this frozen record; the Slurm launch
+and the replay use it too, without touching any storage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from decoding.models import resolve_device
+from tuner.config.errors import ConfigError
+from tuner.config.identity import fingerprint, short_hash
+from tuner.config.validate import check_journal, plain, validate
+from tuner.measure.energy import EnergyMeter
+from tuner.measure.quality import QualityBound
+from tuner.search.objectives import ENERGY, PERPLEXITY, better_first, directions
+from tuner.study.storage import journal_path
+from tuner.tasks.task import Prompt, Task
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """One study's settings (plain values; see the module docstring)."""
+
+    name: str                          # the Optuna study name (and MLflow parent run name)
+    family: str                        # name without a study_tag (scheduled re-runs share it)
+    fingerprint: Mapping[str, str]     # tuner.config.identity: what changes the measurements
+    task: Task
+    tuning: tuple[Prompt, ...]         # prompts the search measures on
+    held_out: tuple[Prompt, ...]       # prompts only the winner's confirmation sees
+    budget: Mapping[str, int]          # n_prompts, n_held_out, max_new_tokens, n_trials
+    sampling: Mapping[str, Any]        # temperature, top_k, top_p
+    seed: int
+    models: Mapping[str, Any]          # target/draft specs (decoding.models)
+    method: Mapping[str, Any]          # _target_, lossless, needs_draft, params, space
+    method_choice: str                 # the conf/method file name (replay commands)
+    search: Mapping[str, Any]          # kind, sampler, pruner, objectives, bounds, ranges
+    objectives: tuple[str, ...]
+    directions: tuple[str, ...]
+    bound: QualityBound
+    baseline: str                      # per_trial | per_study
+    warmup_prompts: int
+    near_tie_ulps: float
+    drift_threshold: float
+    device: torch.device
+    threads: Any                       # "auto" or an int (tuner.measure.hygiene)
+    contention: str                    # wait | warn | fail
+    contention_wait_s: float           # wait: the longest wait for a quiet machine per pair
+    storage: str | None
+    studies_dir: str
+    heartbeat: Mapping[str, Any]
+    tracking: Mapping[str, Any]
+    phase: str
+    resume: str
+    config_yaml: str                   # the resolved config (an MLflow artifact)
+    notices: tuple[str, ...] = ()      # lines to print before the study starts
+
+    # -- derived ---------------------------------------------------------------------------------
+
+    @property
+    def space(self) -> dict[str, dict]:
+        return dict(self.method.get("space") or {})
+
+    @property
+    def default(self) -> dict[str, Any]:
+        """Every parameter's default (trial 0): searched and fixed ones."""
+        return dict(self.method.get("params") or {})
+
+    @property
+    def lossless(self) -> bool:
+        return bool(self.method.get("lossless", True))
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.sampling["temperature"]) == 0.0
+
+    @property
+    def sign(self) -> int:
+        """+1 when the first objective is maximised: plans and the winner maximise sign·value."""
+        return better_first(self.directions[0])
+
+    @property
+    def scores_perplexity(self) -> bool:
+        """Perplexity costs one target forward per output (after the timed window)."""
+        return not self.lossless or bool(set(PERPLEXITY) & set(self.objectives))
+
+    @property
+    def journal(self) -> Path:
+        return journal_path(self.studies_dir, self.name)
+
+    def searched(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in params.items() if k in self.space}
+
+    # -- building ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> StudySettings:
+        validate(cfg)
+        method, task_cfg, search = plain(cfg.method), plain(cfg.task), plain(cfg.search)
+        task = Task(task_cfg)
+        device = resolve_device(plain(cfg.models)["target"].get("device"))
+        budget, notices = resolve_budget(cfg, device.type == "cuda")
+        try:
+            tuning, held_out = task.split(budget["n_prompts"], budget["n_held_out"])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        objectives = tuple(search["objectives"])
+        _check_energy(objectives, device)
+        sampling = plain(cfg.sampling)
+        threads = cfg.get("threads", "auto")
+        print_ = fingerprint(
+            task=task_cfg, tuning_ids=[p.id for p in tuning],
+            held_out_ids=[p.id for p in held_out], budget=budget, sampling=sampling,
+            seed=int(cfg.seed), models=plain(cfg.models), method=dict(method), search=search,
+            baseline=str(cfg.baseline), warmup_prompts=int(cfg.warmup_prompts),
+            near_tie_ulps=float(cfg.near_tie_ulps), device=device, threads=threads)
+        family = f"{cfg.study_prefix}-{short_hash(print_)}"
+        tag = cfg.get("study_tag")
+        name = str(cfg.study_name or (f"{family}-{tag}" if tag else family))
+        if not cfg.storage:
+            check_journal(journal_path(cfg.studies_dir, name))   # a torn last line: refused
+        choice = OmegaConf.select(cfg, "hydra.runtime.choices.method", default=None) or \
+            method["_target_"].split(".")[-1].lower()
+        return cls(
+            name=name, family=family, fingerprint=print_, task=task, tuning=tuple(tuning),
+            held_out=tuple(held_out), budget=budget, sampling=sampling, seed=int(cfg.seed),
+            models=plain(cfg.models), method=method, method_choice=choice, search=search,
+            objectives=objectives, directions=tuple(directions(objectives)),
+            bound=QualityBound.from_search(search), baseline=str(cfg.baseline),
+            warmup_prompts=int(cfg.warmup_prompts), near_tie_ulps=float(cfg.near_tie_ulps),
+            drift_threshold=float(cfg.drift_threshold), device=device, threads=threads,
+            contention=str(cfg.get("contention", "wait")),
+            contention_wait_s=float(cfg.get("contention_wait_s", 120)), storage=cfg.storage or None,
+            studies_dir=str(cfg.studies_dir), heartbeat=plain(cfg.get("heartbeat")) or {},
+            tracking=plain(cfg.tracking), phase=str(cfg.get("phase", "all")),
+            resume=str(cfg.resume), config_yaml=resolved_yaml(cfg), notices=notices)
+
+
+def resolve_budget(cfg: DictConfig, on_gpu: bool) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The task's budget, capped by ``cpu_budget`` under ``budget=auto`` without a GPU."""
+    budget = {"n_prompts": int(cfg.task.n_prompts), "n_held_out": int(cfg.task.n_held_out),
+              "max_new_tokens": int(cfg.task.max_new_tokens),
+              "n_trials": int(cfg.search.n_trials)}
+    if cfg.budget == "auto" and not on_gpu:
+        capped = {k: min(v, int(cfg.cpu_budget[k])) for k, v in budget.items()}
+        if capped != budget:
+            return capped, (f"No GPU: CPU-sized budget chosen automatically {capped} (the task "
+                            f"asks for {budget}); run with budget=full for the task's own "
+                            "settings.",)
+    return budget, ()
+
+
+def resolved_yaml(cfg: DictConfig) -> str:
+    """The config as run (Hydra's own section left out)."""
+    return OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
+                             resolve=True)
+
+
+def _check_energy(objectives: tuple[str, ...], device: torch.device) -> None:
+    energy = [o for o in objectives if o in ENERGY]
+    if not energy:
+        return
+    meter = EnergyMeter(device)
+    if not meter.available:
+        raise ConfigError(f"search.objectives={list(objectives)} includes {energy[0]}, which "
+                          f"needs GPU energy measurements, unavailable here: {meter.reason}")

@@ -1,0 +1,63 @@
+"""The study's progress on the terminal: one line per trial start, prompt pair and trial end."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from tuner.tracking.callbacks import Callback, TrialOutcome
+
+
+class ConsoleProgress(Callback):
+    """Prints what happens (``say`` is ``print`` with flush by default)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.settings = None
+
+    def study_started(self, settings, study, created) -> None:
+        self.settings = settings
+
+    def trial_started(self, trial, params: Mapping[str, Any], stage: str) -> None:
+        self.say(f"trial {trial.number} [{stage}] {dict(params)}")
+
+    def prompt_measured(self, trial, done: int, total: int, pair) -> None:
+        got = pair.method
+        busy = f", MACHINE BUSY (other load {got.other_load:.2f})" if got.contended else ""
+        self.say(f"  trial {trial.number} prompt {done}/{total}: {got.new_tokens} tokens "
+                 f"{got.tokens_per_s:.2f} tok/s, paired speedup {got.speedup:.3f}{busy}")
+
+    def trial_ended(self, trial, outcome: TrialOutcome) -> None:
+        if outcome.state == "FAIL":
+            self.say(f"trial {trial.number} FAILED: {outcome.error}")
+            if outcome.kind == "lossless":
+                self.say("  (a lossless method diverged from vanilla: this is a bug, not a bad "
+                         "hyperparameter)")
+            return
+        summary = outcome.evaluation.summary
+        drift = summary.get("vanilla_drift_ratio")
+        if outcome.tags.get("vanilla_drift") == "true":
+            self.say(f"  WARNING: trial {trial.number}: vanilla ran at {drift:.2f}x the study's "
+                     f"first vanilla time per token (threshold {self.settings.drift_threshold}): "
+                     "the machine's speed changed; the paired speedup still compares like with "
+                     "like")
+        if outcome.state == "PRUNED":
+            self.say(f"  trial {trial.number} pruned after {int(summary['prompts'])} prompts "
+                     f"(paired speedup so far {summary['speedup']:.3f})")
+            return
+        self.say(f"trial {trial.number} done: paired speedup {summary['speedup']:.3f} "
+                 f"({summary['tokens_per_s']:.2f} tok/s, mean accepted "
+                 f"{summary['mean_accepted_tokens']:.2f}{self._quality(summary, outcome)})")
+
+    def _quality(self, summary: Mapping[str, float], outcome: TrialOutcome) -> str:
+        text = ""
+        if "perplexity_ratio" in summary:
+            text = f", perplexity ratio {summary['perplexity_ratio']:.3f}"
+        if "quality_drop" in summary and not self.settings.lossless:
+            text += f", quality drop {summary['quality_drop']:+.3f}"
+        if "feasible" in outcome.tags:
+            text += ", feasible" if outcome.tags["feasible"] == "true" else \
+                f", INFEASIBLE ({self.settings.bound.describe()})"
+        if summary.get("contended_prompts"):
+            text += (f", {int(summary['contended_prompts'])} prompt(s) measured while the "
+                     "machine was busy")
+        return text
