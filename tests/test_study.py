@@ -72,6 +72,15 @@ def test_an_unknown_parameter_is_refused_before_models_load(tmp_path, monkeypatc
         run(tmp_path, "method=speculative", *TINY, "+method.params.bogus=1")
 
 
+def test_prompts_longer_than_the_context_are_refused_before_any_trial(tmp_path):
+    """The tokenised prompts + max_new_tokens must fit the model: one line, no trial run."""
+    with pytest.raises(ConfigError, match=r"task.max_new_tokens=6 does not fit the context of "
+                                          r".*the longest prompt has \d+ tokens.*allowed is"):
+        run(tmp_path, "method=speculative", *TINY, "models.target.max_position_embeddings=64",
+            "tracking=none")
+    assert load_study(tmp_path).trials[0].state == TrialState.WAITING     # trial 0 never ran
+
+
 # -- study identity --------------------------------------------------------------------------
 
 

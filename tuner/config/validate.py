@@ -115,6 +115,17 @@ def check_numbers(cfg: DictConfig) -> None:
     drift = cfg.drift_threshold
     if not isinstance(drift, (int, float)) or not 0 < drift or math.isinf(drift):
         raise ConfigError(f"drift_threshold={drift!r} is invalid: allowed is a number > 0")
+    from tuner.measure.hygiene import check_contention_mode, check_threads
+    for check, value in ((check_threads, cfg.get("threads", "auto")),
+                         (check_contention_mode, cfg.get("contention", "wait"))):
+        try:
+            check(value)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    wait = cfg.get("contention_wait_s", 120)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 < wait < math.inf:
+        raise ConfigError(f"contention_wait_s={wait!r} is invalid: allowed is a number of "
+                          "seconds > 0")
     caps = plain(cfg.get("cpu_budget")) or {}
     for key, low in CPU_BUDGET.items():
         if key in caps:

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 import torch
 import transformers
 
-from decoding.eagle_head import head_source
+from decoding.eagle_weights import head_source
 from tuner.config.build import build_method, load_models
-from tuner.config.validate import check_head_fits
+from tuner.config.validate import check_generation_fits, check_head_fits
 from tuner.measure.energy import EnergyMeter, EnergyReading
 from tuner.measure.evaluator import BaselineStore, Evaluation, Paired, ParametersRefused
 from tuner.measure.hygiene import ContentionGuard, configure_threads
@@ -61,6 +61,10 @@ class HFEvaluator:
             identity = json.loads(s.fingerprint["method.head"])
             self.say(f"EAGLE head {s.default['head']}: {head_source(s.default['head'], identity)}")
         self.ids = {i: s.task.encode(p, self.tokenizer) for i, p in self.prompts.items()}
+        longest = max(len(ids) for ids in self.ids.values())
+        for model in (self.pair.target, *self.pair.drafts):   # the tokenised prompts fit?
+            check_generation_fits(longest, s.budget["max_new_tokens"],
+                                  model_context(model), model_name(model, s.models))
         self.vanilla = self.build(VANILLA, {})
 
     def close(self) -> None:
@@ -199,6 +203,17 @@ class HFEvaluator:
             return EnergyReading(False, self.meter.reason or "unavailable", None, 0.0)
         return EnergyReading(True, "nvml_total_energy", float(sum(joules)),
                              sum(m.wall_s for m in ms))
+
+
+def model_context(model: Any) -> int:
+    """Positions a model can attend to (a huge number when its config does not say)."""
+    return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 62)
+
+
+def model_name(model: Any, models: Mapping[str, Any]) -> str:
+    target = models["target"]
+    return str(getattr(model.config, "_name_or_path", "") or target.get("path") or
+               target.get("package") or target.get("kind"))
 
 
 def energy_versus(summary: Mapping[str, float], vanilla: Sequence[Measurement]
