@@ -52,7 +52,7 @@ class Draft:
     """Proposed continuation: new tokens only.
 
     ``probs`` None means each token is a point mass (greedy, top-k or n-gram drafts): requirement R2
-    of notes/verification.md — q must be the distribution the token was actually drawn from.
+    of docs/verification.md — q must be the distribution the token was actually drawn from.
     ``parents`` None means a chain; a token tree gives each node's parent index (-1 = the root, i.e.
     the last committed token), nodes in creation order (parents before children). Sibling nodes
     that are separate draws of the same token (i.i.d. drafts) may repeat: the forward merges them,

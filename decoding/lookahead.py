@@ -1,6 +1,6 @@
 """Lookahead decoding (Fu et al. 2023): a Jacobi window and an n-gram pool in one forward.
 
-Each step feeds, in ONE forward of a single model (notes/phrase_drafting.md §1):
+Each step feeds, in ONE forward of a single model (docs/phrase_drafting.md §1):
   * the uncached committed tokens (the whole prompt first, then usually just the current token c);
   * the lookahead branch: a window of W columns × (N−1) levels. Column j is a chain
     block0[j] → level1[j] → … → level_{N−2}[j] at consecutive positions; block0 = c + level0;

@@ -29,9 +29,9 @@ P ∈ {0, 1}: for τ > 0 a prefix passes iff it matches the target's argmax and 
 vanilla's greedy tokens; the beams only change how many are accepted per forward. With
 M = W = 1 it is greedy speculative decoding, step for step.
 
-At temperature > 0 the output law is neither the target's nor greedy (notes/verification.md §4.4):
+At temperature > 0 the output law is neither the target's nor greedy (docs/verification.md §4.4):
 the tuner scores its perplexity and task quality against vanilla instead of checking tokens.
-Differences from the authors' code are listed in README.md ("MJSD: paper, authors' code, ours").
+Differences from the paper and the authors' code are listed in docs/mjsd.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Ouroboros (Zhao et al. 2024): phrase-level drafting, lengthened drafts, phrase mining, history.
 
-One round (paper §3; reference behaviour and its bugs in notes/phrase_drafting.md §2):
+One round (paper §3; reference behaviour and its bugs in docs/phrase_drafting.md §2):
   1. *accelerating drafting via phrases*: the draft model produces γ tokens with lookahead decoding
      (its own Jacobi window + the shared phrase pool), i.e. its greedy draft in fewer forwards;
   2. *lengthening drafts via phrases*: up to K pool phrases keyed by the last draft token (the K

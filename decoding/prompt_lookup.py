@@ -9,7 +9,7 @@ occurrence are the draft. The latest occurrence of the longest matching n-gram w
 first) are merged into a trie and verified as a token tree in the same single target forward.
 
 Every draft token is a deterministic function of the context, i.e. a point mass (``Draft.probs``
-None, requirement R2 of notes/verification.md): greedy match at temperature 0, token verification
+None, requirement R2 of docs/verification.md): greedy match at temperature 0, token verification
 with q = δ_x (accept x with probability p(x)) at temperature > 0, EAGLE's point-mass rule at every
 node of a trie. Lossless in both modes. What wins on extractive tasks (summaries, code edits)
 where the output copies the input; costs nothing when nothing matches (an empty draft is one plain

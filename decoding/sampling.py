@@ -2,7 +2,7 @@
 
 Every method (and both models of a pair) turns logits into the *warped* distribution the same way:
 temperature, then top-k, then top-p, renormalised. Verification rules rely on this (requirement R1 of
-``notes/verification.md``): losslessness holds relative to the warped target distribution.
+``docs/verification.md``): losslessness holds relative to the warped target distribution.
 
 Temperature 0 means greedy decoding: the distribution is the point mass on the argmax, lowest index
 on ties (``torch.argmax`` returns the first maximal index), the same tie-break everywhere.

@@ -11,7 +11,7 @@ Verification (arXiv 2305.09781, Alg. 2):
     are tried in draw order (sequence order, then model order, independent of the coins); child x
     drawn from q_j is accepted with probability min(1, p(x)/q_j(x)); on rejection
     p ← norm(max(p − q_j, 0)). Each draw counts, duplicates included, and when a token is accepted
-    the children of every draw of it are tried below it. Exactly lossless (notes/verification.md
+    the children of every draw of it are tried below it. Exactly lossless (docs/verification.md
     §3.1–3.2: given the accepted path, the continuations are fresh independent draws).
 
 Drafting temperature: the sequences are drawn from each draft's distribution warped with

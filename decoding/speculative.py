@@ -11,7 +11,7 @@ Cache invariant: the target cache holds every committed token except the last (w
 with the next draft); the draft cache holds at most the committed prefix plus its own draft.
 γ is capped at ``max_new_tokens − produced − 1`` so a step never overshoots the budget; EOS inside a
 draft is handled by verifying normally and truncating after the first committed EOS (a deterministic
-function of a lossless sample, so the law is preserved; notes/verification.md §1.3).
+function of a lossless sample, so the law is preserved; docs/verification.md §1.3).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Shapes (``shape``):
     children: a child never scores above its parent, ties go to the earlier node). ``width`` is
     EAGLE-2's ``top_k``, renamed because ``top_k`` is the sampling setting of every method.
 
-Siblings (``siblings``), with the matching verification rule (notes/verification.md §3.1):
+Siblings (``siblings``), with the matching verification rule (docs/verification.md §3.1):
   * ``topk``: the r-th child is the draft's r-th most likely token, deterministic, so each node is a
     point mass q = δ_x (EAGLE's rule). Always used at temperature 0 and by dynamic trees;
   * ``iid``: children drawn i.i.d. with replacement from the warped draft distribution q;

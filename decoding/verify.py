@@ -7,7 +7,7 @@ Notation (stated once, Leviathan et al.): **p = target**, **q = draft**. For a c
     or None for point-mass drafts (greedy drafting, n-grams): q = δ_{x[i]} (requirement R2).
 All rows are the *warped* distributions (temperature/top-k/top-p already applied, requirement R1).
 
-Rules (exact specs and proofs by enumeration in notes/verification.md):
+Rules (exact specs and proofs by enumeration in docs/verification.md):
   * ``greedy_match``: temperature 0; accept while x[i] == argmax p_i, then emit argmax at the stop.
   * ``token_verify`` (Leviathan/Chen): accept x[i] iff u·q(x) < p(x); on the first rejection draw
     from norm(max(p − q, 0)); if all accepted, the bonus from row γ.
@@ -17,7 +17,7 @@ Rules (exact specs and proofs by enumeration in notes/verification.md):
 The random wrappers draw everything in a fixed order from one ``torch.Generator`` and synchronise
 with the host once (a single ``.tolist()``).
 
-Token trees (notes/verification.md §3): ``greedy_tree`` (SpecInfer VerifyGreedy) and ``tree_verify``
+Token trees (docs/verification.md §3): ``greedy_tree`` (SpecInfer VerifyGreedy) and ``tree_verify``
 (multi-round speculative sampling at every node, SpecInfer VerifyStochastic / EAGLE). At a node the
 children are tried in draw order; ``sibling_round`` is one round, with the residual update that
 matches how the siblings were drawn:
@@ -28,7 +28,7 @@ matches how the siblings were drawn:
     on rejection p(x) ← 0, renormalised (the i.i.d. rule with a point mass).
 If every child is rejected the token is drawn from the final residual; at a leaf from the target row.
 
-Joint acceptance (MJSD, Qin et al. 2024; LOSSY by design, notes/verification.md §4): W beams of γ
+Joint acceptance (MJSD, Qin et al. 2024; LOSSY by design, docs/verification.md §4): W beams of γ
 tokens ``x_w`` with joint probabilities P(x_{w,1:i}) = Π_{d≤i} p(x_{w,d} | x_{w,<d}) (target) and
 Q(x_{w,1:i}) (draft); the prefix x_{w,1:i} passes iff min(1, P/Q) ≥ τ, a fixed threshold (no coin).
 ``longest_joint_prefix`` takes the longest passing prefix over all beams (every prefix is tested: a
@@ -232,7 +232,7 @@ def greedy_tree(tokens: Sequence[int], parents: Sequence[int], slot_of: Sequence
 def sibling_round(target_row: torch.Tensor, token: int, draft_row: torch.Tensor | None,
                   without_replacement: bool
                   ) -> tuple[float, torch.Tensor, torch.Tensor | None]:
-    """One round of multi-round speculative sampling at a node (notes/verification.md §3.1).
+    """One round of multi-round speculative sampling at a node (docs/verification.md §3.1).
 
     Args:
         target_row: [V] current (residual) target distribution p.

@@ -1,7 +1,7 @@
 """MJSD (method=mjsd): the joint acceptance rule exactly, the draft's beam search against two
 references, joint probabilities against independent full forwards, and the degenerate cases.
 
-MJSD is lossy by design (notes/verification.md §4.4), so nothing here compares its law with the
+MJSD is lossy by design (docs/verification.md §4.4), so nothing here compares its law with the
 target's; each check is exact instead: recompute the rule from (p̃, q̃, beams, τ) independently and
 compare, on enumerable toy models and end to end on tiny random models.
 """

@@ -121,7 +121,7 @@ def test_wrong_sibling_rules_fail_the_same_check(scheme, rule, vocab, shape):
 
 
 def test_fixed_q_counterexample_from_the_notes():
-    """notes/verification.md §3.1: p = (.6, .35, .05), q = (.05, .1, .85), two siblings drawn
+    """docs/verification.md §3.1: p = (.6, .35, .05), q = (.05, .1, .85), two siblings drawn
     without replacement; the fixed-q rule emits (0.3167, 0.6333, 0.05), the right rule p."""
     target = ToyModel(3, 0, constant=(0.6, 0.35, 0.05))
     draft = ToyModel(3, 0, constant=(0.05, 0.1, 0.85))
