@@ -20,7 +20,7 @@ tune: setup
 	$(PY) -m tuner +task=gsm8k
 
 demo: setup
-	$(PY) -m decoding.demo
+	$(PY) -m decoding
 
 # Slurm + PostgreSQL for the sweep tests. `make test` starts them (apt-get included) only under CI=true
 # or SPECTUNE_SERVICES=1: a user's plain `make test` never installs system packages behind their back

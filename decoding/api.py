@@ -13,7 +13,7 @@ import importlib
 import inspect
 import pkgutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -25,24 +25,54 @@ if TYPE_CHECKING:
     from decoding.base import Method, Step
     from decoding.models import ModelPair
 
-NOT_METHODS = ("api", "demo", "models")   # modules that define no method (demo is a CLI)
+MODEL_ARGUMENTS = ("target", "draft")   # injected from the pair (``instantiate``)
+SHARED_ARGUMENTS = ("temperature", "top_k", "top_p", "seed", "eos_token_ids")   # every method's
 
 
 def discover_methods() -> dict[str, type]:
-    """Every ``DecodingMethod`` subclass defined in a ``decoding`` module, by its ``name``.
+    """Every ``DecodingMethod`` subclass with its own ``name``, from every ``decoding`` module.
 
     Adding a method means adding its module (and its ``conf/method`` YAML): no list to edit here.
+    Every module is imported (none has side effects on import) except private ones: ``__main__``
+    is the demo CLI, which ``python -m decoding`` runs itself.
     """
     found: dict[str, type] = {}
     for info in pkgutil.iter_modules(decoding.__path__):
-        if info.name in NOT_METHODS:
+        if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"decoding.{info.name}")
         for cls in vars(module).values():
             if isinstance(cls, type) and issubclass(cls, DecodingMethod) \
-                    and cls is not DecodingMethod and cls.__module__ == module.__name__ and "name" in vars(cls):
+                    and cls is not DecodingMethod and cls.__module__ == module.__name__ \
+                    and "name" in vars(cls):
                 found[cls.name] = cls
     return dict(sorted(found.items()))
+
+
+def takes_draft(cls: type) -> bool:
+    """Whether a method's constructor takes draft model(s)."""
+    return "draft" in inspect.signature(cls).parameters
+
+
+def hyperparameters(cls: type) -> list[str]:
+    """A method's hyperparameters: its constructor's keyword arguments, in order, minus the models
+    (``MODEL_ARGUMENTS``) and the sampling arguments and stop ids every method takes
+    (``SHARED_ARGUMENTS``). The one definition, for ``build_method`` and the tuner's configs."""
+    return [name for name in inspect.signature(cls).parameters
+            if name not in MODEL_ARGUMENTS + SHARED_ARGUMENTS]
+
+
+def instantiate(cls: type, pair: ModelPair, **kwargs: Any) -> Method:
+    """Construct ``cls`` with the pair's models: the one place models are handed to a method.
+
+    ``target`` always; ``draft`` when the constructor takes one: the draft model, or every draft
+    (a tuple, SpecInfer) when several were loaded. ``kwargs``: hyperparameters and shared
+    arguments, passed as given.
+    """
+    models = {"target": pair.target}
+    if takes_draft(cls):
+        models["draft"] = pair.drafts if len(pair.drafts) > 1 else pair.draft
+    return cls(**models, **kwargs)
 
 
 METHODS: dict[str, type] = discover_methods()
@@ -110,39 +140,50 @@ class Generation:
     stats: GenerationStats
 
 
-def build_method(name: str, pair: ModelPair, **hyperparameters: Any) -> Method:
-    """Instantiate a decoding method by name with the pair's models.
+def build_method(name: str, pair: ModelPair, **arguments: Any) -> Method:
+    """Instantiate a decoding method by name with the pair's models (``instantiate``).
 
     Args:
         name: one of ``METHODS``.
         pair: the loaded models; single-model methods use only ``pair.target``.
-        **hyperparameters: the method's keyword arguments (e.g. num_draft_tokens, temperature).
+        **arguments: the method's hyperparameters (``hyperparameters``, e.g. num_draft_tokens)
+            and any of ``SHARED_ARGUMENTS`` (temperature, top_k, top_p, seed, eos_token_ids).
     """
     if name not in METHODS:
         raise ValueError(f"method {name!r} is unknown: allowed are {sorted(METHODS)}")
     cls = METHODS[name]
-    allowed = [p for p in inspect.signature(cls).parameters
-               if p not in ("target", "draft")]
-    unknown = sorted(set(hyperparameters) - set(allowed))
+    allowed = hyperparameters(cls) + list(SHARED_ARGUMENTS)
+    unknown = sorted(set(arguments) - set(allowed))
     if unknown:
         raise ValueError(f"method {name!r} has no hyperparameter(s) {unknown}: allowed are "
                          f"{allowed}")
-    models = {"target": pair.target}
-    if "draft" in inspect.signature(cls).parameters:
-        models["draft"] = pair.drafts if len(pair.drafts) > 1 else pair.draft
-    return cls(**models, **hyperparameters)
+    return instantiate(cls, pair, **arguments)
 
 
-def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
-    """Token ids of ``text``: through the chat template when the tokenizer has one and chat=True."""
+def encode_prompt(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]], chat: bool = True,
+                  add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a prompt: a text (one user turn) or chat messages.
+
+    Through the chat template when the tokenizer has one and ``chat``; else the plain text (the
+    messages' contents joined by blank lines).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (or anything with ``__call__`` and ``chat_template``).
+        prompt: the user's text, or messages ``{"role": ..., "content": ...}`` in order.
+        chat: use the chat template when there is one.
+        add_generation_prompt: end with the opening of the assistant's turn (False when the
+            messages already end with the assistant's answer, e.g. training text).
+    """
     if tokenizer is None:
         raise ValueError("a text prompt needs a tokenizer; this model has none (tiny random "
                          "models take token ids)")
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
+        [dict(message) for message in prompt]
     if chat and getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                  add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False))
-    return list(tokenizer(text)["input_ids"])
+        return list(tokenizer.apply_chat_template(messages,
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  tokenize=True, return_dict=False))
+    return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
 
 
 def generate(method: Method, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int,

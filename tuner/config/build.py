@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from decoding.api import instantiate
 from decoding.models import ModelPair, load_pair
 from tuner.config.validate import method_class, plain
 
@@ -42,9 +43,7 @@ def load_models(models_cfg: Mapping[str, Any], needs_draft: bool) -> tuple[Model
 
 def build_method(method_cfg: Mapping[str, Any], params: Mapping[str, Any], pair: ModelPair,
                  sampling: Mapping[str, Any], seed: int) -> Any:
-    """Instantiate the method with the pair's models, its params and the sampling settings."""
-    cls = method_class(method_cfg)
-    models = {"target": pair.target}
-    if method_cfg.get("needs_draft", False):   # several drafts (SpecInfer) travel as a tuple
-        models["draft"] = pair.drafts if len(pair.drafts) > 1 else pair.draft
-    return cls(**models, **dict(params), **plain(sampling), seed=seed)
+    """Instantiate the method with the pair's models (``decoding.api.instantiate``), its params and
+    the sampling settings."""
+    return instantiate(method_class(method_cfg), pair, **dict(params), **plain(sampling),
+                       seed=seed)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from decoding.api import encode_prompt
 from tuner.tasks import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -221,7 +222,8 @@ class Task:
         return [self._prompt(i) for i in self.order[:n_tuning]], [self._prompt(i) for i in held]
 
     def encode(self, prompt: Prompt, tokenizer: Any, answer: str | None = None) -> list[int]:
-        """Token ids: the tokenizer's chat template when it has one, else plain text.
+        """Token ids (``decoding.api.encode_prompt``): the tokenizer's chat template when it has
+        one, else plain text.
 
         ``answer``: appended as the assistant's turn (training text, e.g. an EAGLE head's);
         None: the prompt ends with the generation prompt, as the tuner feeds it.
@@ -229,10 +231,7 @@ class Task:
         messages = [{"role": r, "content": c} for r, c in prompt.messages]
         if answer is not None:
             messages.append({"role": "assistant", "content": answer})
-        if self.chat and getattr(tokenizer, "chat_template", None):
-            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=answer is None,
-                                                      tokenize=True, return_dict=False))
-        return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
+        return encode_prompt(tokenizer, messages, self.chat, add_generation_prompt=answer is None)
 
     def score(self, prompts: Sequence[Prompt], completions: Sequence[str]
               ) -> tuple[dict[str, float], list[float] | None]:

@@ -1,6 +1,6 @@
 """A short generation demo on the embedded default pair (offline).
 
-    python -m decoding.demo [--prompts 2] [--max-new-tokens 48] [--gamma 4]
+    python -m decoding [--prompts 2] [--max-new-tokens 48] [--gamma 4]
 
 Runs vanilla, speculative (token verification) and block verification on GSM8K questions with
 SmolLM2-135M-Instruct (fp32) and its int8-dynamic self-draft, checks that greedy outputs are
