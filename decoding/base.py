@@ -10,7 +10,8 @@ truncation at EOS or ``max_new_tokens``.
 
 Data flows one way: a ``Drafter`` proposes a ``Draft`` from a ``DraftContext``; the target scores
 it in one forward; a verify function (pure, ``decoding.verify``) turns probabilities into a
-``Verdict``; the shared loop (``decoding.loop``) commits it and yields a ``Step``. A chain is the
+``Verdict``; the shared loop (``decoding.loop``) shows it to the drafter (``Drafter.observe``,
+the only feedback path), commits it and yields a ``Step``. A chain is the
 special case ``Draft.parents is None``. Lookahead fuses its Jacobi window into the verification
 forward and keeps its own loop (see ``decoding.lookahead``); it still yields ``Step``s.
 """
@@ -18,7 +19,7 @@ forward and keeps its own loop (see ``decoding.lookahead``); it still yields ``S
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, ClassVar, Iterator, Mapping, Protocol, Sequence
 
 from decoding.runtime import stop_ids
 from decoding.sampling import SamplingConfig
@@ -102,19 +103,40 @@ class DraftContext:
     #   L−1−m .. L−2 (L = len(ids)); only when the drafter sets ``needs_hidden``
 
 
-class Drafter(Protocol):
+class Drafter:
     """Proposes drafts for a target model; owns (and rolls back) its own state.
 
-    Optional: a class attribute ``needs_hidden = True`` makes the loop pass the target's hidden
-    states in ``DraftContext.hidden`` (feature-level drafters such as EAGLE heads); such a drafter
-    is first asked after the target's first forward (the prompt's prefill).
+    One required method, ``propose``; the others are hooks with no-op defaults. Capabilities are
+    class attributes the loop reads directly:
+      * ``needs_hidden``: the loop passes the target's hidden states in ``DraftContext.hidden``
+        (feature-level drafters such as EAGLE heads); such a drafter is first asked after the
+        target's first forward (the prompt's prefill).
     """
+
+    needs_hidden: ClassVar[bool] = False
 
     def reset(self) -> None:
         """Forget everything about the previous sequence (called once per generation)."""
 
     def propose(self, context: DraftContext) -> Draft:
         """Propose a chain or tree whose paths hold at most ``context.budget`` tokens."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement propose()")
+
+    def observe(self, draft: Draft, verdict: Verdict, logits: torch.Tensor
+                ) -> dict[str, float] | None:
+        """Feedback after verification: the only way a drafter sees how its draft fared.
+
+        Args:
+            draft: the draft just verified (empty when the step had no budget for one).
+            verdict: its verdict.
+            logits: the target's rows the verdict came from: [γ+1, V] for a chain, [S+1, V]
+                by forward slot for a tree (row 0 after the last committed token, row s+1
+                after slot s; ``decoding.tree.merge_duplicates``).
+
+        Returns:
+            The step's method-specific counters (``Step.extras``), or None.
+        """
+        return None
 
     def commit(self, num_valid: int) -> None:
         """The first ``num_valid`` tokens of the last context + accepted path are committed."""

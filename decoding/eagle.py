@@ -37,9 +37,12 @@ if TYPE_CHECKING:
 
 
 class EagleSource:
-    """An EAGLE head as a tree's source of next-token logits (``TreeDrafter``'s source interface)."""
+    """An EAGLE head as a tree's source of next-token logits (``TreeDrafter``'s source interface).
 
-    needs_hidden = True
+    Not a ``decoding.cached_model.CachedModel``: the head is fed (feature, token) pairs rather than
+    token ids, the features of committed rows arrive from the target after the fact (``fed`` must
+    match them exactly), and its cache is the head's own ``HeadCache``.
+    """
 
     def __init__(self, head: Any) -> None:
         self.head = head
@@ -96,6 +99,12 @@ class EagleSource:
         return next(self.head.parameters()).dtype
 
 
+class EagleDrafter(TreeDrafter):
+    """A token tree grown by an EAGLE head (``EagleSource``), which reads the target's states."""
+
+    needs_hidden = True
+
+
 class EagleDecoding(DraftVerifyLoop):
     """Target + EAGLE head: feature-level token trees verified in one target forward.
 
@@ -128,5 +137,5 @@ class EagleDecoding(DraftVerifyLoop):
             raise ValueError(f"head={head!r} is invalid: allowed is a head reference (shipped "
                              "name, 'random', 'auto', local directory, hub id) or an EagleHead")
         self.head = head
-        self.drafter = TreeDrafter(EagleSource(head), self.sampling, shape, siblings, width,
-                                   depth, total_tokens, float(confidence_threshold))
+        self.drafter = EagleDrafter(EagleSource(head), self.sampling, shape, siblings, width,
+                                    depth, total_tokens, float(confidence_threshold))

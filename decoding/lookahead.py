@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from decoding.base import DecodingMethod, Step, Verdict
+from decoding.cached_model import CachedModel
 from decoding.phrases import PhrasePool
-from decoding.runtime import (check_positive_int, check_request, make_generator, new_cache, phase,
+from decoding.runtime import (check_positive_int, check_request, make_generator, phase,
                               truncate_at_eos)
 from decoding.sampling import SamplingConfig, logits_to_probs
-from decoding.tree import Forest, keep_cache_rows, tree_forward
+from decoding.tree import Forest
 from decoding.verify import greedy_tree, tree_verify
 
 if TYPE_CHECKING:
@@ -82,21 +83,18 @@ class LookaheadEngine:
 
     def __init__(self, model: nn.Module, window: int, ngram: int, pool: PhrasePool,
                  guess_set: int, seed: int = 0) -> None:
-        self.model, self.window, self.ngram, self.pool = model, window, ngram, pool
+        self.model, self.window, self.ngram, self.pool = CachedModel(model), window, ngram, pool
         self.guess_set, self.seed = guess_set, seed
         self.reset()
 
     def reset(self) -> None:
-        self.cache = new_cache(self.model)
-        self.cached = 0
+        self.model.reset()
         self.level0: list[int] | None = None      # block0 minus c
         self.upper: list[list[int]] = []          # levels 1..f
         self.rng = random.Random(self.seed)
 
     def rollback(self, num_valid: int) -> None:
-        if self.cached > num_valid:
-            keep_cache_rows(self.cache, num_valid, [])
-            self.cached = num_valid
+        self.model.rollback(num_valid)
 
     def _window_branch(self, forest: Forest, seq: Sequence[int], c_node: int) -> list[int]:
         """Add block0 + levels to the forest; returns the nodes whose predictions form a new level."""
@@ -123,22 +121,21 @@ class LookaheadEngine:
     def advance(self, seq: Sequence[int], max_tokens: int, sampling: SamplingConfig = GREEDY,
                 generator: torch.Generator | None = None) -> Advance:
         """One forward after committed ``seq``; commits 1..max_tokens tokens."""
-        forest = Forest()
-        c_node = forest.chain(seq[self.cached:], -1)[-1]
+        forest, cached = Forest(), self.model.length
+        c_node = forest.chain(seq[cached:], -1)[-1]
         newest = self._window_branch(forest, seq, c_node) if self.window else []
         phrases = []
         if self.guess_set and max_tokens > 1:
             phrases = [p[: max_tokens - 1] for p in self.pool.get(seq[-1], self.guess_set)]
         candidates, _ = forest.trie(phrases, c_node)
         rows = [c_node] + candidates + newest
-        logits = tree_forward(self.model, forest.tokens, forest.parents, self.cache, rows)
+        logits = self.model.forward_forest(forest.tokens, forest.parents, rows)
         local = {node: i for i, node in enumerate(candidates)}
         verdict = verify_point_masses([forest.tokens[n] for n in candidates],
                                       [local.get(forest.parents[n], -1) for n in candidates],
                                       logits[: 1 + len(candidates)], sampling, generator)
         path = [candidates[i] for i in verdict.nodes]
-        keep_cache_rows(self.cache, len(seq), [self.cached + n for n in path])   # node n: slot cached+n
-        self.cached = len(seq) + len(path)
+        self.model.keep(len(seq), [cached + n for n in path])          # node n sits at slot cached+n
         if self.window:
             new = logits[1 + len(candidates):].argmax(dim=-1).tolist()
             block0 = [seq[-1]] + self.level0

@@ -10,7 +10,8 @@ One step:
   2. the target scores the uncached committed tokens + the draft in ONE forward: a chain
      (``parents is None``) goes through the plain causal fast path; a tree is merged into slots
      (``decoding.tree.merge_duplicates``) and fed with a tree attention mask;
-  3. a pure verify function returns a ``Verdict`` (accepted path + recovered/bonus token);
+  3. a pure verify function returns a ``Verdict`` (accepted path + recovered/bonus token), which
+     the drafter observes (``Drafter.observe``: its feedback, and the step's method counters);
   4. the accepted path is committed (truncated at EOS), the target cache keeps exactly the rows of
      the committed prefix and the accepted path, the drafter rolls back its own state.
 
@@ -55,22 +56,19 @@ class DraftVerifyLoop(DecodingMethod):
     drafter: Drafter
     verify_rule: VerifyRule = staticmethod(token_verify)
 
-    def step_extras(self, draft: Draft, verdict: Verdict, logits: torch.Tensor,
-                    slots: list[int] | None) -> dict[str, float] | None:
-        """Method-specific counters for the step (hook; None by default)."""
-        return None
-
     @torch.inference_mode()
     def stream(self, prompt_ids: torch.Tensor, max_new_tokens: int,
                clock: PhaseClock | None = None) -> Iterator[Step]:
-        # 1. state: committed ids in a preallocated buffer; target cache starts empty
+        # 1. state: committed ids in a preallocated buffer; target cache starts empty. (The
+        #    target's cache is not a ``CachedModel``: it lives in this frame for one generation,
+        #    ``cached`` is step 4's arithmetic, and its forwards also return hidden states.)
         prompt = check_request(self.target, prompt_ids, max_new_tokens)
         generator = make_generator(self.seed, prompt.device)
         sequence = torch.cat([prompt, prompt.new_zeros(max_new_tokens)])       # [L + max_new]
         length, cached, produced = prompt.shape[0], 0, 0
         cache = new_cache(self.target)
         self.drafter.reset()
-        wants_hidden = bool(getattr(self.drafter, "needs_hidden", False))
+        wants_hidden = self.drafter.needs_hidden
         verdict, hidden = None, None
         empty = Draft(tokens=prompt.new_zeros(0))
         while produced < max_new_tokens:
@@ -92,7 +90,7 @@ class DraftVerifyLoop(DecodingMethod):
                     verdict, logits, hidden, slots = self._tree(uncached, draft, cache, cached,
                                                                 generator, wants_hidden)
                     keep_cache_rows(cache, length, [length + slots[n] for n in verdict.nodes])
-                extras = self.step_extras(draft, verdict, logits, slots)
+                extras = self.drafter.observe(draft, verdict, logits)
             # 4. commit, truncate at EOS, roll the drafter back to the committed prefix
             nodes = list(verdict.nodes)
             drafted_tokens = draft.tokens.tolist() if nodes else []

@@ -41,12 +41,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from decoding.base import Draft, DraftContext, Verdict
+from decoding.base import Draft, DraftContext, Drafter, Verdict
+from decoding.cached_model import CachedModel
 from decoding.loop import DraftVerifyLoop
-from decoding.runtime import check_positive_int, crop_cache, forward_logits, new_cache
+from decoding.runtime import check_positive_int
 from decoding.sampling import SamplingConfig, logits_to_probs
 from decoding.speculative import single_draft
-from decoding.tree import extend_forward
+from decoding.tree import Forest
 from decoding.verify import joint_verify
 
 if TYPE_CHECKING:
@@ -63,23 +64,19 @@ class Beams:
     forwards: int                 # draft-model forwards spent
 
 
-class BeamDrafter:
+class BeamDrafter(Drafter):
     """M beams, γ steps of beam sampling (beam search at temperature 0) with its own KV cache."""
 
     def __init__(self, model: nn.Module, sampling: SamplingConfig, num_beams: int, width: int,
                  num_tokens: int) -> None:
-        self.model, self.sampling = model, sampling
+        self.model, self.sampling = CachedModel(model), sampling
         self.num_beams, self.width, self.num_tokens = num_beams, width, num_tokens
-        self.reset()
 
     def reset(self) -> None:
-        self.cache = new_cache(self.model)
-        self.cached = 0            # committed positions held in ``cache``
+        self.model.reset()
 
     def commit(self, num_valid: int) -> None:
-        if self.cached > num_valid:
-            crop_cache(self.cache, num_valid)
-            self.cached = num_valid
+        self.model.rollback(num_valid)
 
     def propose(self, context: DraftContext) -> Draft:
         """The W best beams of γ_eff = min(γ, budget) tokens: a chain, or W chains as a tree."""
@@ -96,23 +93,19 @@ class BeamDrafter:
 
     def search(self, ids: torch.Tensor, gamma: int, generator: torch.Generator | None) -> Beams:
         """Beam sampling of ``gamma`` tokens after ``ids`` ([L]); γ draft forwards."""
-        length = int(ids.shape[0])
-        logits = forward_logits(self.model, ids[self.cached:][None], self.cache, self.cached, 1)
-        self.cached = length
+        logits = self.model.feed(ids)[None]             # [1, V] after the committed tokens
         tokens = ids.new_zeros(1, 0)                    # [B, s] tokens of each beam
         log_q = torch.zeros(1, 0, device=ids.device)    # [B, s] log q̃ of each token
         row_of = ids.new_zeros(1, 0)                    # [B, s] index of each token's q̃ row
-        slots = ids.new_zeros(1, 0)                     # [B, s−1] cache slots of the fed tokens
         joint = torch.zeros(1, device=ids.device)       # [B] log Q of each beam
+        tree = Forest()                                 # every beam token fed so far, as nodes
+        newest: list[int] = []                          # [B] tree node of each beam's last token
         rows, seen = [], 0
         for step in range(gamma):
             count = tokens.shape[0]
             if step:   # feed every beam's newest token; its ancestors are in the cache already
-                start = self.cache.get_seq_length()
-                logits = extend_forward(self.model, self.cache, length, tokens[:, -1].tolist(),
-                                        slots.tolist(), [step] * count)              # [B, V]
-                fed = start + torch.arange(count, device=ids.device)
-                slots = torch.cat([slots, fed[:, None]], 1)
+                depths = [step] * len(tree.tokens)      # (read for the fed nodes only)
+                logits = self.model.extend_tree(newest, tree.tokens, tree.parents, depths)  # [B, V]
             log_rows, q_rows = self._scored(logits)                                   # [B, V]
             scores = joint[:, None] + log_rows                                         # [B, V]
             parent, token = self._pick(scores, generator)                             # [B']
@@ -120,10 +113,12 @@ class BeamDrafter:
             tokens = torch.cat([tokens[parent], token[:, None]], 1)
             log_q = torch.cat([log_q[parent], log_rows[parent, token][:, None]], 1)
             row_of = torch.cat([row_of[parent], (seen + parent)[:, None]], 1)
-            slots = slots[parent]
+            if step + 1 < gamma:                        # the last tokens are never fed
+                newest = [tree.add(t, newest[b] if step else -1)
+                          for b, t in zip(parent.tolist(), token.tolist())]
             rows.append(q_rows)
             seen += count
-        crop_cache(self.cache, length)                  # beam rows are dropped; the path is re-fed
+        self.model.discard_tree()                       # beam rows are dropped; the path is re-fed
         keep = min(self.width, tokens.shape[0])         # beams are in descending joint order
         q = None if self.sampling.greedy else torch.cat(rows)[row_of[:keep]]
         return Beams(tokens[:keep], log_q[:keep], q, forwards=gamma)

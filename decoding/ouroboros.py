@@ -14,7 +14,7 @@ One round (paper §3; reference behaviour and its bugs in docs/phrase_drafting.m
      clears it.
 Each component has a switch, reproducing the ablation ladder of Table 4. Steps 1–2 are the drafter
 (``PhraseDrafter``: the draft chain and its suffixes form one tree ``Draft`` of point masses), step 3
-is the shared loop (``decoding.loop``), step 4 its ``step_extras`` hook.
+is the shared loop (``decoding.loop``), step 4 the drafter's ``observe``.
 
 Symbols → arguments: γ ``num_draft_tokens``, W ``window``, β ``phrase_length`` (a phrase is its key
 token + β−1 tokens, the paper's p_1..p_β; it is also the draft's lookahead n-gram size N), K
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from decoding.base import Draft, DraftContext, Verdict
+from decoding.base import Draft, DraftContext, Drafter, Verdict
 from decoding.lookahead import GREEDY, LookaheadEngine, check_lookahead_params
 from decoding.loop import DraftVerifyLoop
 from decoding.phrases import PhrasePool
@@ -75,18 +75,20 @@ class Proposal:
     suffix_paths: list[list[int]]         # draft node indices of each suffix
 
 
-class PhraseDrafter:
+class PhraseDrafter(Drafter):
     """The draft model drafting γ greedy tokens, phrase by phrase (lookahead) or token by token,
-    then lengthened by up to K pool phrases keyed by its last token (a tree of point masses)."""
+    then lengthened by up to K pool phrases keyed by its last token (a tree of point masses);
+    ``observe`` mines the verification forward into the pool (step 4)."""
 
     def __init__(self, model: nn.Module, pool: PhrasePool, *, num_tokens: int, window: int,
                  phrase_length: int, guess_set: int, num_phrases: int, use_phrases: bool,
-                 lengthen: bool, keep_history: bool, seed: int) -> None:
+                 lengthen: bool, mine: bool, keep_history: bool, seed: int) -> None:
         self.engine = LookaheadEngine(model, window if use_phrases else 0, phrase_length, pool,
                                       guess_set if use_phrases else 0, seed)
         self.pool, self.num_tokens, self.num_phrases = pool, num_tokens, num_phrases
-        self.lengthen, self.keep_history = lengthen, keep_history
-        self.last = Proposal([], [], [])
+        self.phrase_length, self.lengthen, self.mine = phrase_length, lengthen, mine
+        self.keep_history = keep_history
+        self.proposal = Proposal([], [], [])     # the last proposal, read back by ``observe``
 
     def reset(self) -> None:
         self.engine.reset()
@@ -116,7 +118,7 @@ class PhraseDrafter:
         forest = Forest()
         nodes = forest.chain(draft, -1)
         _, suffix_paths = forest.trie(suffixes, nodes[-1] if nodes else -1)
-        self.last = Proposal(draft, suffixes, suffix_paths)
+        self.proposal = Proposal(draft, suffixes, suffix_paths)
         device = context.ids.device
         return Draft(tokens=torch.tensor(forest.tokens, dtype=torch.long, device=device),
                      parents=torch.tensor(forest.parents, dtype=torch.long, device=device),
@@ -125,53 +127,9 @@ class PhraseDrafter:
     def commit(self, num_valid: int) -> None:
         self.engine.rollback(num_valid)
 
-
-class Ouroboros(DraftVerifyLoop):
-    """Draft + target speculative decoding with phrases.
-
-    Args:
-        target, draft: causal LMs sharing a vocabulary.
-        num_draft_tokens: γ. window: W. phrase_length: β (≥ 2). num_phrases: K (0 = no lengthening).
-        guess_set: G (None = W).
-        draft_lookahead, lengthen_drafts, verification_phrases, reuse_history: ablation switches.
-        temperature, top_k, top_p, seed, eos_token_ids: as for every method (drafting stays greedy).
-    """
-
-    name = "ouroboros"
-
-    def __init__(self, target: nn.Module, draft: nn.Module, *, num_draft_tokens: int = 4,
-                 window: int = 15, phrase_length: int = 6, num_phrases: int = 3,
-                 guess_set: int | None = None, draft_lookahead: bool = True,
-                 lengthen_drafts: bool = True, verification_phrases: bool = True,
-                 reuse_history: bool = True, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0,
-                 eos_token_ids: Sequence[int] | None = None) -> None:
-        draft = single_draft(draft, self.name)
-        self.num_draft_tokens = check_positive_int("num_draft_tokens", num_draft_tokens, "γ")
-        guess_set = window if guess_set is None else guess_set
-        check_lookahead_params(window, phrase_length, guess_set)
-        if isinstance(num_phrases, bool) or not isinstance(num_phrases, int) or num_phrases < 0:
-            raise ValueError(f"num_phrases (K)={num_phrases!r} is invalid: allowed is an integer "
-                             ">= 0")
-        super().__init__(target, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                         eos_token_ids=eos_token_ids)
-        self.phrase_length, self.num_phrases = phrase_length, num_phrases
-        self.mine = verification_phrases
-        self.pool = PhrasePool(guess_set)
-        self.drafter = PhraseDrafter(
-            draft, self.pool, num_tokens=self.num_draft_tokens, window=window,
-            phrase_length=phrase_length, guess_set=guess_set, num_phrases=num_phrases,
-            use_phrases=draft_lookahead, lengthen=lengthen_drafts, keep_history=reuse_history,
-            seed=seed)
-
-    def reset(self) -> None:
-        """Forget the phrase history (e.g. after untimed warm-up runs)."""
-        self.pool.reset()
-
-    def step_extras(self, draft: Draft, verdict: Verdict, logits: torch.Tensor,
-                    slots: list[int] | None) -> dict[str, float]:
+    def observe(self, draft: Draft, verdict: Verdict, logits: torch.Tensor) -> dict[str, float]:
         """Step 4: mine the verification forward into the pool; suffix and pool counters."""
-        last = self.drafter.last if draft.size else Proposal([], [], [])   # no draft this step
+        last = self.proposal if draft.size else Proposal([], [], [])   # no draft this step
         gamma = len(last.draft)
         accepted_draft = min(verdict.accepted, gamma)      # suffixes hang below the draft
         extras = self._learn(last, accepted_draft, logits)
@@ -205,3 +163,44 @@ class Ouroboros(DraftVerifyLoop):
                 if key is not None and corrected != phrase:
                     self.pool.replace(key, phrase, corrected)
         return {"match": float(match)}
+
+
+class Ouroboros(DraftVerifyLoop):
+    """Draft + target speculative decoding with phrases.
+
+    Args:
+        target, draft: causal LMs sharing a vocabulary.
+        num_draft_tokens: γ. window: W. phrase_length: β (≥ 2). num_phrases: K (0 = no lengthening).
+        guess_set: G (None = W).
+        draft_lookahead, lengthen_drafts, verification_phrases, reuse_history: ablation switches.
+        temperature, top_k, top_p, seed, eos_token_ids: as for every method (drafting stays greedy).
+    """
+
+    name = "ouroboros"
+
+    def __init__(self, target: nn.Module, draft: nn.Module, *, num_draft_tokens: int = 4,
+                 window: int = 15, phrase_length: int = 6, num_phrases: int = 3,
+                 guess_set: int | None = None, draft_lookahead: bool = True,
+                 lengthen_drafts: bool = True, verification_phrases: bool = True,
+                 reuse_history: bool = True, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0,
+                 eos_token_ids: Sequence[int] | None = None) -> None:
+        draft = single_draft(draft, self.name)
+        self.num_draft_tokens = check_positive_int("num_draft_tokens", num_draft_tokens, "γ")
+        guess_set = window if guess_set is None else guess_set
+        check_lookahead_params(window, phrase_length, guess_set)
+        if isinstance(num_phrases, bool) or not isinstance(num_phrases, int) or num_phrases < 0:
+            raise ValueError(f"num_phrases (K)={num_phrases!r} is invalid: allowed is an integer "
+                             ">= 0")
+        super().__init__(target, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         eos_token_ids=eos_token_ids)
+        self.pool = PhrasePool(guess_set)
+        self.drafter = PhraseDrafter(
+            draft, self.pool, num_tokens=self.num_draft_tokens, window=window,
+            phrase_length=phrase_length, guess_set=guess_set, num_phrases=num_phrases,
+            use_phrases=draft_lookahead, lengthen=lengthen_drafts, mine=verification_phrases,
+            keep_history=reuse_history, seed=seed)
+
+    def reset(self) -> None:
+        """Forget the phrase history (e.g. after untimed warm-up runs)."""
+        self.pool.reset()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from decoding.base import Draft, DraftContext
+from decoding.base import Draft, DraftContext, Drafter
 from decoding.loop import DraftVerifyLoop
 from decoding.runtime import check_positive_int
 from decoding.tree import Forest
@@ -61,18 +61,13 @@ def find_continuations(ids: torch.Tensor, min_ngram: int, max_ngram: int, length
     return found
 
 
-class PromptLookupDrafter:
-    """Point-mass drafts copied from the committed sequence (no model, no state)."""
+class PromptLookupDrafter(Drafter):
+    """Point-mass drafts copied from the committed sequence (no model, no state: the base's
+    ``reset`` and ``commit`` are no-ops)."""
 
     def __init__(self, min_ngram: int, max_ngram: int, num_tokens: int, num_matches: int) -> None:
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.num_tokens, self.num_matches = num_tokens, num_matches
-
-    def reset(self) -> None:
-        """Nothing to forget: the lookup reads only the context."""
-
-    def commit(self, num_valid: int) -> None:
-        """Nothing to roll back."""
 
     def propose(self, context: DraftContext) -> Draft:
         ids = context.ids

@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from decoding.base import Draft, DraftContext
+from decoding.base import Draft, DraftContext, Drafter
+from decoding.cached_model import CachedModel
 from decoding.loop import DraftVerifyLoop
-from decoding.runtime import check_positive_int, crop_cache, forward_logits, new_cache
+from decoding.runtime import check_positive_int
 from decoding.sampling import SamplingConfig, logits_to_probs
-from decoding.tree import extend_forward
+from decoding.tree import Forest
 
 if TYPE_CHECKING:
     from torch import nn
@@ -40,43 +41,37 @@ class SampledSequences:
 
     def __init__(self, model: nn.Module, sampling: SamplingConfig, num_drafts: int,
                  num_tokens: int) -> None:
-        self.model, self.sampling = model, sampling
+        self.model, self.sampling = CachedModel(model), sampling
         self.num_drafts, self.num_tokens = num_drafts, num_tokens
-        self.reset()
 
     def reset(self) -> None:
-        self.cache = new_cache(self.model)
-        self.cached = 0
+        self.model.reset()
 
     def commit(self, num_valid: int) -> None:
-        if self.cached > num_valid:
-            crop_cache(self.cache, num_valid)
-            self.cached = num_valid
+        self.model.rollback(num_valid)
 
     def sample(self, ids: torch.Tensor, gamma: int, generator: torch.Generator | None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens [γ, m] and their draft distributions [γ, m, V] (step-major); γ forwards."""
-        length = int(ids.shape[0])
-        logits = forward_logits(self.model, ids[self.cached:][None], self.cache, self.cached, 1)
-        self.cached = length
-        q = logits_to_probs(logits[-1], self.sampling).expand(self.num_drafts, -1)   # [m, V]
+        q = logits_to_probs(self.model.feed(ids), self.sampling)                   # [V]
+        q = q.expand(self.num_drafts, -1)                                            # [m, V]
+        tree = Forest()                 # the fed draws: node d·m + s is step d of sequence s
         tokens, probs = [], []
         for step in range(gamma):
             drawn = torch.multinomial(q, 1, generator=generator).squeeze(1)          # [m]
             tokens.append(drawn)
             probs.append(q)
             if step + 1 < gamma:
-                # sequence s, step d sits at cache slot length + d·m + s
-                ancestors = [[length + d * self.num_drafts + s for d in range(step)]
-                             for s in range(self.num_drafts)]
-                logits = extend_forward(self.model, self.cache, length, drawn.tolist(),
-                                        ancestors, [step + 1] * self.num_drafts)
+                nodes = [tree.add(t, s + (step - 1) * self.num_drafts if step else -1)
+                         for s, t in enumerate(drawn.tolist())]
+                depths = [step + 1] * len(tree.tokens)  # (read for the fed nodes only)
+                logits = self.model.extend_tree(nodes, tree.tokens, tree.parents, depths)
                 q = logits_to_probs(logits, self.sampling)                         # [m, V]
-        crop_cache(self.cache, length)
+        self.model.discard_tree()
         return torch.stack(tokens), torch.stack(probs)
 
 
-class MultiDrafter:
+class MultiDrafter(Drafter):
     """Every draft model's sequences, merged into one tree ``Draft`` (node = one draw)."""
 
     def __init__(self, models: Sequence[nn.Module], sampling: SamplingConfig, num_drafts: int,

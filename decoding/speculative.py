@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from decoding.base import Draft, DraftContext
+from decoding.base import Draft, DraftContext, Drafter
+from decoding.cached_model import CachedModel
 from decoding.loop import DraftVerifyLoop, VerifyRule
-from decoding.runtime import check_positive_int, crop_cache, forward_logits, new_cache
+from decoding.runtime import check_positive_int
 from decoding.sampling import SamplingConfig, next_token
 from decoding.verify import block_verify, token_verify
 
@@ -42,41 +43,38 @@ def single_draft(draft: object, method: str) -> nn.Module:
     return draft
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A small causal LM proposing a chain of up to ``num_tokens``, with its own KV cache."""
 
     def __init__(self, model: nn.Module, sampling: SamplingConfig, num_tokens: int) -> None:
-        self.model = model
+        self.model = CachedModel(model)
         self.sampling = sampling
         self.num_tokens = num_tokens
-        self.reset()
 
     def reset(self) -> None:
-        self.cache = new_cache(self.model)
-        self.cached = 0            # context positions held in ``cache``
+        self.model.reset()
 
     def propose(self, context: DraftContext) -> Draft:
-        """Draw γ_eff = min(γ, budget) tokens after ``context.ids``; no host sync in the loop."""
-        ids, generator = context.ids, context.generator
+        """Draw γ_eff = min(γ, budget) tokens after ``context.ids``; no host sync in the loop.
+
+        γ_eff draft forwards: the committed tokens not cached yet, then every draft token but the
+        last (the fed draft tokens stay in the cache: ``commit`` keeps the accepted ones).
+        """
         num_tokens = min(self.num_tokens, context.budget)
-        inputs = ids[self.cached:][None]                                        # [1, u]
+        logits = self.model.feed(context.ids)                                    # [V]
         tokens, probs = [], []
         for i in range(num_tokens):
-            start = self.cached if i == 0 else ids.shape[0] + i - 1
-            logits = forward_logits(self.model, inputs, self.cache, start, 1)[-1]   # [V]
-            token, token_probs = next_token(logits, self.sampling, generator)
+            token, token_probs = next_token(logits, self.sampling, context.generator)
             tokens.append(token)
             probs.append(token_probs)
-            inputs = token.view(1, 1)
-        self.cached = ids.shape[0] + num_tokens - 1   # the last draft token is not fed
+            if i + 1 < num_tokens:
+                logits = self.model.append(token.view(1))                        # [V]
         return Draft(tokens=torch.stack(tokens),
                      probs=None if self.sampling.greedy else torch.stack(probs),
                      forwards=num_tokens)
 
     def commit(self, num_valid: int) -> None:
-        if self.cached > num_valid:
-            crop_cache(self.cache, num_valid)
-            self.cached = num_valid
+        self.model.rollback(num_valid)
 
 
 class SpeculativeDecoding(DraftVerifyLoop):

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Sequence, Union
 
 import torch
 
-from decoding.base import Draft, DraftContext
+from decoding.base import Draft, DraftContext, Drafter
+from decoding.cached_model import CachedModel
 from decoding.loop import DraftVerifyLoop
-from decoding.runtime import check_positive_int, crop_cache, forward_logits, new_cache
+from decoding.runtime import check_positive_int
 from decoding.sampling import SamplingConfig, logits_to_probs
 from decoding.speculative import single_draft
-from decoding.tree import ancestor_slots, extend_forward, paths_to_parents
 
 if TYPE_CHECKING:
     from torch import nn
@@ -93,54 +93,39 @@ class DraftModelSource:
     tree's rows (``finish``). EAGLE heads are another source (``decoding.eagle.EagleSource``).
     """
 
-    needs_hidden = False
-
     def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.reset()
+        self.model = CachedModel(model)
 
     def reset(self) -> None:
-        self.cache = new_cache(self.model)
-        self.cached = 0            # committed positions held in ``cache``
-        self.length = 0            # committed length of the current draft
-        self.slot: dict[int, int] = {}
+        self.model.reset()
 
     def commit(self, num_valid: int) -> None:
-        if self.cached > num_valid:
-            crop_cache(self.cache, num_valid)
-            self.cached = num_valid
+        self.model.rollback(num_valid)
 
     def root(self, context: DraftContext) -> torch.Tensor:
         """[V] logits after the last committed token (feeds the uncached committed tokens)."""
-        ids = context.ids
-        self.length = int(ids.shape[0])
-        logits = forward_logits(self.model, ids[self.cached:][None], self.cache, self.cached, 1)
-        self.cached, self.slot = self.length, {}
-        return logits[-1]
+        return self.model.feed(context.ids)
 
     def extend(self, nodes: list[int], tokens: list[int], parents: list[int],
                depths: list[int]) -> torch.Tensor:
         """One forward over ``nodes`` (their ancestors already fed); [len(nodes), V] logits."""
-        ancestors = ancestor_slots(nodes, parents, self.slot, self.cache.get_seq_length())
-        return extend_forward(self.model, self.cache, self.length, [tokens[n] for n in nodes],
-                              ancestors, [depths[n] for n in nodes])
+        return self.model.extend_tree(nodes, tokens, parents, depths)
 
     def finish(self) -> None:
-        crop_cache(self.cache, self.length)         # tree rows are dropped; the path is re-fed
+        self.model.discard_tree()                   # tree rows are dropped; the path is re-fed
 
 
-class TreeDrafter:
+class TreeDrafter(Drafter):
     """Grows a token tree (static shape or EAGLE-2 dynamic) from a source of next-token logits.
 
-    The source is a draft model (``DraftModelSource``) or an EAGLE head (``decoding.eagle``); the
-    drafter asks for the target's hidden states exactly when its source does.
+    The source is a draft model (``DraftModelSource``) or an EAGLE head (``decoding.eagle``,
+    whose subclass ``EagleDrafter`` declares ``needs_hidden``).
     """
 
     def __init__(self, source: DraftModelSource, sampling: SamplingConfig, shape: Shape,
                  siblings: str, width: int, depth: int, total_tokens: int,
                  confidence_threshold: float) -> None:
         self.source, self.sampling = source, sampling
-        self.needs_hidden = bool(getattr(source, "needs_hidden", False))
         self.dynamic = shape == "dynamic"
         self.paths = [] if self.dynamic else shape_paths(shape)
         self.siblings = "topk" if sampling.greedy or self.dynamic else siblings

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from decoding import build_method, generate
+from decoding.base import Drafter
 from decoding.mjsd import BeamDrafter
 from decoding.sampling import SamplingConfig, logits_to_probs
 from decoding.verify import joint_log_ratios, joint_verify, longest_joint_prefix
@@ -193,7 +194,7 @@ def test_joint_draft_probabilities_are_products_of_the_warped_steps():
 # End to end
 
 
-class Recording:
+class Recording(Drafter):
     """Wraps a drafter and keeps every draft with the context it was proposed for."""
 
     def __init__(self, inner):
@@ -204,6 +205,9 @@ class Recording:
 
     def commit(self, num_valid):
         self.inner.commit(num_valid)
+
+    def observe(self, draft, verdict, logits):
+        return self.inner.observe(draft, verdict, logits)
 
     def propose(self, context):
         draft = self.inner.propose(context)

@@ -20,6 +20,7 @@ import torch
 from scipy.stats import chisquare
 
 from decoding import build_method, generate
+from decoding.base import Drafter
 from decoding.models import load_pair
 from decoding.runtime import new_cache
 from decoding.token_tree import SHAPES, shape_paths
@@ -397,7 +398,7 @@ def test_feature_drafters_receive_the_targets_hidden_states(tiny_pairs, name, kw
     m = build_method(name, pair, **kw)
     seen = []
 
-    class Recording:
+    class Recording(Drafter):
         needs_hidden = True
 
         def __init__(self, inner):
@@ -408,6 +409,9 @@ def test_feature_drafters_receive_the_targets_hidden_states(tiny_pairs, name, kw
 
         def commit(self, num_valid):
             self.inner.commit(num_valid)
+
+        def observe(self, draft, verdict, logits):
+            return self.inner.observe(draft, verdict, logits)
 
         def propose(self, context):
             seen.append((context.ids.tolist(), context.hidden))
