@@ -26,7 +26,7 @@ import torch
 import transformers
 
 from decoding import build_method, load_pair
-from decoding.eagle_head import SHIPPED
+from decoding.eagle_weights import SHIPPED
 
 CONFIGS = [
     ("vanilla", "vanilla", {}),

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from decoding.base import DraftContext
-from decoding.eagle_head import EagleHead, check_fits, load_head, place, target_name
+from decoding.eagle_head import EagleHead
+from decoding.eagle_weights import check_fits, load_head, place, target_name
 from decoding.loop import DraftVerifyLoop
 from decoding.token_tree import Shape, TreeDrafter, check_tree_settings
 from decoding.tree import additive_mask, ancestor_slots, extend_mask
@@ -111,7 +112,7 @@ class EagleDecoding(DraftVerifyLoop):
     Args:
         target: the target causal LM (its embedding and LM head are shared with the head).
         head: a head reference (shipped name, "random[:seed]", "auto", local directory, hub id
-            ``id[@revision]``; see ``decoding.eagle_head``) or a loaded ``EagleHead``.
+            ``id[@revision]``; see ``decoding.eagle_weights``) or a loaded ``EagleHead``.
         shape, siblings, width, depth, total_tokens, confidence_threshold: the tree, as for
             ``method=tree`` (``decoding.token_tree.TreeDecoding``); EAGLE-2's top_k is ``width``,
             its total_token − 1 is ``total_tokens``.

@@ -17,7 +17,7 @@ Recipe (EAGLE paper §3.2, scaled down to a CPU and a time budget):
      The classification loss normalises over the sub-vocabulary of every token that appears in a
      target top-k on the corpus (a CPU saving: the 49k-row LM head is the costly part);
   4. the checkpoint: ``config.json`` + ``model.safetensors`` (fp16) in the published EAGLE layout
-     (``decoding.eagle_head``), the recipe and results under ``spectune`` in the config, and a
+     (``decoding.eagle_weights``), the recipe and results under ``spectune`` in the config, and a
      README.md; then the held-out top-1 agreement (EAGLE's 0-α: teacher-forced features) on the
      bench's held-out GSM8K and CNN/DM prompts.
 """
@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from decoding.eagle_head import EagleHead, HeadConfig, parameter_count, save_head
+from decoding.eagle_head import EagleHead, HeadConfig, parameter_count
+from decoding.eagle_weights import save_head
 
 SHIPPED_NAMES = {"smollm2": "smollm2-135m-instruct"}
 SIGNATURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-sequences", type=int, default=None, help="cap on training chats")
     parser.add_argument("--held-out", type=int, default=8, help="held-out chats per bench task")
     args = parser.parse_args(argv)
-    from decoding.eagle_head import HEADS_DIR
+    from decoding.eagle_weights import HEADS_DIR
     from eagle_training.data import held_out_sequences, training_corpus
     from tuner.config.identity import hardware
     out = args.out or (HEADS_DIR / SHIPPED_NAMES[args.models] if args.models in SHIPPED_NAMES

@@ -21,8 +21,9 @@ from transformers import DynamicCache
 from decoding import build_method, generate
 from decoding.base import DraftContext
 from decoding.eagle import EagleSource, additive_mask
-from decoding.eagle_head import (SHIPPED, HeadConfig, head_identity, load_head, random_head,
-                                 random_seed, save_head)
+from decoding.eagle_head import HeadConfig
+from decoding.eagle_weights import (SHIPPED, head_identity, load_head, random_head, random_seed,
+                                    save_head)
 from decoding.sampling import SamplingConfig, logits_to_probs
 from tests.conftest import tiny_pair
 from tests.laws import pair_pvalue, two_token_law

@@ -65,7 +65,7 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
         raw["threads"] = threads
     head = (method.get("params") or {}).get("head")
     if head is not None:     # method=eagle: the head's files, not just its name
-        from decoding.eagle_head import head_identity
+        from decoding.eagle_weights import head_identity
         raw["method.head"] = head_identity(head)
     return {key: _canonical(value) for key, value in raw.items()}
 

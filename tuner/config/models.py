@@ -63,7 +63,7 @@ def check_head(method: Mapping[str, Any], models: Mapping[str, Any]) -> None:
     params = method.get("params") or {}
     if "head" not in params:
         return
-    from decoding.eagle_head import SHIPPED, fit_problems, read_config
+    from decoding.eagle_weights import SHIPPED, fit_problems, read_config
     from decoding.models import target_dims
     head = params["head"]
     allowed = (f"a shipped head {sorted(SHIPPED)}, 'random[:seed]', a local head directory or a "
@@ -96,7 +96,7 @@ def check_head_fits(method: Mapping[str, Any], target: Any) -> Any:
     params = method.get("params") or {}
     if "head" not in params:
         return None
-    from decoding.eagle_head import load_head
+    from decoding.eagle_weights import load_head
     try:
         return load_head(str(params["head"]), target)
     except (ValueError, OSError) as err:
