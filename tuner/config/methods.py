@@ -46,9 +46,8 @@ def method_class(method_cfg: Mapping[str, Any]) -> type:
 
 def method_arguments(cls: type) -> list[str]:
     """The hyperparameters a method takes (everything but models and the sampling arguments)."""
-    names = [p for p in inspect.signature(cls).parameters
-             if p not in ("self", "target", "draft", "eos_token_ids")]
-    return [n for n in names if n not in SAMPLING_ARGS]
+    from decoding.api import hyperparameters   # the one definition, shared with build_method
+    return hyperparameters(cls)
 
 
 def check_method(method: Mapping[str, Any]) -> None:
