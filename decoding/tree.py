@@ -174,20 +174,6 @@ def node_depths(parents: Sequence[int]) -> list[int]:
     return depth
 
 
-def paths_to_parents(paths: Sequence[Sequence[int]]) -> list[int]:
-    """Parent index per path of a closed path list (every prefix listed before its extensions)."""
-    index = {(): -1}
-    parents = []
-    for path in paths:
-        path = tuple(path)
-        if path[:-1] not in index:
-            raise ValueError(f"tree path {list(path)} has no parent path {list(path[:-1])} "
-                             "listed before it")
-        parents.append(index[path[:-1]])
-        index[path] = len(parents) - 1
-    return parents
-
-
 @dataclass
 class Forest:
     """New tokens of one forward, as a forest over the cached prefix."""
