@@ -6,8 +6,9 @@ after them while a tree is grown (``extend_tree``); ``discard_tree`` drops them.
 undoes rows the target did not accept; ``keep`` keeps a prefix plus selected rows (an accepted
 tree path fed in one forward, ``forward_forest``).
 
-Used by the chain, beam, multi-draft and tree drafters (``decoding.speculative``, ``decoding.mjsd``,
-``decoding.specinfer``, ``decoding.token_tree``) and by lookahead's engine (``decoding.lookahead``).
+Used by the chain, beam, multi-draft and tree drafters (``decoding.speculative``,
+``decoding.mjsd``, ``decoding.specinfer``, ``decoding.token_tree``) and by lookahead's engine
+(``decoding.lookahead``).
 The EAGLE head (``decoding.eagle``) and the target inside ``decoding.loop`` keep their own caches:
 see the comments there.
 """
@@ -87,8 +88,11 @@ class CachedModel:
 
     def forward_forest(self, tokens: Sequence[int], parents: Sequence[int],
                        rows: Sequence[int]) -> torch.Tensor:
-        """One forward of a forest of new tokens after the cache (``decoding.tree.tree_forward``);
-        [len(rows), V] logits of the given nodes. Every row stays until ``keep`` or ``rollback``."""
+        """One forward of a forest of new tokens after the cache (``decoding.tree.tree_forward``).
+
+        Returns [len(rows), V] logits of the given nodes; every fed row stays in the cache until
+        ``keep`` or ``rollback``.
+        """
         return tree_forward(self.model, tokens, parents, self.cache, rows)
 
     def keep(self, prefix: int, rows: Sequence[int]) -> None:

@@ -135,7 +135,7 @@ class LookaheadEngine:
                                       [local.get(forest.parents[n], -1) for n in candidates],
                                       logits[: 1 + len(candidates)], sampling, generator)
         path = [candidates[i] for i in verdict.nodes]
-        self.model.keep(len(seq), [cached + n for n in path])          # node n sits at slot cached+n
+        self.model.keep(len(seq), [cached + n for n in path])       # node n sits at cached + n
         if self.window:
             new = logits[1 + len(candidates):].argmax(dim=-1).tolist()
             block0 = [seq[-1]] + self.level0

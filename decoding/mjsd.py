@@ -105,7 +105,8 @@ class BeamDrafter(Drafter):
             count = tokens.shape[0]
             if step:   # feed every beam's newest token; its ancestors are in the cache already
                 depths = [step] * len(tree.tokens)      # (read for the fed nodes only)
-                logits = self.model.extend_tree(newest, tree.tokens, tree.parents, depths)  # [B, V]
+                logits = self.model.extend_tree(newest, tree.tokens, tree.parents,
+                                                depths)                               # [B, V]
             log_rows, q_rows = self._scored(logits)                                   # [B, V]
             scores = joint[:, None] + log_rows                                         # [B, V]
             parent, token = self._pick(scores, generator)                             # [B']
