@@ -61,7 +61,9 @@ CASES = [
     (["resume=always"], "resume='always' is invalid"),
     (["phase=deploy"], "phase='deploy' is invalid: allowed are ['all', 'prepare', 'work', "
                        "'finish']"),
-    (["budget=huge"], "budget='huge' is invalid"),
+    (["budget.concurrency=[0]"], "budget.concurrency=[0] is invalid: allowed is a list of "
+                                 "distinct integers >= 1"),
+    (["budget.concurrency=[]"], "budget.concurrency=[] is invalid"),
     (["warmup_prompts=-1"], "warmup_prompts=-1 is invalid"),
     (["near_tie_ulps=-1"], "near_tie_ulps=-1 is invalid"),
     (["+near_tie_tolerance=0.001"], "near_tie_tolerance is no longer read"),
@@ -161,6 +163,13 @@ def refuse_to_load_models(monkeypatch, replacement) -> None:
             for loader in ("load_models", "load_pair", "load_model"):
                 if callable(getattr(module, loader, None)):
                     monkeypatch.setattr(module, loader, replacement)
+
+
+def test_an_unknown_budget_is_named_with_the_allowed_ones():
+    """budget is a config group (auto | full, each with its concurrency levels): Hydra names it."""
+    from hydra.errors import MissingConfigException
+    with pytest.raises(MissingConfigException, match=r"budget/huge"):
+        compose_cfg("budget=huge")
 
 
 @pytest.mark.parametrize("overrides,message", CASES, ids=[" ".join(c[0])[:60] for c in CASES])

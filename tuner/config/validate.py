@@ -91,14 +91,26 @@ def validate(cfg: DictConfig) -> None:
 
 
 def check_choices(cfg: DictConfig) -> None:
+    check_budget(plain(cfg.get("budget")))
     for name, allowed in (("baseline", BASELINES), ("resume", RESUME),
-                          ("budget", ("auto", "full")), ("phase", PHASES)):
+                          ("phase", PHASES)):
         if cfg.get(name) not in allowed:
             raise ConfigError(f"{name}={cfg.get(name)!r} is invalid: allowed are {list(allowed)}")
     if cfg.study_name is not None and not str(cfg.study_name).replace("-", "").replace(
             "_", "").replace(".", "").isalnum():
         raise ConfigError(f"study_name={cfg.study_name!r} is invalid: allowed are letters, "
                           "digits, '-', '_' and '.'")
+
+
+def check_budget(budget: Any) -> None:
+    """``budget``: a config group (auto | full) with ``mode`` and ``concurrency``."""
+    if not isinstance(budget, Mapping) or budget.get("mode") not in ("auto", "full"):
+        raise ConfigError(f"budget={budget!r} is invalid: allowed are budget=auto, budget=full")
+    levels = budget.get("concurrency")
+    if not isinstance(levels, list) or not levels or len(set(levels)) < len(levels) or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
+        raise ConfigError(f"budget.concurrency={levels!r} is invalid: allowed is a list of "
+                          "distinct integers >= 1 (requests in flight at once), e.g. [1,4,8]")
 
 
 def check_numbers(cfg: DictConfig) -> None:
@@ -138,7 +150,7 @@ def generation_budget(cfg: DictConfig, task: Mapping[str, Any],
     it: ``budget=auto`` without a GPU caps it at cpu_budget.max_new_tokens."""
     wanted = int(task["max_new_tokens"])
     cap = (plain(cfg.get("cpu_budget")) or {}).get("max_new_tokens")
-    if cfg.budget == "auto" and cap is not None and int(cap) < wanted:
+    if cfg.budget.mode == "auto" and cap is not None and int(cap) < wanted:
         from decoding.models import resolve_device
         if resolve_device(models["target"].get("device")).type != "cuda":
             return int(cap), "cpu_budget.max_new_tokens"

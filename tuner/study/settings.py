@@ -38,6 +38,7 @@ class StudySettings:
     tuning: tuple[Prompt, ...]         # prompts the search measures on
     held_out: tuple[Prompt, ...]       # prompts only the winner's confirmation sees
     budget: Mapping[str, int]          # n_prompts, n_held_out, max_new_tokens, n_trials
+    concurrency: tuple[int, ...]       # requests in flight at once, one measurement per level
     sampling: Mapping[str, Any]        # temperature, top_k, top_p
     seed: int
     models: Mapping[str, Any]          # target/draft specs (decoding.models)
@@ -117,12 +118,14 @@ class StudySettings:
         _check_energy(objectives, device)
         sampling = plain(cfg.sampling)
         threads = cfg.get("threads", "auto")
+        concurrency = tuple(cfg.budget.concurrency)
         print_ = fingerprint(
             task=task_cfg, tuning_ids=[p.id for p in tuning],
             held_out_ids=[p.id for p in held_out], budget=budget, sampling=sampling,
             seed=int(cfg.seed), models=plain(cfg.models), method=dict(method), search=search,
             baseline=str(cfg.baseline), warmup_prompts=int(cfg.warmup_prompts),
-            near_tie_ulps=float(cfg.near_tie_ulps), device=device, threads=threads)
+            near_tie_ulps=float(cfg.near_tie_ulps), device=device, threads=threads,
+            concurrency=concurrency)
         family = f"{cfg.study_prefix}-{short_hash(print_)}"
         tag = cfg.get("study_tag")
         name = str(cfg.study_name or (f"{family}-{tag}" if tag else family))
@@ -132,7 +135,8 @@ class StudySettings:
             method["_target_"].split(".")[-1].lower()
         return cls(
             name=name, family=family, fingerprint=print_, task=task, tuning=tuple(tuning),
-            held_out=tuple(held_out), budget=budget, sampling=sampling, seed=int(cfg.seed),
+            held_out=tuple(held_out), budget=budget, concurrency=concurrency,
+            sampling=sampling, seed=int(cfg.seed),
             models=plain(cfg.models), method=method, method_choice=choice, search=search,
             objectives=objectives, directions=tuple(directions(objectives)),
             bound=QualityBound.from_search(search), baseline=str(cfg.baseline),
@@ -150,7 +154,7 @@ def resolve_budget(cfg: DictConfig, on_gpu: bool) -> tuple[dict[str, int], tuple
     budget = {"n_prompts": int(cfg.task.n_prompts), "n_held_out": int(cfg.task.n_held_out),
               "max_new_tokens": int(cfg.task.max_new_tokens),
               "n_trials": int(cfg.search.n_trials)}
-    if cfg.budget == "auto" and not on_gpu:
+    if cfg.budget.mode == "auto" and not on_gpu:
         capped = {k: min(v, int(cfg.cpu_budget[k])) for k, v in budget.items()}
         if capped != budget:
             return capped, (f"No GPU: CPU-sized budget chosen automatically {capped} (the task "
