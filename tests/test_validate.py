@@ -68,6 +68,9 @@ CASES = [
     (["near_tie_ulps=-1"], "near_tie_ulps=-1 is invalid"),
     (["+near_tie_tolerance=0.001"], "near_tie_tolerance is no longer read"),
     (["drift_threshold=0"], "drift_threshold=0 is invalid"),
+    (["method=speculative", "method.needs_draft=false"],
+     "method.needs_draft=False contradicts decoding.speculative.SpeculativeDecoding, which takes "
+     "a draft model: allowed is needs_draft=true"),
     (["threads=0"], "threads=0: expected 'auto' (one per allowed CPU) or an integer >= 1"),
     (["threads=many"], "threads='many': expected 'auto'"),
     (["contention=ignore"], "contention='ignore': expected one of wait, warn, fail"),

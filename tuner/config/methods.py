@@ -79,6 +79,12 @@ def check_method(method: Mapping[str, Any]) -> None:
     if not isinstance(method.get("needs_draft"), bool):
         raise ConfigError(f"method.needs_draft={method.get('needs_draft')!r} is invalid: allowed "
                           "are true, false")
+    from decoding.api import takes_draft
+    if method["needs_draft"] != takes_draft(cls):
+        takes = takes_draft(cls)
+        raise ConfigError(f"method.needs_draft={method['needs_draft']} contradicts "
+                          f"{method['_target_']}, which takes {'a' if takes else 'no'} draft "
+                          f"model: allowed is needs_draft={str(takes).lower()}")
 
 
 def check_sampling(sampling: Mapping[str, Any], seed: Any) -> None:
