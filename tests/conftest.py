@@ -74,6 +74,12 @@ def tiny_pair(kind: str, **target_opts) -> ModelPair:
     return ModelPair(target.model, draft, None, target.name, kind)
 
 
+def vanilla(pair: ModelPair, prompt, max_new_tokens: int, **kw) -> tuple[int, ...]:
+    """The reference: vanilla decoding's tokens (every lossless method must equal them at T=0)."""
+    from decoding import build_method, generate
+    return generate(build_method("vanilla", pair, **kw), prompt, max_new_tokens).tokens
+
+
 @pytest.fixture(scope="session")
 def tiny_pairs() -> dict[str, ModelPair]:
     return {kind: tiny_pair(kind) for kind in ("same", "unrelated", "related")}

@@ -25,7 +25,7 @@ from decoding.eagle_head import HeadConfig
 from decoding.eagle_weights import (SHIPPED, head_identity, load_head, random_head, random_seed,
                                     save_head)
 from decoding.sampling import SamplingConfig, logits_to_probs
-from tests.conftest import tiny_pair
+from tests.conftest import tiny_pair, vanilla
 from tests.laws import pair_pvalue, two_token_law
 
 PROMPT = [3, 4, 5, 6, 7]
@@ -76,10 +76,6 @@ class OracleHead:
                           past_key_values=cache.inner, use_cache=True, output_hidden_states=True,
                           cache_position=torch.arange(start, start + tokens.shape[1]))
         return out.hidden_states[-1]
-
-
-def vanilla(pair, prompt, n, **kw):
-    return generate(build_method("vanilla", pair, **kw), prompt, n).tokens
 
 
 # ----------------------------------------------------------------------------------------------

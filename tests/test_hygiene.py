@@ -12,11 +12,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import ROOT
 from tuner.measure.hygiene import (
     CONTENTION_MODES,
     ContentionGuard,
@@ -30,7 +30,6 @@ from tuner.measure.hygiene import (
     sample_other_load,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 CPUS = allowed_cpus()
 N = len(CPUS)
 ONE_SPINNER = 1 / N     # one process spinning on an allowance of N CPUs: 0.5 of 2 CPUs

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from decoding import METHODS, build_method, generate
 from decoding.speculative import SpeculativeDecoding
 from tests.conftest import tiny_pair
+from tests.conftest import vanilla as vanilla_tokens
 from tests.laws import pair_pvalue, two_token_law
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
@@ -59,10 +60,6 @@ def test_every_registered_method_has_a_config():
     assert sorted(METHODS) == ALL
     assert all(isinstance(cfg.get("lossless"), bool) for cfg in CONFIGS.values())
 PROMPTS = [list(range(3, 3 + n)) for n in (1, 2, 5, 9)] + [[7, 7, 7, 7, 7, 7], [200, 13, 99]]
-
-
-def vanilla_tokens(pair, prompt, max_new_tokens, **kw):
-    return generate(build_method("vanilla", pair, **kw), prompt, max_new_tokens).tokens
 
 
 @pytest.mark.parametrize("method", DRAFT_METHODS)

@@ -15,7 +15,7 @@ from decoding.runtime import new_cache
 from decoding.sampling import SamplingConfig
 from decoding.lookahead import verify_point_masses as verify_tree
 from decoding.tree import tree_forward, tree_inputs
-from tests.conftest import tiny_pair
+from tests.conftest import tiny_pair, vanilla
 
 REPEATS = [[7, 8, 9] * 6, [1, 2, 3, 4] * 5, [50, 60, 50, 60, 50, 61, 50, 60]]
 PROMPTS = [list(range(3, 12)), [200, 13, 99]] + REPEATS
@@ -25,10 +25,6 @@ OURO = [dict(num_draft_tokens=4, window=4, phrase_length=3, num_phrases=3),
         dict(num_draft_tokens=12, window=15, phrase_length=7, num_phrases=3)]
 LOOK = [dict(window=4, ngram=3, guess_set=4), dict(window=5, ngram=2, guess_set=5),
         dict(window=7, ngram=5, guess_set=3), dict(window=15, ngram=5, guess_set=15)]
-
-
-def vanilla(pair, prompt, n, **kw):
-    return generate(build_method("vanilla", pair, **kw), prompt, n).tokens
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 from decoding import build_method, generate
 from decoding.prompt_lookup import find_continuations
 from decoding.sampling import SamplingConfig
-from tests.conftest import tiny_pair
+from tests.conftest import tiny_pair, vanilla
 from tests.laws import pair_pvalue, two_token_law
 
 SETTINGS = [{}, {"num_matches": 3}, {"max_ngram": 1, "num_draft_tokens": 3},
@@ -25,10 +25,6 @@ SETTINGS = [{}, {"num_matches": 3}, {"max_ngram": 1, "num_draft_tokens": 3},
 def looping():
     """Tiny targets whose greedy output repeats itself: lookups hit, partly (12) or fully (32)."""
     return {12: tiny_pair("related", vocab_size=12), 32: tiny_pair("related", vocab_size=32)}
-
-
-def vanilla(pair, prompt, n, **kw):
-    return generate(build_method("vanilla", pair, **kw), prompt, n).tokens
 
 
 def test_the_latest_match_of_the_longest_ngram_comes_first():

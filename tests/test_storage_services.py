@@ -7,7 +7,7 @@ Skips only when PostgreSQL refuses the connection (fails under CI=true).
 
 from __future__ import annotations
 
-import os
+import json
 import signal
 import subprocess
 import sys
@@ -18,12 +18,14 @@ import uuid
 import optuna
 import pytest
 
-from tests.services import PG_URL, require_postgres, wait_for as poll
+from tests.services import PG_URL, require_postgres
+from tests.services import wait_for as poll
 from tuner.cluster import liveness
 from tuner.tracking import server as mlflow_server
 
 PY = sys.executable
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import ROOT
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -97,7 +99,9 @@ def test_killed_worker_trial_becomes_fail_and_is_requeued(pg):
     assert trials[number].state == optuna.trial.TrialState.FAIL
     assert trials[mine.number].state == optuna.trial.TrialState.RUNNING
     retry = [t for t in trials.values() if t.state == optuna.trial.TrialState.WAITING]
-    assert len(retry) == 1 and retry[0].user_attrs == {"retry_of": number, "retries": 1}
+    k = trials[number].params["k"]               # the retry holds the dead trial's point
+    assert len(retry) == 1 and retry[0].user_attrs == {"retry_of": number, "retries": 1,
+                                                       "point": json.dumps({"k": k})}
     assert liveness.orphans(study) == {number}
     again = study.ask()   # the re-queued point is next, with the dead trial's value
     assert again.number == retry[0].number
@@ -162,27 +166,40 @@ def test_two_processes_log_over_http(server):
 
 
 def test_tracker_logs_a_study_through_the_server(server, tmp_path):
-    """``tracking=server``: the tuner's tracker (parent run + nested trial run + files) over HTTP,
+    """``tracking=server``: the MLflow listener (parent run + nested trial run + files) over HTTP,
     artifacts stored by the server (no local artifact_location)."""
     import mlflow
-    import torch
 
+    from tests.conftest import compose_cfg
+    from tuner.measure.evaluator import Evaluation
+    from tuner.study.settings import StudySettings
+    from tuner.tracking.callbacks import StudyResult, TrialOutcome
     from tuner.tracking.trackers import make_tracker
 
     experiment = f"tracker-{uuid.uuid4().hex[:8]}"
-    tracker = make_tracker({"kind": "server", "tracking_uri": server,
-                            "experiment": experiment})
-    tracker.start_study("s1", None, {"method": "ouroboros"}, {"kind": "study"}, "seed: 0\n")
-    run_id = tracker.start_run("trial-0", {"k": 3}, {"kind": "trial"})
-    tracker.end_run(run_id, {"speedup": 1.5}, {"state": "COMPLETE"})
+    settings = StudySettings.from_config(compose_cfg(
+        tmp_path, "tracking=server", f"tracking.tracking_uri={server}", "tracking.start=false",
+        f"tracking.experiment={experiment}", f"studies_dir={tmp_path}"))
+    tracker = make_tracker(settings.tracking)
+    study = optuna.create_study(direction="maximize")
+    tracker.study_started(settings, study, True)
+    assert study.user_attrs["mlflow_parent_run_id"] == tracker.parent_id
+    trial = study.ask()
+    tracker.trial_started(trial, {"k": 3}, "grid")
+    run_id = trial.user_attrs["mlflow_run_id"]
+    tracker.trial_ended(trial, TrialOutcome("COMPLETE", "FINISHED",
+                                            Evaluation({"speedup": 1.5}, ())))
+    study.tell(trial, 1.5)
     (tmp_path / "best.yaml").write_text("k: 3\n")
-    tracker.finish_study({"best_speedup": 1.5}, {}, "summary", [("best", tmp_path / "best.yaml")])
+    tracker.study_finished(StudyResult([("study", "s1")], "use it", {"best_speedup": 1.5}, {},
+                                       [("best", tmp_path / "best.yaml")], trial.number))
     mlflow.set_tracking_uri(server)
-    trial = mlflow.get_run(run_id)
-    assert trial.data.metrics["speedup"] == 1.5
-    assert trial.info.status == "FINISHED"
-    parent = mlflow.get_run(trial.data.tags["mlflow.parentRunId"])
-    assert parent.info.status == "FINISHED" and parent.data.tags["mlflow.note.content"] == "summary"
+    logged = mlflow.get_run(run_id)
+    assert logged.data.metrics["speedup"] == 1.5
+    assert logged.info.status == "FINISHED" and logged.data.tags["winner"] == "true"
+    parent = mlflow.get_run(logged.data.tags["mlflow.parentRunId"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["mlflow.note.content"].startswith("**Recommendation: use it**")
     assert parent.info.artifact_uri.startswith("mlflow-artifacts:/")
     assert mlflow.artifacts.load_text(f"{parent.info.artifact_uri}/best/best.yaml") == "k: 3\n"
 

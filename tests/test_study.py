@@ -13,9 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import optuna
 import pytest
 import torch
 import yaml

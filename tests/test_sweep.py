@@ -10,24 +10,21 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from pathlib import Path
 
 import optuna
-import pytest
 from optuna.trial import TrialState
 
+from tests.conftest import ENV
 from tests.services import PG_URL, require_postgres, require_slurm, wait_for
 from tuner.cluster import slurm
-from tuner.study.storage import failure_reason, make_storage
+from tuner.study.storage import make_storage
+from tuner.study.trials import failure_reason
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 GRID = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=2",
         "task.n_held_out=1", "task.max_new_tokens=6", "warmup_prompts=0", "search=grid",
         "search.ranges=full", "method.space.num_draft_tokens.high=6",
-        "method.params.num_draft_tokens=2"]
+        "method.params.num_draft_tokens=2", "contention=warn"]
 
 
 def tuner(tmp_path, *overrides, timeout=300) -> subprocess.CompletedProcess:

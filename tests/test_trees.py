@@ -27,7 +27,8 @@ from decoding.token_tree import SHAPES, shape_paths
 from decoding.tree import merge_duplicates
 from decoding.verify import sibling_round, tree_verify
 from tests.conftest import tiny_pair
-from tests.test_verify import ToyModel, complete, target_joint
+from tests.conftest import vanilla as vanilla_tokens
+from tests.toy import ToyModel, complete, target_joint
 
 # ----------------------------------------------------------------------------------------------
 # Exact law of one tree step
@@ -260,7 +261,7 @@ REFERENCE: dict[tuple, tuple] = {}
 def vanilla(pair, prompt, n):
     key = (id(pair.target), tuple(prompt), n)
     if key not in REFERENCE:
-        REFERENCE[key] = generate(build_method("vanilla", pair), prompt, n).tokens
+        REFERENCE[key] = vanilla_tokens(pair, prompt, n)
     return REFERENCE[key]
 
 

@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
+from tests.conftest import ROOT
+from tests.conftest import compose_cfg as compose_base
 from tuner.config.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
 BASE = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=2",
         "task.n_held_out=1", "task.max_new_tokens=4", "tracking=none", "study_name=v"]
 
@@ -145,17 +144,10 @@ CASES = [
 
 
 def compose_cfg(*overrides: str):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*BASE, *overrides], return_hydra_config=True)
-    from hydra.core.hydra_config import HydraConfig
-    HydraConfig.instance().set_config(cfg)
-    return cfg
+    return compose_base(None, *overrides, base=tuple(BASE))
 
 
-@pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("in_tmp")
 
 
 def refuse_to_load_models(monkeypatch, replacement) -> None:

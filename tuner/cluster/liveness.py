@@ -178,7 +178,8 @@ def gone(trial: FrozenTrial, job_alive: Callable[[str], bool] | None = None) -> 
     if job:
         from tuner.cluster.slurm import SlurmError, job_alive as slurm_alive
         try:
-            return None if (job_alive or slurm_alive)(str(job)) else f"Slurm job {job} is gone"
+            return None if (job_alive or slurm_alive)(str(job)) else \
+                f"Slurm job {job} is gone"
         except SlurmError as e:
             log.warning("cannot tell whether Slurm job %s is alive: %s", job, e)
             return None
@@ -186,8 +187,9 @@ def gone(trial: FrozenTrial, job_alive: Callable[[str], bool] | None = None) -> 
         return None
     pid = int(attrs.get("pid", -1))
     if pid == os.getpid():
-        return None if attrs.get("run_token") == RUN_TOKEN else f"process {pid} (an earlier run)"
-    return None if _alive(pid) else f"process {pid}"
+        return None if attrs.get("run_token") == RUN_TOKEN else \
+            f"its worker (process {pid}, an earlier run) ended before it finished"
+    return None if _alive(pid) else f"its worker (process {pid}) ended before it finished"
 
 
 def reap(study: optuna.Study, say: Callable[[str], None] = log.info,
@@ -205,8 +207,7 @@ def reap(study: optuna.Study, say: Callable[[str], None] = log.info,
         why = gone(trial, job_alive)
         if why is None:
             continue
-        study.set_user_attr(f"trial_{trial.number}_error",
-                            f"{ORPHANED}: its worker ({why}) ended before it finished")
+        study.set_user_attr(f"trial_{trial.number}_error", f"{ORPHANED}: {why}")
         try:
             study.tell(trial.number, state=TrialState.FAIL)
         except (ValueError, RuntimeError):   # its owner finished or failed it meanwhile
