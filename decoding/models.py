@@ -145,12 +145,26 @@ def load_model(spec: Mapping[str, Any]) -> LoadedModel:
         return _tiny(spec)
     if kind == "hub":
         return _hub(spec)
-    path = _package_gguf(spec) if kind == "gguf_package" else Path(spec["path"])
+    path = package_gguf(spec) if kind == "gguf_package" else Path(spec["path"])
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
     converted = convert_gguf(path)
     loaded = _hub({**spec, "path": str(converted)})
     return LoadedModel(loaded.model, loaded.tokenizer, name=f"{path.name}")
+
+
+def load_tokenizer(spec: Mapping[str, Any]) -> Any:
+    """Only the tokenizer of a ``hub`` or GGUF spec (a GGUF is converted once, as for loading)."""
+    from transformers import AutoTokenizer
+
+    kind = spec.get("kind")
+    if kind in ("gguf_file", "gguf_package"):
+        path = package_gguf(spec) if kind == "gguf_package" else Path(spec["path"])
+        return AutoTokenizer.from_pretrained(convert_gguf(path))
+    if kind == "hub":
+        return AutoTokenizer.from_pretrained(spec["path"], revision=spec.get("revision"),
+                                             trust_remote_code=bool(spec.get("trust_remote_code")))
+    raise ValueError(f"model kind={kind!r} has no tokenizer of its own")
 
 
 def _hub(spec: Mapping[str, Any]) -> LoadedModel:
@@ -173,7 +187,7 @@ def _hub(spec: Mapping[str, Any]) -> LoadedModel:
     return LoadedModel(model, tokenizer, name=str(path))
 
 
-def _package_gguf(spec: Mapping[str, Any]) -> Path:
+def package_gguf(spec: Mapping[str, Any]) -> Path:
     package = spec.get("package")
     found = importlib.util.find_spec(package) if package else None   # does not import it
     if found is None or not found.submodule_search_locations:
@@ -261,7 +275,7 @@ def target_dims(spec: Mapping[str, Any]) -> tuple[int, int] | None:
         folder = Path(str(spec["path"])).expanduser()
     elif kind in ("gguf_package", "gguf_file"):
         try:
-            path = _package_gguf(spec) if kind == "gguf_package" else Path(spec["path"])
+            path = package_gguf(spec) if kind == "gguf_package" else Path(spec["path"])
             folder = gguf_cache_dir(path)
         except (ModuleNotFoundError, FileNotFoundError, KeyError, OSError):
             return None

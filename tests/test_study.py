@@ -392,13 +392,15 @@ def test_prepare_work_finish_phases(tmp_path, monkeypatch):
 
 
 def test_a_scheduled_rerun_says_what_changed_since_the_previous_run(tmp_path):
+    from dataclasses import replace
+
+    from tuner.study.settings import StudySettings
     from tuner.tracking.report import compare_previous, write_best_yaml
     folder = tmp_path / "best"
-    args = dict(task="gsm8k", method_choice="speculative", models={"target": {"kind": "tiny"}},
-                sampling={"temperature": 0.0}, seed=0)
-    write_best_yaml(folder, "fam-20261120", params={"num_draft_tokens": 4},
-                    best={"trial": 0, "value": 1.2}, confirmed={"held_out_speedup": 1.25},
-                    **args)
+    settings = replace(StudySettings.from_config(compose_cfg(tmp_path, *TINY)),
+                       name="fam-20261120")
+    write_best_yaml(folder, settings, params={"num_draft_tokens": 4},
+                    best={"trial": 0, "value": 1.2}, confirmed={"held_out_speedup": 1.25})
     assert compare_previous(folder, "fam", "fam-20261120", {"num_draft_tokens": 4}, {}) is None
     same = compare_previous(folder, "fam", "fam-20261121", {"num_draft_tokens": 4},
                             {"held_out_speedup": 1.0})

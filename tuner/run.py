@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from tuner.config.errors import ConfigError, Interrupted
 from tuner.config.validate import PHASES, plain
-from tuner.measure.hf import HFEvaluator
+from tuner.engines import make_evaluator
 from tuner.measure.timing import Timer, time_generation
 from tuner.study.finish import confirm
 from tuner.study.finish import finish as finish_study
@@ -65,7 +65,7 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
         say(notice)
     study, created = _open(settings)
     callbacks = Callbacks([ConsoleProgress(say), make_tracker(settings.tracking)])
-    evaluator = HFEvaluator(settings, timer, say)
+    evaluator = make_evaluator(settings, timer, say)
     say(report.describe(settings, created))
     with sigterm_as_interrupt():
         try:
@@ -119,7 +119,7 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     recorded = f"{recorded:.3f}x" if isinstance(recorded, (int, float)) else "none"
     say(f"replay of study {origin['study']} trial {origin['trial']} (recorded held-out speedup "
         f"{recorded}): {settings.default}")
-    evaluator = HFEvaluator(settings, timer, say)
+    evaluator = make_evaluator(settings, timer, say)
     runs = start_replay(settings, origin)      # the MLflow run starts now (real duration)
     try:
         evaluator.open()

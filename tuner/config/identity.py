@@ -40,7 +40,8 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
                 models: Mapping[str, Any], method: Mapping[str, Any], search: Mapping[str, Any],
                 baseline: str, warmup_prompts: int, near_tie_ulps: float,
                 device: torch.device, threads: Any = "auto",
-                concurrency: tuple[int, ...] = (1,)) -> dict[str, str]:
+                concurrency: tuple[int, ...] = (1,),
+                engine: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Flat ``{key: canonical JSON}``: easy to store, compare and report key by key.
 
     ``threads``: an explicit intra-op thread count is part of the identity; ``auto`` (one per CPU
@@ -66,6 +67,8 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
         raw["threads"] = threads
     if tuple(concurrency) != (1,):   # one request at a time: the key every older study lacks
         raw["budget.concurrency"] = list(concurrency)
+    if engine is not None:           # engine=hf (every older study): not a key
+        raw["engine"] = dict(engine)
     head = (method.get("params") or {}).get("head")
     if head is not None:     # method=eagle: the head's files, not just its name
         from decoding.eagle_weights import head_identity

@@ -51,6 +51,10 @@ def method_arguments(cls: type) -> list[str]:
 
 
 def check_method(method: Mapping[str, Any]) -> None:
+    """The method's class, its parameters and space (an engine server's mapping: no class)."""
+    if "engine" in method:             # engine=llamacpp...: knobs checked by tuner.config.engines
+        check_space(method.get("params") or {}, method.get("space") or {})
+        return
     cls = method_class(method)
     allowed = method_arguments(cls)
     params = method.get("params") or {}
@@ -66,6 +70,20 @@ def check_method(method: Mapping[str, Any]) -> None:
         if name not in allowed:
             raise ConfigError(f"method.space.{name} is not a parameter of {method['_target_']}: "
                               f"allowed are {allowed}")
+    check_space(params, space)
+    if not isinstance(method.get("needs_draft"), bool):
+        raise ConfigError(f"method.needs_draft={method.get('needs_draft')!r} is invalid: allowed "
+                          "are true, false")
+    from decoding.api import takes_draft
+    if method["needs_draft"] != takes_draft(cls):
+        takes = takes_draft(cls)
+        raise ConfigError(f"method.needs_draft={method['needs_draft']} contradicts "
+                          f"{method['_target_']}, which takes {'a' if takes else 'no'} draft "
+                          f"model: allowed is needs_draft={str(takes).lower()}")
+
+
+def check_space(params: Mapping[str, Any], space: Mapping[str, Any]) -> None:
+    """The space is well formed, the defaults lie inside it, every searched name has one."""
     try:
         distributions(space)
         check_active_when(space)
@@ -76,15 +94,6 @@ def check_method(method: Mapping[str, Any]) -> None:
     if missing:
         raise ConfigError(f"method.params lacks {missing}: every searched parameter needs a "
                           "default (trial 0)")
-    if not isinstance(method.get("needs_draft"), bool):
-        raise ConfigError(f"method.needs_draft={method.get('needs_draft')!r} is invalid: allowed "
-                          "are true, false")
-    from decoding.api import takes_draft
-    if method["needs_draft"] != takes_draft(cls):
-        takes = takes_draft(cls)
-        raise ConfigError(f"method.needs_draft={method['needs_draft']} contradicts "
-                          f"{method['_target_']}, which takes {'a' if takes else 'no'} draft "
-                          f"model: allowed is needs_draft={str(takes).lower()}")
 
 
 def check_sampling(sampling: Mapping[str, Any], seed: Any) -> None:

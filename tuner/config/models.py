@@ -148,7 +148,7 @@ def model_label(spec: Mapping[str, Any]) -> str:
 
 def context_length(spec: Mapping[str, Any]) -> int | None:
     """The spec's ``max_position_embeddings`` when knowable unloaded, else None (hub ids)."""
-    from decoding.models import TINY_DEFAULTS, _package_gguf, gguf_cache_dir
+    from decoding.models import TINY_DEFAULTS, package_gguf, gguf_cache_dir
     kind = spec.get("kind")
     if kind == "tiny":
         value = spec.get("max_position_embeddings", TINY_DEFAULTS["max_position_embeddings"])
@@ -157,7 +157,7 @@ def context_length(spec: Mapping[str, Any]) -> int | None:
         return _config_context(Path(str(spec["path"])).expanduser() / "config.json")
     if kind in ("gguf_package", "gguf_file"):
         try:
-            path = _package_gguf(spec) if kind == "gguf_package" else Path(str(spec["path"]))
+            path = package_gguf(spec) if kind == "gguf_package" else Path(str(spec["path"]))
             cached = _config_context(gguf_cache_dir(path) / "config.json")
         except (ModuleNotFoundError, FileNotFoundError, KeyError, OSError):
             return None

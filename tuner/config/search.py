@@ -29,12 +29,15 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                                 or not timeout > 0):
         raise ConfigError(f"search.timeout={timeout!r} is invalid: allowed is a number of "
                           "seconds > 0, or null")
-    from tuner.search.objectives import OBJECTIVES
+    from tuner.search.objectives import OBJECTIVES, direction
     objectives = search.get("objectives")
     if not isinstance(objectives, list) or not objectives or \
-            any(o not in OBJECTIVES for o in objectives) or len(set(objectives)) < len(objectives):
+            any(direction(str(o)) is None for o in objectives) or \
+            len(set(objectives)) < len(objectives):
         raise ConfigError(f"search.objectives={objectives!r} is invalid: allowed is a list of "
-                          f"distinct names from {list(OBJECTIVES)}")
+                          f"distinct names from {list(OBJECTIVES)}, or with an engine server "
+                          "speedup@c<level>, throughput_ratio@c<level>, tokens_per_s@c<level>, "
+                          "throughput_ratio")
     if search.get("pruner") and objectives != ["speedup"]:
         raise ConfigError(f"search.pruner is set with search.objectives={objectives}: the pruner "
                           "is fed per-prompt paired speedups, so allowed is objectives=[speedup] "

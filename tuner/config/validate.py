@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from tuner.config.engines import check_engine, effective_method
 from tuner.config.errors import ConfigError
 from tuner.config.methods import (
     SAMPLING_ARGS,
@@ -62,9 +63,13 @@ CPU_BUDGET = {"n_prompts": 1, "n_held_out": 0, "max_new_tokens": 1, "n_trials": 
 def validate(cfg: DictConfig) -> None:
     """Every setting the study will use, checked in one pass (cheap; no models, no storage)."""
     try:
-        method, task, models = plain(cfg.method), plain(cfg.task), plain(cfg.models)
+        task, models = plain(cfg.task), plain(cfg.models)
+        plain(cfg.method)
     except Exception as err:   # noqa: BLE001 - an interpolation error is a config error too
         raise ConfigError(f"the config does not resolve: {err}".splitlines()[0]) from None
+    check_choices(cfg)
+    check_engine(cfg)
+    method = effective_method(cfg)
     check_task(task)
     check_method(method)
     check_sampling(plain(cfg.sampling), cfg.seed)
@@ -72,7 +77,6 @@ def validate(cfg: DictConfig) -> None:
     check_head(method, models)
     check_search(plain(cfg.search), method.get("space") or {}, task.get("task_class", "LH"))
     check_quality(plain(cfg.search), task)
-    check_choices(cfg)
     check_numbers(cfg)
     check_context(models, method["needs_draft"], *generation_budget(cfg, task, models))
     check_storage(cfg.storage)

@@ -88,3 +88,6 @@ class Evaluator(Protocol):
 
     def assess(self, pairs: Sequence[Paired]) -> Evaluation:
         """Summarise ``pairs`` (quality and perplexity are scored here, outside timing)."""
+
+    def deployment(self, params: Mapping[str, Any]) -> dict[str, str]:
+        """How to run ``params`` where it was measured (an engine's exact launch line)."""

@@ -75,6 +75,11 @@ class HFEvaluator:
                 "energy": self.meter.reason or "nvml",
                 "transformers": transformers.__version__}
 
+    def deployment(self, params: Mapping[str, Any]) -> dict[str, str]:
+        """How to run the winner: with this project's own decoding library."""
+        return {"python": f"decoding.build_method({self.settings.method_choice!r}, pair, "
+                          f"**{dict(params)!r})"}
+
     def build(self, method_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> Any:
         """The method with every parameter; a refusal is the point's fault (ParametersRefused)."""
         if self.head is not None and "head" in params:

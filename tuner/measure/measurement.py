@@ -45,6 +45,10 @@ class Measurement:
     other_load: float | None = None     # share of the allowed CPUs other processes used just
     #                                     before this pair was measured (tuner.measure.hygiene)
     contended: bool = False             # measured although the machine stayed busy (flagged)
+    concurrency: int = 1                # requests in flight together (engine servers)
+    batch_wall_s: float | None = None   # first send to last answer of its batch (engines)
+    prompt_s: float | None = None       # the server's own prefill time (engines)
+    decode_s: float | None = None       # the server's own decode time (engines; TPOT from it)
 
     @property
     def new_tokens(self) -> int:

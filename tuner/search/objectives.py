@@ -1,5 +1,9 @@
 """What a search optimises: summary keys of a trial, each with its direction.
 
+Engine servers measured at several concurrency levels add ``speedup@c4``, ``tokens_per_s@c4``,
+``throughput_ratio@c4`` (any level of ``budget.concurrency``) and ``throughput_ratio`` (the
+geometric mean over levels).
+
 ``search.objectives`` names one key (a single-objective study; ``speedup`` by default, the only one
 a pruner can be fed per prompt) or several (a Pareto front: ``search=pareto`` is speed against
 output perplexity, ``search=pareto_energy`` adds J/token on an NVIDIA GPU).
@@ -19,12 +23,25 @@ OBJECTIVES: dict[str, str] = {
     "energy_j_per_token": "minimize",   # NVML energy (GPU only, tuner.measure.energy)
     "energy_ratio": "minimize",         # ... over vanilla's J/token
 }
+# engine servers (tuner.measure.levels): per concurrency level, "<key>@c<level>", and over levels
+LEVELLED = ("speedup", "throughput_ratio", "tokens_per_s")
+ENGINE_ONLY = ("throughput_ratio",)
 ENERGY = ("energy_j_per_token", "energy_ratio")
 PERPLEXITY = ("perplexity", "perplexity_ratio")
 
 
+def direction(name: str) -> str | None:
+    """maximize / minimize for a known objective name, None for an unknown one."""
+    if name in OBJECTIVES:
+        return OBJECTIVES[name]
+    base, _, level = name.partition("@c")
+    if base in LEVELLED and level.isdigit() and int(level) >= 1:
+        return "maximize"
+    return "maximize" if name in ENGINE_ONLY else None
+
+
 def directions(objectives: Sequence[str]) -> list[str]:
-    return [OBJECTIVES[name] for name in objectives]
+    return [direction(name) for name in objectives]
 
 
 def objective_values(summary: Mapping[str, float], objectives: Sequence[str]) -> list[float]:

@@ -53,9 +53,8 @@ def finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
             "run_id": winner.user_attrs.get("mlflow_run_id")}
     confirmed = confirm(settings, evaluator, params, say)
     folder = Path(settings.studies_dir) / "best"
-    path = report.write_best_yaml(folder, settings.name, settings.task.name,
-                                  settings.method_choice, settings.models, settings.sampling,
-                                  settings.seed, params, best, confirmed)
+    deploy = evaluator.deployment(params)
+    path = report.write_best_yaml(folder, settings, params, best, confirmed, deploy)
     summary = dict(winner.user_attrs)
     notes = study_notes(settings, study, confirmed, summary)
     since = report.compare_previous(folder, settings.family, settings.name, params, confirmed)
@@ -65,13 +64,16 @@ def finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                                notes, evaluator.describe().get("energy", ""),
                                settings.bound.describe() if settings.bound.active or
                                not settings.lossless else None)
+    rows += level_rows(settings, study, confirmed)
+    rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
     advice = report.recommendation(confirmed)
     files = [("best", path)] + [("plots", plot) for plot in (
         report.plots_png(study, path.with_suffix(".history.png")),
         report.plots_html(study, path.with_suffix(".plots.html"))) if plot]
     metrics = {**{f"best_{k}": v for k, v in summary.items() if k in TRIAL_ATTRS},
                **{f"best_{k}": v for k, v in confirmed.items()}}
-    tags = {"best_params": json.dumps(params), "best_trial": str(winner.number)}
+    tags = {"best_params": json.dumps(params), "best_trial": str(winner.number),
+            **{f"deploy_{key}": value for key, value in deploy.items()}}
     if settings.bound.active:
         tags["best_feasible"] = "true"
         metrics["infeasible_trials"] = float(sum(t.user_attrs.get("feasible") is False
@@ -131,9 +133,33 @@ def held_out_record(settings: StudySettings, evaluation: Evaluation) -> dict[str
     quality = {k: v for k, v in s.items() if k.startswith(QUALITY_PREFIXES) or
                k in PERPLEXITY_KEYS}
     out.update(quality)
+    out.update({k: v for k, v in s.items() if "@c" in k or k == "throughput_ratio"})
     if settings.bound.active:
         out["feasible"] = float(feasible(settings.bound.constraints(quality, settings.lossless)))
     return {f"held_out_{k}": v for k, v in out.items()}
+
+
+def level_rows(settings: StudySettings, study: optuna.Study,
+               confirmed: Mapping[str, float]) -> list[tuple[str, str]]:
+    """Per concurrency level: the best trial there, the winner's held-out figure, and whether
+    speculation should be on at that level (a per-batch-size schedule)."""
+    if settings.engine.get("kind", "hf") == "hf":
+        return []
+    rows = []
+    for level in settings.concurrency:
+        key = f"throughput_ratio@c{level}"
+        measured = [t for t in completed(study) if key in t.user_attrs]
+        if not measured:
+            continue
+        top = max(measured, key=lambda t: t.user_attrs[key])
+        ratio = top.user_attrs[key]
+        held = confirmed.get(f"held_out_{key}")
+        advice = (f"speculation ON: trial #{top.number} {trial_params(settings, top)}"
+                  if ratio > 1.0 else "speculation OFF at this level (vanilla is faster)")
+        rows.append((f"concurrency {level}", f"best tuning throughput {ratio:.3f}x vanilla "
+                     f"(trial #{top.number}); the winner on held-out prompts "
+                     f"{'n/a' if held is None else f'{held:.3f}x'}; {advice}"))
+    return rows
 
 
 def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping[str, float],

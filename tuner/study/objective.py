@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 TRIAL_ATTRS = ("speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate",
                "vanilla_drift_ratio", "perplexity", "vanilla_perplexity", "perplexity_ratio",
                "quality_drop", "energy_j_per_token", "vanilla_energy_j_per_token", "energy_ratio",
-               "contended_prompts", "other_load_max")
+               "contended_prompts", "other_load_max", "throughput_ratio", "engine_restart_s")
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,16 @@ class Objective:
         order = list(enumerate(s.tuning))
         random.Random(f"{s.seed}-{trial.number}").shuffle(order)
         store = StudyAttr(self.study, "baseline") if s.baseline == "per_study" else None
-        pairs, pruned = [], False
+        pairs, pruned, reported = [], False, set()
+        total = sum(-(-len(order) // c) * c for c in s.concurrency)   # cycled batches
         for done, pair in enumerate(self.evaluator.measure(params, order, trial.number, store),
                                     1):
             pairs.append(pair)
-            self.progress(trial, done, len(order), pair)
-            if self.feeds_pruner:
+            self.progress(trial, done, total, pair)
+            if self.feeds_pruner and pair.index not in reported:   # a cycled prompt: once
+                reported.add(pair.index)
                 trial.report(pair.method.speedup, step=pair.index)
-                if done < len(order) and trial.should_prune():
+                if done < total and trial.should_prune():
                     pruned = True
                     break
         result = self._record(trial, self.evaluator.assess(pairs))
@@ -106,9 +108,9 @@ class Objective:
             trial.set_user_attr("feasible", ok)
             trial.set_user_attr("constraints", constraints)
             tags["feasible"] = str(ok).lower()
-        for key in TRIAL_ATTRS:
-            if key in summary:
-                trial.set_user_attr(key, summary[key])
+        for key, value in summary.items():
+            if key in TRIAL_ATTRS or "@c" in key:      # per-level numbers: the schedule reads them
+                trial.set_user_attr(key, value)
         drifted = abs(summary.get("vanilla_drift_ratio", 1.0) - 1) > self.settings.drift_threshold
         tags["vanilla_drift"] = str(drifted).lower()
         if drifted:

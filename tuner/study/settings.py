@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from decoding.models import resolve_device
+from tuner.config.engines import effective_method, engine_identity, engine_of, method_choice
 from tuner.config.errors import ConfigError
 from tuner.config.identity import fingerprint, short_hash
 from tuner.config.validate import check_journal, plain, validate
@@ -44,6 +45,8 @@ class StudySettings:
     models: Mapping[str, Any]          # target/draft specs (decoding.models)
     method: Mapping[str, Any]          # _target_, lossless, needs_draft, params, space
     method_choice: str                 # the conf/method file name (replay commands)
+    engine: Mapping[str, Any]          # conf/engine: kind (hf | llamacpp) and its settings
+    choices: Mapping[str, str]         # the config groups chosen (models=tiny, engine=..., ...)
     search: Mapping[str, Any]          # kind, sampler, pruner, objectives, bounds, ranges
     objectives: tuple[str, ...]
     directions: tuple[str, ...]
@@ -106,7 +109,8 @@ class StudySettings:
     @classmethod
     def from_config(cls, cfg: DictConfig) -> StudySettings:
         validate(cfg)
-        method, task_cfg, search = plain(cfg.method), plain(cfg.task), plain(cfg.search)
+        method, task_cfg, search = effective_method(cfg), plain(cfg.task), plain(cfg.search)
+        engine = engine_of(cfg)
         task = Task(task_cfg)
         device = resolve_device(plain(cfg.models)["target"].get("device"))
         budget, notices = resolve_budget(cfg, device.type == "cuda")
@@ -125,19 +129,20 @@ class StudySettings:
             seed=int(cfg.seed), models=plain(cfg.models), method=dict(method), search=search,
             baseline=str(cfg.baseline), warmup_prompts=int(cfg.warmup_prompts),
             near_tie_ulps=float(cfg.near_tie_ulps), device=device, threads=threads,
-            concurrency=concurrency)
+            concurrency=concurrency, engine=engine_identity(engine))
         family = f"{cfg.study_prefix}-{short_hash(print_)}"
         tag = cfg.get("study_tag")
         name = str(cfg.study_name or (f"{family}-{tag}" if tag else family))
         if not cfg.storage:
             check_journal(journal_path(cfg.studies_dir, name))   # a torn last line: refused
-        choice = OmegaConf.select(cfg, "hydra.runtime.choices.method", default=None) or \
-            method["_target_"].split(".")[-1].lower()
+        choice = method_choice(cfg)
         return cls(
             name=name, family=family, fingerprint=print_, task=task, tuning=tuple(tuning),
             held_out=tuple(held_out), budget=budget, concurrency=concurrency,
             sampling=sampling, seed=int(cfg.seed),
-            models=plain(cfg.models), method=method, method_choice=choice, search=search,
+            models=plain(cfg.models), method=method, method_choice=choice, engine=engine,
+            choices=group_choices(cfg),
+            search=search,
             objectives=objectives, directions=tuple(directions(objectives)),
             bound=QualityBound.from_search(search), baseline=str(cfg.baseline),
             warmup_prompts=int(cfg.warmup_prompts), near_tie_ulps=float(cfg.near_tie_ulps),
@@ -161,6 +166,18 @@ def resolve_budget(cfg: DictConfig, on_gpu: bool) -> tuple[dict[str, int], tuple
                             f"asks for {budget}); run with budget=full for the task's own "
                             "settings.",)
     return budget, ()
+
+
+def group_choices(cfg: DictConfig) -> dict[str, str]:
+    """Hydra's record of the config group options this run composed."""
+    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None)
+    if choices is None:
+        from hydra.core.hydra_config import HydraConfig
+        try:
+            choices = HydraConfig.get().runtime.choices
+        except ValueError:                 # composed outside Hydra's app
+            return {}
+    return {str(k): str(v) for k, v in dict(choices).items() if v is not None}
 
 
 def resolved_yaml(cfg: DictConfig) -> str:

@@ -123,26 +123,43 @@ def markdown(rows: list[tuple[str, str]], advice: str) -> str:
     return "\n".join(lines)
 
 
-def write_best_yaml(folder: Path, study_name: str, task: str, method_choice: str,
-                    models: Mapping[str, Any], sampling: Mapping[str, Any], seed: int,
-                    params: Mapping[str, Any], best: Mapping[str, Any],
-                    confirmed: Mapping[str, float]) -> Path:
-    """The winner as a Hydra config: every parameter that built it (searched and fixed)."""
+REPLAYED_GROUPS = ("models", "engine", "budget")     # config groups the best YAML re-selects
+
+
+def write_best_yaml(folder: Path, settings: Any, params: Mapping[str, Any],
+                    best: Mapping[str, Any], confirmed: Mapping[str, float],
+                    deploy: Mapping[str, Any] | None = None) -> Path:
+    """The winner as a Hydra config that replays as printed: every parameter that built it
+    (searched and fixed), the config groups it ran with (models, engine, budget), its sampling,
+    seed and budget (task sizes), and, for an engine server, how to deploy it."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{study_name}.yaml"
+    path = folder / f"{settings.name}.yaml"
     speed = confirmed.get("held_out_speedup")
-    header = (f"# @package _global_\n# Best configuration of study {study_name}"
+    task = settings.task.name
+    header = (f"# @package _global_\n# Best configuration of study {settings.name}"
               f"{f' (held-out speedup {speed:.3f}x vs vanilla)' if speed else ''}.\n"
-              f"# Replay (a fresh paired measurement against vanilla): python -m tuner "
-              f"+task={task} method={method_choice} +best={study_name}\n")
-    body = OmegaConf.to_yaml({"method": {"params": dict(params)}, "models": dict(models),
-                              "sampling": dict(sampling), "seed": seed,
-                              "replay": {"study": study_name, "trial": best["trial"],
-                                         "tuning_speedup": float(best["value"]),
-                                         "held_out_speedup": float(speed) if speed else None,
-                                         **{k: float(confirmed[k]) for k in QUALITY_KEYS
-                                            if k in confirmed}}})
-    path.write_text(header + body)
+              f"# Replay (a fresh paired measurement against vanilla on the study's held-out "
+              f"prompts and budget):\n#   python -m tuner +task={task} "
+              f"method={settings.method_choice} +best={settings.name}\n")
+    engine = settings.engine.get("kind", "hf")
+    where = {"method": {"params": dict(params)}} if engine == "hf" else \
+        {"engine": {"methods": {settings.method_choice: {"params": dict(params)}}}}
+    body = {"defaults": [{f"override /{group}": choice}
+                         for group, choice in settings.choices.items()
+                         if group in REPLAYED_GROUPS and choice],
+            **where, "models": dict(settings.models), "sampling": dict(settings.sampling),
+            "seed": settings.seed,
+            "budget": {"concurrency": list(settings.concurrency)},
+            "task": {"n_prompts": settings.budget["n_prompts"],
+                     "n_held_out": settings.budget["n_held_out"],
+                     "max_new_tokens": settings.budget["max_new_tokens"]},
+            "replay": {"study": settings.name, "trial": best["trial"],
+                       "tuning_speedup": float(best["value"]),
+                       "held_out_speedup": float(speed) if speed else None,
+                       **{k: float(confirmed[k]) for k in QUALITY_KEYS if k in confirmed}}}
+    if deploy:
+        body["deploy"] = dict(deploy)
+    path.write_text(header + OmegaConf.to_yaml(body))
     return path
 
 
@@ -214,7 +231,9 @@ def compare_previous(folder: Path, family: str, name: str, params: Mapping[str, 
     if not earlier:
         return None
     previous = yaml.safe_load(earlier[-1].read_text())
-    old_params = (previous.get("method") or {}).get("params") or {}
+    old_params = (previous.get("method") or {}).get("params") or next(
+        (m.get("params") for m in ((previous.get("engine") or {}).get("methods") or {}).values()),
+        None) or {}
     old_speed = (previous.get("replay") or {}).get("held_out_speedup")
     changed = {k: (old_params.get(k), v) for k, v in params.items() if old_params.get(k) != v}
     what = ("best parameters unchanged" if not changed else "best parameters changed: " +

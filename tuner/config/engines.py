@@ -1,0 +1,192 @@
+"""``engine=``: which implementation measures the study, and the method as that engine sees it.
+
+``engine=hf`` (the default) runs ``conf/method/<method>.yaml`` as it is. An engine server
+(``engine=llamacpp``) offers some of our methods, each mapped onto its own knobs in
+``conf/engine/<engine>.yaml`` (``methods.<method>``: fixed ``flags``, ``knobs`` parameter → flag,
+default ``params`` = trial 0, and the search ``space``); ``effective_method`` returns that
+mapping in the shape every later stage reads (``_target_``, ``lossless``, ``needs_draft``,
+``params``, ``space``), so plans, samplers, the fingerprint and the best YAML work unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from tuner.config.errors import ConfigError
+from tuner.config.values import plain
+
+ENGINES = ("hf", "llamacpp")        # tuner.engines.EVALUATORS
+ROOT = Path(__file__).resolve().parents[2]
+GGUF_KINDS = ("gguf_file", "gguf_package")
+DRAFT_KINDS = (*GGUF_KINDS, "int8_dynamic")     # int8_dynamic: the target re-typed (self draft)
+
+
+def engine_of(cfg: DictConfig) -> dict[str, Any]:
+    return plain(cfg.get("engine")) or {"kind": "hf"}
+
+
+def method_choice(cfg: DictConfig) -> str:
+    """The conf/method file chosen (``method=prompt_lookup``), from Hydra's record of choices."""
+    chosen = OmegaConf.select(cfg, "hydra.runtime.choices.method", default=None)
+    if chosen is None:
+        from hydra.core.hydra_config import HydraConfig
+        try:
+            chosen = HydraConfig.get().runtime.choices.get("method")
+        except ValueError:                 # composed outside Hydra's app
+            chosen = None
+    return str(chosen or plain(cfg.method)["_target_"].split(".")[-1].lower())
+
+
+def effective_method(cfg: DictConfig) -> dict[str, Any]:
+    """The method config the study runs (see the module docstring)."""
+    method, engine = plain(cfg.method), engine_of(cfg)
+    if engine.get("kind", "hf") == "hf":
+        return method
+    mapping = (engine.get("methods") or {})[method_choice(cfg)]
+    return {"_target_": method["_target_"], "lossless": True,
+            "needs_draft": bool(mapping.get("needs_draft", False)),
+            "params": dict(mapping.get("params") or {}), "space": dict(mapping.get("space") or {}),
+            "engine": {"flags": dict(mapping.get("flags") or {}),
+                       "knobs": dict(mapping.get("knobs") or {})}}
+
+
+def engine_identity(engine: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What identifies an engine server's measurements (None for engine=hf): its settings and
+    the sha256 of the binary that runs."""
+    if engine.get("kind", "hf") == "hf":
+        return None
+    from tuner.engines.gguf import sha256
+    keep = {k: v for k, v in engine.items() if k not in ("methods", "startup_timeout_s")}
+    return {**keep, "binary_sha256": sha256(check_binary(engine))}
+
+
+def check_engine(cfg: DictConfig) -> None:
+    """One line for an unknown engine, a method it lacks, a missing build, a model it cannot run,
+    and concurrency levels it cannot serve."""
+    engine = engine_of(cfg)
+    kind = engine.get("kind")
+    if kind not in ENGINES:
+        raise ConfigError(f"engine.kind={kind!r} is unknown: allowed are {list(ENGINES)} "
+                          "(engine=hf | engine=llamacpp)")
+    levels = list(plain(cfg.budget).get("concurrency") or [1])
+    _check_objectives(list(plain(cfg.search).get("objectives") or []), levels, kind)
+    if kind == "hf":
+        if levels != [1]:
+            raise ConfigError(f"budget.concurrency={levels} needs an engine server: engine=hf "
+                              "measures one request at a time; allowed is [1], or engine=llamacpp")
+        return
+    if cfg.get("baseline") != "per_trial":
+        raise ConfigError(f"baseline={cfg.get('baseline')!r} is invalid with engine={kind}: "
+                          "allowed is per_trial (the baseline server answers the same batches "
+                          "in every trial)")
+    offered = sorted(engine.get("methods") or {})
+    choice = method_choice(cfg)
+    if choice not in offered:
+        raise ConfigError(f"method={choice} is not offered by engine={kind}: it offers "
+                          f"{offered}")
+    _no_hf_overrides(kind, choice)
+    mapping = engine["methods"][choice]
+    known = set(mapping.get("knobs") or {})
+    for where in ("params", "space"):
+        unknown = sorted(set(mapping.get(where) or {}) - known)
+        if unknown:
+            raise ConfigError(f"engine.methods.{choice}.{where}.{unknown[0]} is not a knob of "
+                              f"engine={kind}: allowed are {sorted(known)}")
+    check_binary(engine)
+    _check_models(plain(cfg.models), bool(mapping.get("needs_draft")), kind)
+    if max(levels) > 64:
+        raise ConfigError(f"budget.concurrency={levels} is invalid for engine={kind}: allowed "
+                          "are levels up to 64 (one server slot each)")
+
+
+def _check_objectives(objectives: list[str], levels: list[int], kind: str) -> None:
+    """Level objectives name a measured level; throughput needs an engine server."""
+    for name in objectives:
+        base, _, level = str(name).partition("@c")
+        if level and level.isdigit() and int(level) not in levels:
+            raise ConfigError(f"search.objectives={objectives}: {name} names concurrency level "
+                              f"{level}, which budget.concurrency={levels} does not measure")
+        if (level or base == "throughput_ratio") and kind == "hf":
+            raise ConfigError(f"search.objectives={objectives}: {name} is measured by engine "
+                              "servers only (engine=llamacpp); engine=hf measures one request "
+                              "at a time")
+
+
+def _no_hf_overrides(kind: str, choice: str) -> None:
+    """``method.params.x=...`` tunes the hf engine's method; with a server it would be ignored."""
+    from hydra.core.hydra_config import HydraConfig
+    try:
+        given = list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return
+    bad = [o for o in given if re.match(r"^[+~]*method\.(params|space)\.", o)]
+    if bad:
+        name = bad[0].lstrip("+~").split("=")[0]
+        raise ConfigError(f"{bad[0]}: with engine={kind} the method's knobs are "
+                          f"engine.methods.{choice}.params / .space (see "
+                          f"conf/engine/{kind}.yaml); "
+                          f"{name} applies to engine=hf")
+
+
+def check_binary(engine: Mapping[str, Any]) -> Path:
+    """The llama-server to run: engine.binary, or the cached build for this CPU."""
+    given = engine.get("binary")
+    if given:
+        path = Path(str(given)).expanduser()
+        if not (path.is_file() and path.stat().st_mode & 0o111):
+            raise ConfigError(f"engine.binary={given!r} is not an executable file: allowed is a "
+                              "llama-server binary, or null for the one `make engines` builds")
+        return path
+    found = cached_build()
+    if found is None:
+        raise ConfigError(f"engine={engine.get('kind')}: llama-server is not built for this CPU: "
+                          "build it with `make engines` (scripts/engines.sh llamacpp, a few "
+                          "minutes), or set engine.binary=/path/to/llama-server")
+    return found / "llama-server"
+
+
+def cached_build() -> Path | None:
+    """``bin/`` of the cached llama.cpp build for this CPU (scripts/engines.sh), or None."""
+    if shutil.which("bash") is None:
+        return None
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "engines.sh"), "path", "llamacpp"],
+                          capture_output=True, text=True)
+    return Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+
+
+def _check_models(models: Mapping[str, Any], needs_draft: bool, kind: str) -> None:
+    target = models.get("target") or {}
+    if target.get("kind") not in GGUF_KINDS:
+        raise ConfigError(f"models.target.kind={target.get('kind')!r} cannot run in "
+                          f"engine={kind}: allowed are GGUF models {list(GGUF_KINDS)} "
+                          "(e.g. models=smollm2, or models.target={kind: gguf_file, path: ...})")
+    _check_gguf("models.target", target)
+    if not needs_draft:
+        return
+    draft = models.get("draft") or {}
+    if isinstance(draft, list) or draft.get("kind") not in DRAFT_KINDS:
+        shown = draft.get("kind") if isinstance(draft, Mapping) else draft
+        raise ConfigError(f"models.draft.kind={shown!r} cannot run in engine={kind}: allowed "
+                          f"are {list(DRAFT_KINDS)} (int8_dynamic: the target re-typed to "
+                          "engine.self_draft_type)")
+    if draft.get("kind") in GGUF_KINDS:
+        _check_gguf("models.draft", draft)
+
+
+def _check_gguf(role: str, spec: Mapping[str, Any]) -> None:
+    """A GGUF file starts with the magic bytes GGUF (a cheap check before any server starts)."""
+    from tuner.engines.gguf import source_gguf
+    try:
+        path = source_gguf(spec)
+    except (OSError, ValueError, ModuleNotFoundError) as err:
+        raise ConfigError(f"{role}: {str(err).splitlines()[0]}") from None
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ConfigError(f"{role}: {path} is not a GGUF file (no GGUF magic): allowed is a "
+                              "model file llama.cpp can load")

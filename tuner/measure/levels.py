@@ -1,0 +1,58 @@
+"""Per-concurrency-level numbers of an engine trial (``budget.concurrency``), with their baseline.
+
+For each level c (requests in flight together) the summary gets, each paired with the baseline
+measured on the same batches at the same level:
+
+  * ``tokens_per_s@c<c>``: throughput, output tokens over the batches' wall time (first send to
+    last answer), and ``vanilla_tokens_per_s@c<c>``; ``throughput_ratio@c<c>`` their ratio;
+  * ``speedup@c<c>``: the geometric mean of the requests' paired speedups (per-request latency per
+    token, the number one user of that server feels);
+  * ``tpot_ms@c<c>`` / ``vanilla_tpot_ms@c<c>``: the server's own decode time per output token;
+  * ``acceptance_rate@c<c>`` and ``mean_accepted_tokens@c<c>`` (1 + accepted / target steps).
+``throughput_ratio`` (no level) is the geometric mean of the levels' throughput ratios: one number
+for "faster under the loads you serve".
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tuner.measure.evaluator import Paired
+from tuner.measure.measurement import Measurement, geometric_mean
+
+LEVEL_KEYS = ("speedup", "throughput_ratio", "tokens_per_s")   # objectives that take @c<level>
+
+
+def level_summary(pairs: Sequence[Paired]) -> dict[str, float]:
+    levels = sorted({p.method.concurrency for p in pairs})
+    out: dict[str, float] = {}
+    ratios = []
+    for c in levels:
+        group = [p for p in pairs if p.method.concurrency == c]
+        ms, refs = [p.method for p in group], [p.baseline for p in group]
+        method_tps, base_tps = throughput(ms), throughput(refs)
+        ratios.append(method_tps / base_tps)
+        drafted, accepted = sum(m.drafted for m in ms), sum(m.accepted for m in ms)
+        out.update({f"tokens_per_s@c{c}": method_tps, f"vanilla_tokens_per_s@c{c}": base_tps,
+                    f"throughput_ratio@c{c}": method_tps / base_tps,
+                    f"speedup@c{c}": geometric_mean([m.speedup for m in ms]),
+                    f"tpot_ms@c{c}": tpot_ms(ms), f"vanilla_tpot_ms@c{c}": tpot_ms(refs),
+                    f"acceptance_rate@c{c}": accepted / drafted if drafted else 0.0,
+                    f"mean_accepted_tokens@c{c}": 1.0 + accepted / sum(m.steps for m in ms)})
+    out["throughput_ratio"] = geometric_mean(ratios)
+    return out
+
+
+def throughput(ms: Sequence[Measurement]) -> float:
+    """Output tokens over the wall time of the distinct batches they came in."""
+    walls = {}
+    for m in ms:
+        walls[(m.batch_wall_s, m.concurrency)] = m.batch_wall_s or m.wall_s
+    return sum(m.new_tokens for m in ms) / sum(walls.values())
+
+
+def tpot_ms(ms: Sequence[Measurement]) -> float:
+    decoded = [(m.decode_s, m.new_tokens) for m in ms if m.decode_s is not None]
+    if not decoded:
+        return float("nan")
+    return 1e3 * sum(d for d, _ in decoded) / max(sum(n for _, n in decoded), 1)
