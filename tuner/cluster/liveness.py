@@ -171,7 +171,8 @@ def gone(trial: FrozenTrial, job_alive: Callable[[str], bool] | None = None) -> 
 
     A Slurm worker is judged by its job id (``job_alive``; "no answer" from Slurm is not "dead"),
     a local one by its pid on this host; a pid equal to ours belongs to an earlier process (pids
-    repeat across container restarts) unless the trial carries this process's run token.
+    repeat across container restarts) unless the trial carries this process's run token. A trial
+    not stamped yet (no pid: its worker writes the identity one attribute at a time) is not judged.
     """
     attrs = trial.user_attrs
     job = attrs.get("slurm_job_id")
@@ -183,9 +184,9 @@ def gone(trial: FrozenTrial, job_alive: Callable[[str], bool] | None = None) -> 
         except SlurmError as e:
             log.warning("cannot tell whether Slurm job %s is alive: %s", job, e)
             return None
-    if attrs.get("host") != socket.gethostname():
-        return None
-    pid = int(attrs.get("pid", -1))
+    if attrs.get("host") != socket.gethostname() or "pid" not in attrs:
+        return None         # another host's, or its worker is still stamping it (host before pid)
+    pid = int(attrs["pid"])
     if pid == os.getpid():
         return None if attrs.get("run_token") == RUN_TOKEN else \
             f"its worker (process {pid}, an earlier run) ended before it finished"

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -57,7 +58,8 @@ def make_storage(url: Any, journal_path: str | Path, heartbeat_interval: int = 6
 def open_study(storage: Any, study_name: str, directions: list[str], sampler: Any, pruner: Any,
                fingerprint: Mapping[str, str], default: Mapping[str, Any], force: bool,
                say: Callable[[str], None], wait_s: float = 60.0,
-               ignore: tuple[str, ...] = ()) -> tuple[optuna.Study, bool]:
+               ignore: tuple[str, ...] = (),
+               metric_names: list[str] | None = None) -> tuple[optuna.Study, bool]:
     """Create the study (trial 0 enqueued once) or load it and check its fingerprint."""
     common = dict(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner)
     try:
@@ -66,11 +68,16 @@ def open_study(storage: Any, study_name: str, directions: list[str], sampler: An
         study = optuna.load_study(**common)
     else:
         enqueue(study, default, stage="default")
+        if metric_names:            # optuna-dashboard and plots show them, not "Objective 0"
+            with warnings.catch_warnings():         # experimental in Optuna 5
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names(list(metric_names))
         study.set_user_attr("fingerprint", dict(fingerprint))
         return study, True
     if [d.name.lower() for d in study.directions] != list(directions):
-        raise ConfigError(f"study {study_name!r} optimises {[d.name.lower() for d in study.directions]}"
-                          f", not {list(directions)} (search.objectives): use another study_name")
+        found = [d.name.lower() for d in study.directions]
+        raise ConfigError(f"study {study_name!r} optimises {found}, not {list(directions)} "
+                          "(search.objectives): use another study_name")
     deadline = time.monotonic() + wait_s
     while "fingerprint" not in study.user_attrs and len(study.trials) <= 1 and \
             time.monotonic() < deadline:           # its creator is between enqueue and fingerprint

@@ -1,0 +1,96 @@
+"""K workers started together on one study, repeated R times on fresh studies: does any point run
+twice, or get lost? (tests/test_stress.py runs a short version; bench/stress_workers.py the long
+one, also against an older checkout.)
+
+Each worker is the production CLI (``python -m tuner ... phase=work`` after one ``phase=prepare``,
+or ``phase=all`` for all of them) on the tiny models, with ``tests/jitter.py`` widening the claim
+and enqueue windows. A repetition reports the completed points, the duplicates (a point completed
+more than once, trial 0's default point included) and the lost points (planned, never completed).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=1",
+        "task.n_held_out=0", "task.max_new_tokens=4", "warmup_prompts=0", "search=grid",
+        "search.ranges=full", "method.space.num_draft_tokens.high=5",
+        "method.params.num_draft_tokens=2", "tracking=none"]
+CURRENT = ("contention=warn",)     # settings an older checkout does not know
+PLANNED = [1, 2, 3, 4, 5]
+# the CLI as `python -m tuner` runs it (Hydra finds conf/ from the module's file), jitter first
+# (read by path: an older checkout's own tests/ package may come first on the path)
+RUN = (f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'jitter.py')!r}); "
+       "runpy.run_module('tuner', run_name='__main__', alter_sys=True)")
+
+
+@dataclass(frozen=True)
+class Repetition:
+    completed: tuple[int, ...]      # num_draft_tokens of every COMPLETE trial
+    duplicates: tuple[int, ...]     # points completed more than once
+    lost: tuple[int, ...]           # planned points never completed
+    default_runs: int               # COMPLETE trials holding the default point (2)
+    seconds: float
+    failed_workers: int             # workers that exited non-zero
+    errors: tuple[str, ...] = ()    # the end of each failed worker's stderr
+
+
+def repetition(folder: Path, workers: int, code_root: Path = ROOT, storage: str | None = None,
+               jitter_s: float = 0.3, timeout: float = 300.0,
+               extra: tuple[str, ...] = CURRENT) -> Repetition:
+    """One fresh study, ``workers`` workers started together (``code_root``: the checkout whose
+    tuner runs)."""
+    name = f"stress-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    args = [*GRID, *extra, f"study_name={name}", f"studies_dir={folder}"]
+    if storage:
+        args.append(f"storage={storage}")
+    env = {"PYTHONPATH": str(code_root), "PYTHONUNBUFFERED": "1",
+           "SPECTUNE_JITTER_S": str(jitter_s), "PATH": "/usr/bin:/bin:/usr/local/bin",
+           "HOME": str(Path.home())}
+    began = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-c", RUN, *args], cwd=folder, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(workers)]
+    errors = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            errors.append(f"timed out after {timeout} s: {proc.communicate()[1][-1500:]}")
+            continue
+        if proc.returncode != 0:
+            errors.append(f"exit {proc.returncode}: {err[-1500:]}")
+    seconds = time.monotonic() - began
+    return summarize(load(folder, name, storage), seconds, tuple(errors))
+
+
+def load(folder: Path, name: str, storage: str | None) -> optuna.Study:
+    if storage is None:
+        path = str(folder / f"{name}.journal")
+        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def summarize(study: optuna.Study, seconds: float, errors: tuple[str, ...]) -> Repetition:
+    done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    points = [t.params["num_draft_tokens"] for t in done]
+    counts = collections.Counter(points)
+    return Repetition(tuple(sorted(points)), tuple(sorted(p for p, n in counts.items() if n > 1)),
+                      tuple(p for p in PLANNED if p not in counts), counts[2], seconds,
+                      len(errors), errors)
+
+
+def as_json(reps: list[Repetition]) -> str:
+    return json.dumps([r.__dict__ for r in reps], indent=1)
