@@ -248,6 +248,9 @@ def test_two_workers_on_one_journal_never_duplicate_a_point(tmp_path):
     assert study.trials[0].params == {"num_draft_tokens": 2}
     assert all(failure_reason(study, t).startswith("duplicate")
                for t in study.get_trials(states=(TrialState.FAIL,)))
+    # both workers reach the finish step: one writes the result, the other says where it is
+    assert sum("best configuration written to" in o for o in outputs) == 1, outputs
+    assert sum("is already finished with these 5 trials" in o for o in outputs) == 1, outputs
     import mlflow
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     runs = mlflow.search_runs(experiment_names=["two"], output_format="list")
@@ -319,6 +322,22 @@ def test_an_orphan_check_does_not_trust_its_own_pid():
     assert gone(earlier) and gone(current) is None
 
 
+def test_a_trial_being_stamped_is_not_reaped():
+    """Found by tests/test_stress.py on PostgreSQL: a reaper saw trial 0 with its worker's host
+    but not yet its pid (stamped one attribute at a time), judged pid -1 dead and failed the trial
+    under its live worker. A trial with no pid yet is not judged; a dead pid still is."""
+    import socket
+
+    from optuna.trial import create_trial
+    from tuner.cluster.liveness import gone
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    half = create_trial(state=TrialState.RUNNING, user_attrs={"host": socket.gethostname()})
+    ended = create_trial(state=TrialState.RUNNING,
+                         user_attrs={"host": socket.gethostname(), "pid": dead.pid})
+    assert gone(half) is None and "ended before it finished" in gone(ended)
+
+
 # -- small correctness fixes ------------------------------------------------------------------
 
 
@@ -387,8 +406,13 @@ def test_prepare_work_finish_phases(tmp_path, monkeypatch):
     done = load_study(tmp_path).get_trials(states=(TrialState.COMPLETE,))
     assert sorted(t.params["num_draft_tokens"] for t in done) == [1, 2, 3]
     result = run(tmp_path, *common, "phase=finish")
-    assert (tmp_path / "studies" / "best" / "t.yaml").is_file()
+    best = tmp_path / "studies" / "best" / "t.yaml"
+    assert best.is_file()
     assert len(load_study(tmp_path).trials) == 3 and result["trial"] in (0, 1, 2)
+    written = best.read_bytes()
+    again = run(tmp_path, *common, "phase=finish")         # nothing new: not measured again
+    assert again.get("finished_elsewhere") is True and best.read_bytes() == written
+    assert not (tmp_path / "studies" / "best" / "t.finish.lock").exists()
 
 
 def test_a_scheduled_rerun_says_what_changed_since_the_previous_run(tmp_path):

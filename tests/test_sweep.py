@@ -146,7 +146,8 @@ def test_hydra_multirun_submits_one_study_per_combination(tmp_path):
             for line in done.stdout.splitlines() if line.startswith("jobs: ")]
     try:
         assert done.returncode == 0 and len(jobs) == 2, done.stdout[-2000:] + done.stderr[-2000:]
-        studies = sorted(p.name for p in (tmp_path / "studies").iterdir() if p.is_dir())
+        studies = sorted(p.name for p in (tmp_path / "studies").iterdir()
+                         if p.is_dir() and not p.name.startswith("."))   # .hydra: Hydra's run dirs
         assert [s.split("-")[1] for s in studies] == ["block", "speculative"]
     finally:
         ids = [j[k] for j in jobs for k in ("prepare", "workers", "finish")]

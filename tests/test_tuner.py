@@ -240,12 +240,15 @@ def test_logit_gap_is_counted_in_bf16_ulps_at_the_chosen_logit():
 # End to end
 
 
-def test_study_end_to_end_with_mlflow(tmp_path):
+def test_study_end_to_end_with_mlflow(tmp_path, capsys):
     import mlflow
     result = run_cfg(tmp_path, "search=grid", "search.ranges=full",
                      "method.space.num_draft_tokens.high=2",
                      "method.params.num_draft_tokens=2",
                      "tracking.experiment=e2e")
+    out = capsys.readouterr().out
+    assert "trial 0 of at most 3" in out and "(at most 3 trials)" in out
+    assert "workflowType=machine_learning" in out and "tags.study_name" in out
     assert result["params"]["num_draft_tokens"] in (1, 2)
     assert result["held_out_matches_vanilla"] == 1.0
     study = load_study(tmp_path)
@@ -274,6 +277,19 @@ def test_study_end_to_end_with_mlflow(tmp_path):
     assert all(r.info.status == "FINISHED" for r in runs)
     winner = [r for r in children if r.data.tags.get("winner") == "true"]
     assert len(winner) == 1 and winner[0].data.tags["trial"] == str(result["trial"])
+    assert winner[0].info.run_name == f"best: trial-{result['trial']}"
+    assert all(r.data.tags["study_name"] == "t" for r in children)
+    first_trial = min((r for r in children if r.data.tags["kind"] == "trial"),
+                      key=lambda r: int(r.data.tags["trial"]))
+    # the baseline run spans the trial that measured it, not a few ms at its end
+    assert baseline.info.start_time == pytest.approx(first_trial.info.start_time, abs=1000)
+    assert baseline.info.end_time - baseline.info.start_time > 100
+    client = mlflow.MlflowClient()
+    table = client.download_artifacts(parent.info.run_id, "trials.csv", str(tmp_path))
+    lines = open(table).read().splitlines()
+    assert lines[0].startswith("trial,state,num_draft_tokens,speedup") and len(lines) == 3
+    assert f"| {result['trial']} | COMPLETE |" in parent.data.tags["mlflow.note.content"]
+    assert study.metric_names == ["speedup"]
     assert parent.data.tags["best_trial"] == str(result["trial"])
     assert "Recommendation" in parent.data.tags["mlflow.note.content"]
     assert parent.data.params["budget.max_new_tokens"] == "6"

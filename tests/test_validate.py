@@ -501,3 +501,14 @@ def test_max_new_tokens_beyond_the_embedded_defaults_context_is_refused():
 def test_an_empty_studies_dir_is_refused(value):
     assert "is empty: allowed is a folder path" in refused(value)
     assert not any(Path(".").iterdir())               # nothing landed in the current folder
+
+
+def test_task_categories_keep_only_those_and_unknown_ones_are_named(tmp_path):
+    from tuner.study.settings import StudySettings
+    base = ("+task=specbench", *BASE[1:])
+    with pytest.raises(ConfigError, match=r"task specbench: categories=\['poetry'\]: "
+                                          r"\['poetry'\] are not categories of it"):
+        StudySettings.from_config(compose_base(None, "task.categories=[poetry]", base=base))
+    kept = StudySettings.from_config(compose_base(None, "task.categories=[summarization]",
+                                                  base=base))
+    assert {p.category for p in kept.tuning + kept.held_out} == {"summarization"}

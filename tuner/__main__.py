@@ -19,9 +19,10 @@ from omegaconf import DictConfig
 # a missing studies/ folder (no best configs yet) is normal, not worth a warning
 warnings.filterwarnings("ignore", message=".*hydra.searchpath.*is not available")
 warnings.filterwarnings("ignore", message=".*is experimental.*")   # Optuna's WilcoxonPruner notice
-warnings.filterwarnings("ignore", message=".*Heartbeat of storage is supposed to be used with Study.optimize.*")
+warnings.filterwarnings("ignore", message=".*Heartbeat of storage is supposed to be used with.*")
 warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
-TASKS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "task").glob("*.yaml"))
+CONF = Path(__file__).resolve().parents[1] / "conf"
+TASKS = sorted(p.stem for p in (CONF / "task").glob("*.yaml"))
 
 
 def _best_choice() -> str | None:

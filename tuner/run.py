@@ -51,7 +51,7 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     trial 0 and the MLflow parent; no models), work (a worker: trials until the search is done),
     finish (best, held-out confirmation, YAML, summary). Any number of workers may run at once.
     """
-    optuna.logging.set_verbosity(optuna.logging.WARNING)   # our own lines say what happens
+    quiet_third_parties()
     if cfg.get("replay"):
         return replay(cfg, timer)
     phase = cfg.get("phase", "all")
@@ -64,9 +64,11 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     for notice in settings.notices:
         say(notice)
     study, created = _open(settings)
-    callbacks = Callbacks([ConsoleProgress(say), make_tracker(settings.tracking)])
+    points = Points(settings, study, make_plan(settings, say))
+    callbacks = Callbacks([ConsoleProgress(say, study, points.limit()),
+                           make_tracker(settings.tracking, say)])
     evaluator = make_evaluator(settings, timer, say)
-    say(report.describe(settings, created))
+    say(report.describe(settings, created, points.limit()))
     with sigterm_as_interrupt():
         try:
             callbacks.study_started(settings, study, created)
@@ -75,7 +77,6 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
                 return {"study_name": settings.name, "created": created}
             evaluator.open()
             if phase in ("all", "work"):
-                points = Points(settings, study, make_plan(settings, say))
                 objective = Objective(settings, evaluator, study, callbacks.prompt_measured)
                 optimize(settings, study, points, objective, callbacks, say)
             if phase == "work":
@@ -93,6 +94,18 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
             evaluator.close()
 
 
+def quiet_third_parties() -> None:
+    """Our own lines say what happens: Optuna's per-trial logs, transformers' weight-loading bars
+    and rouge-score's absl notices are kept off the output (warnings still show)."""
+    import logging
+
+    import transformers
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("absl").setLevel(logging.WARNING)
+
+
 def _open(settings: StudySettings) -> tuple[optuna.Study, bool]:
     """The study's storage, created (trial 0 enqueued once) or resumed after the checks."""
     beat, search = settings.heartbeat, settings.search
@@ -105,7 +118,8 @@ def _open(settings: StudySettings) -> tuple[optuna.Study, bool]:
         else ()
     return open_study(storage, settings.name, list(settings.directions), sampler, pruner,
                       settings.fingerprint, settings.searched(settings.default),
-                      settings.resume == "force", say, ignore=ignore)
+                      settings.resume == "force", say, ignore=ignore,
+                      metric_names=list(settings.objectives))
 
 
 def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
@@ -119,6 +133,7 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     recorded = f"{recorded:.3f}x" if isinstance(recorded, (int, float)) else "none"
     say(f"replay of study {origin['study']} trial {origin['trial']} (recorded held-out speedup "
         f"{recorded}): {settings.default}")
+    say(replay_budget_line(settings, origin.get("budget")))
     evaluator = make_evaluator(settings, timer, say)
     runs = start_replay(settings, origin)      # the MLflow run starts now (real duration)
     try:
@@ -138,6 +153,20 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
         say(f"replay: held-out quality vs vanilla: "
             f"{report.quality_line(report.held_out(confirmed))}")
     return {"params": settings.default, **confirmed}
+
+
+def replay_budget_line(settings: StudySettings, recorded: dict | None) -> str:
+    """Whether the replay measures with the study's own budget, and what differs if not."""
+    now = {**{k: settings.budget[k] for k in ("n_prompts", "n_held_out", "max_new_tokens")},
+           "concurrency": list(settings.concurrency)}
+    if not recorded:
+        return f"replay: budget {now} (the study did not record its own)"
+    changed = {k: (recorded.get(k), v) for k, v in now.items() if recorded.get(k) != v}
+    if not changed:
+        return (f"replay: the study's own budget: {now['n_held_out']} held-out prompts x "
+                f"{now['max_new_tokens']} new tokens")
+    return ("replay: budget OVERRIDDEN, so the figures are not the study's: " +
+            ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
 
 
 @contextmanager

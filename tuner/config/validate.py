@@ -138,6 +138,7 @@ def check_numbers(cfg: DictConfig) -> None:
             check(value)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+    integer("min_held_out_prompts", cfg.get("min_held_out_prompts", 3), 1, "an integer >= 1")
     wait = cfg.get("contention_wait_s", 120)
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 < wait < math.inf:
         raise ConfigError(f"contention_wait_s={wait!r} is invalid: allowed is a number of "

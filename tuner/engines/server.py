@@ -4,8 +4,9 @@
 (``{port}`` in ``argv`` is replaced), writes its output to ``<log_dir>/<name>.log``, and waits
 until its health endpoint answers 200 (a process that exits while starting is reported with the
 log's tail). It is stopped — SIGTERM to its process group, SIGKILL after a grace period — by
-``stop()``, by leaving the ``with`` block, and, should the tuner itself be killed, by the kernel: the server is started with
-``PR_SET_PDEATHSIG`` (Linux), so it cannot outlive the process that started it.
+``stop()``, by leaving the ``with`` block, and, should the tuner itself be killed, by the kernel:
+the server is started with ``PR_SET_PDEATHSIG`` (Linux), so it cannot outlive the process that
+started it.
 """
 
 from __future__ import annotations

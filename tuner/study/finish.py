@@ -13,8 +13,12 @@ how to resume.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
     from tuner.measure.evaluator import Evaluation, Evaluator
     from tuner.study.settings import StudySettings
 
+FINISHED = "finished_with_trials"   # study attribute: completed trials when last finished
 REMEASURE_AT_MOST = 3      # contended leaders re-measured before a winner is chosen
 QUALITY_PREFIXES = ("quality_", "vanilla_quality_")
 PERPLEXITY_KEYS = ("perplexity", "vanilla_perplexity", "perplexity_ratio")
@@ -38,7 +43,63 @@ PERPLEXITY_KEYS = ("perplexity", "vanilla_perplexity", "perplexity_ratio")
 
 def finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
            callbacks: Callback, say: Callable[[str], None]) -> dict[str, Any]:
-    """Steps 1–3 of the module docstring; returns the winner and its confirmation."""
+    """Steps 1–3 of the module docstring, once: several workers reaching the finish step at
+    once (``phase=all`` in several processes) write the result once; the others wait and say
+    where it is."""
+    folder = Path(settings.studies_dir) / "best"
+    with finish_lock(folder / f"{settings.name}.finish.lock"):
+        done = len(completed(study))
+        if study.user_attrs.get(FINISHED) == done and (folder / f"{settings.name}.yaml").exists():
+            say(f"study {settings.name} is already finished with these {done} trials (by this "
+                f"command earlier or by another worker): {folder / f'{settings.name}.yaml'}; "
+                "add trials (search.n_trials) to search further")
+            return {"study_name": settings.name, "finished_elsewhere": True}
+        result = _finish(settings, study, evaluator, callbacks, say)
+        study.set_user_attr(FINISHED, done)
+        return result
+
+
+@contextmanager
+def finish_lock(path: Path, poll_s: float = 2.0) -> Iterator[None]:
+    """One finisher at a time per study (an O_EXCL lock file next to the best YAML; a lock whose
+    process died on this host is taken over)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _stale(path):
+                path.unlink(missing_ok=True)
+                continue
+            time.sleep(poll_s)          # another worker is finishing this study
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{socket.gethostname()} {os.getpid()}\n")
+        break
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _stale(path: Path) -> bool:
+    try:
+        host, pid = path.read_text().split()
+    except (OSError, ValueError):
+        return False                    # being written right now
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
+            callbacks: Callback, say: Callable[[str], None]) -> dict[str, Any]:
     winner = choose_winner(settings, study, evaluator, say)
     if winner is None and completed(study):
         return no_feasible_trial(settings, study, callbacks, say)
@@ -66,7 +127,7 @@ def finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                                not settings.lossless else None)
     rows += level_rows(settings, study, confirmed)
     rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
-    advice = report.recommendation(confirmed)
+    advice = report.recommendation(confirmed, settings.min_held_out_prompts)
     files = [("best", path)] + [("plots", plot) for plot in (
         report.plots_png(study, path.with_suffix(".history.png")),
         report.plots_html(study, path.with_suffix(".plots.html"))) if plot]
@@ -78,7 +139,8 @@ def finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
         tags["best_feasible"] = "true"
         metrics["infeasible_trials"] = float(sum(t.user_attrs.get("feasible") is False
                                                  for t in completed(study)))
-    callbacks.study_finished(StudyResult(rows, advice, metrics, tags, files, winner.number))
+    callbacks.study_finished(StudyResult(rows, advice, metrics, tags, files, winner.number,
+                                         trials_table(settings, study)))
     report.print_summary(rows, advice, say)
     say(f"best configuration written to {path}")
     return {"params": params, "study_name": settings.name, **best, **confirmed}
@@ -137,6 +199,24 @@ def held_out_record(settings: StudySettings, evaluation: Evaluation) -> dict[str
     if settings.bound.active:
         out["feasible"] = float(feasible(settings.bound.constraints(quality, settings.lossless)))
     return {f"held_out_{k}": v for k, v in out.items()}
+
+
+def trials_table(settings: StudySettings, study: optuna.Study) -> list[dict]:
+    """One row per trial, best first: its searched values, first objective, state and flags."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.WAITING:
+            continue
+        value = t.values[0] if t.values else None
+        rows.append({"trial": t.number, "state": t.state.name, **settings.searched(
+            trial_params(settings, t)), settings.objectives[0]:
+            None if value is None else round(value, 4),
+            "feasible": t.user_attrs.get("feasible", ""), "contended": bool(
+                t.user_attrs.get("contended")), "stage": t.user_attrs.get("stage", "")})
+    done = [r for r in rows if r["state"] == "COMPLETE"]
+    rest = [r for r in rows if r["state"] != "COMPLETE"]
+    key = settings.objectives[0]
+    return sorted(done, key=lambda r: -settings.sign * r[key]) + rest
 
 
 def level_rows(settings: StudySettings, study: optuna.Study,

@@ -66,6 +66,7 @@ class StudySettings:
     phase: str
     resume: str
     config_yaml: str                   # the resolved config (an MLflow artifact)
+    min_held_out_prompts: int = 3      # fewer held-out prompts: no non-vanilla recommendation
     notices: tuple[str, ...] = ()      # lines to print before the study starts
 
     # -- derived ---------------------------------------------------------------------------------
@@ -111,7 +112,10 @@ class StudySettings:
         validate(cfg)
         method, task_cfg, search = effective_method(cfg), plain(cfg.task), plain(cfg.search)
         engine = engine_of(cfg)
-        task = Task(task_cfg)
+        try:
+            task = Task(task_cfg)
+        except ValueError as err:          # e.g. task.categories that the task does not have
+            raise ConfigError(str(err)) from None
         device = resolve_device(plain(cfg.models)["target"].get("device"))
         budget, notices = resolve_budget(cfg, device.type == "cuda")
         try:
@@ -151,7 +155,8 @@ class StudySettings:
             contention_wait_s=float(cfg.get("contention_wait_s", 120)), storage=cfg.storage or None,
             studies_dir=str(cfg.studies_dir), heartbeat=plain(cfg.get("heartbeat")) or {},
             tracking=plain(cfg.tracking), phase=str(cfg.get("phase", "all")),
-            resume=str(cfg.resume), config_yaml=resolved_yaml(cfg), notices=notices)
+            resume=str(cfg.resume), config_yaml=resolved_yaml(cfg), notices=notices,
+            min_held_out_prompts=int(cfg.get("min_held_out_prompts", 3)))
 
 
 def resolve_budget(cfg: DictConfig, on_gpu: bool) -> tuple[dict[str, int], tuple[str, ...]]:

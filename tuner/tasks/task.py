@@ -204,6 +204,19 @@ class Task:
         self.records = load_records(self.name, cfg.get("data", {}))
         order = list(range(len(self.records)))
         random.Random(cfg.get("split_seed", 0)).shuffle(order)
+        categories = cfg.get("categories")
+        if categories:                  # e.g. Spec-Bench's summarization items only
+            if not self.category_field:
+                raise ValueError(f"task {self.name}: categories={list(categories)} needs a task "
+                                 "with category_field (specbench, mtbench)")
+            found = {str(r[self.category_field]) for r in self.records}
+            unknown = sorted(set(categories) - found)
+            if unknown:
+                raise ValueError(f"task {self.name}: categories={list(categories)}: "
+                                 f"{unknown} are not categories of it: allowed are "
+                                 f"{sorted(found)}")
+            order = [i for i in order
+                     if str(self.records[i][self.category_field]) in categories]
         self.order = order
 
     def _prompt(self, index: int) -> Prompt:

@@ -48,6 +48,7 @@ class StudyResult:
     tags: dict[str, str]
     files: list[tuple[str, Path]] = field(default_factory=list)   # (artifact folder, file)
     winner: int | None = None           # the winning trial's number
+    table: list[dict] = field(default_factory=list)   # one row per trial, best first
 
 
 class Callback:

@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Mapping
 
 from tuner.tracking.callbacks import Callback, TrialOutcome
 
 
 class ConsoleProgress(Callback):
-    """Prints what happens (``say`` is ``print`` with flush by default)."""
+    """Prints what happens (``say`` is ``print`` with flush by default): per trial its place in
+    the search and an estimate of the time left (from this process's trials so far), per prompt
+    pair its speed, per trial its result."""
 
-    def __init__(self, say: Callable[[str], None]) -> None:
-        self.say = say
+    def __init__(self, say: Callable[[str], None], study: Any = None, limit: int = 0) -> None:
+        self.say, self.study, self.limit = say, study, limit
         self.settings = None
+        self.durations: list[float] = []
+        self.began = 0.0
 
     def study_started(self, settings, study, created) -> None:
         self.settings = settings
 
     def trial_started(self, trial, params: Mapping[str, Any], stage: str) -> None:
-        self.say(f"trial {trial.number} [{stage}] {dict(params)}")
+        from tuner.study.trials import spent
+        place = spent(self.study) + 1 if self.study is not None else trial.number + 1
+        left = max(self.limit - place + 1, 1)
+        eta = ""
+        if self.durations:
+            mean = sum(self.durations) / len(self.durations)
+            eta = f", ~{_minutes(mean * left)} left at {_minutes(mean)} per trial"
+        self.say(f"trial {trial.number} [{stage}] {dict(params)} (trial {place} of at most "
+                 f"{self.limit}{eta})")
+        if not self.durations:
+            self.say("  untimed warm-up, then each prompt: vanilla and the method, interleaved "
+                     "(the first trial also loads what the method needs)")
+        self.began = time.monotonic()
 
     def prompt_measured(self, trial, done: int, total: int, pair) -> None:
         got = pair.method
@@ -27,6 +44,8 @@ class ConsoleProgress(Callback):
                  f"{got.tokens_per_s:.2f} tok/s, paired speedup {got.speedup:.3f}{busy}")
 
     def trial_ended(self, trial, outcome: TrialOutcome) -> None:
+        if self.began:
+            self.durations.append(time.monotonic() - self.began)
         if outcome.state == "FAIL":
             self.say(f"trial {trial.number} FAILED: {outcome.error}")
             if outcome.kind == "lossless":
@@ -61,3 +80,7 @@ class ConsoleProgress(Callback):
             text += (f", {int(summary['contended_prompts'])} prompt(s) measured while the "
                      "machine was busy")
         return text
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"

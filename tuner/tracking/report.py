@@ -13,17 +13,19 @@ import optuna
 from omegaconf import OmegaConf
 
 
-def describe(settings, created: bool) -> str:
-    """The study's one-line header."""
+def describe(settings, created: bool, limit: int) -> str:
+    """The study's header: what is measured, where, how, and at most how many trials."""
     from tuner.config.identity import hardware
-    from tuner.search.space import grid_size
+    engine = settings.engine.get("kind", "hf")
+    levels = "" if settings.concurrency == (1,) else \
+        f", concurrency levels {list(settings.concurrency)}"
     return (f"study {settings.name} ({'new' if created else 'resumed'}): task "
             f"{settings.task.name} ({settings.task.task_class}), method "
-            f"{settings.method['_target_']}, {len(settings.tuning)} tuning + "
-            f"{len(settings.held_out)} held-out prompts, {settings.budget['max_new_tokens']} new "
-            f"tokens, device {settings.device} ({hardware(settings.device)}), search "
-            f"{settings.search['kind']}, baseline {settings.baseline}, grid size "
-            f"{grid_size(settings.space)}")
+            f"{settings.method_choice} ({settings.method['_target_']}), engine {engine}, "
+            f"{len(settings.tuning)} tuning + {len(settings.held_out)} held-out prompts, "
+            f"{settings.budget['max_new_tokens']} new tokens{levels}, device {settings.device} "
+            f"({hardware(settings.device)}), search {settings.search['kind']} (at most {limit} "
+            f"trials), baseline {settings.baseline}")
 
 
 QUALITY_KEYS = ("held_out_perplexity_ratio", "held_out_quality_drop", "held_out_feasible")
@@ -45,10 +47,13 @@ def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, 
                        f"{budget['max_new_tokens']} new tokens, {best['trials']} trials"),
             ("best parameters", ", ".join(f"{k}={v}" for k, v in params.items()) or "(none)"),
             ("best trial (tuning prompts)", f"#{best['trial']}, paired speedup "
-                                            f"{best['value']:.3f}x")]
+                                            f"{best['value']:.3f}x on {budget['n_prompts']} "
+                                            "prompts")]
     if confirmed:
         rows += [("held-out speedup vs vanilla",
-                  f"{confirmed['held_out_speedup']:.3f}x (min "
+                  f"{confirmed['held_out_speedup']:.3f}x, {relative(confirmed['held_out_speedup'])}"
+                  f" (geometric mean of {int(confirmed.get('held_out_prompts', 0))} prompts x "
+                  f"{budget['max_new_tokens']} tokens; per prompt min "
                   f"{confirmed['held_out_speedup_min']:.3f}, max "
                   f"{confirmed['held_out_speedup_max']:.3f})"),
                  ("held-out tokens/s", f"{confirmed['held_out_tokens_per_s']:.2f} (vanilla "
@@ -89,12 +94,28 @@ def quality_line(values: Mapping[str, Any]) -> str:
     return ", ".join(parts) or "not scored"
 
 
-def recommendation(confirmed: Mapping[str, float]) -> str:
+def relative(ratio: float) -> str:
+    """1.25 -> '25 % faster than vanilla', 0.84 -> '16 % slower than vanilla'."""
+    if abs(ratio - 1.0) < 0.005:
+        return "as fast as vanilla"
+    return f"{abs(ratio - 1) * 100:.0f} % {'faster' if ratio > 1 else 'slower'} than vanilla"
+
+
+def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3) -> str:
+    """What to do, and only as much as the held-out evidence supports."""
     if not confirmed:
         return "no held-out prompts: the winner is unconfirmed (task.n_held_out=0)"
-    if confirmed["held_out_speedup"] <= 1.0:
-        return ("nothing beat vanilla on the held-out prompts: use vanilla decoding on this "
-                "hardware/model pair")
+    speed = confirmed["held_out_speedup"]
+    prompts = int(confirmed.get("held_out_prompts", 0))
+    if speed <= 1.0:
+        return (f"nothing beat vanilla on the held-out prompts (the winner: {speed:.2f}x, "
+                f"{relative(speed)}): use vanilla decoding on this hardware/model pair")
+    if prompts < min_held_out:
+        return (f"not enough evidence: the winner ran {speed:.2f}x vanilla on only {prompts} "
+                f"held-out prompt(s) (min {confirmed.get('held_out_speedup_min', speed):.2f}x, "
+                f"max {confirmed.get('held_out_speedup_max', speed):.2f}x), fewer than "
+                f"min_held_out_prompts={min_held_out}: keep vanilla decoding, or confirm on more "
+                "prompts (task.n_held_out, then +best=<study> to replay)")
     if confirmed.get("held_out_feasible") == 0.0:
         held = held_out(confirmed)
         return (f"the winner ran {confirmed['held_out_speedup']:.2f}x vanilla on held-out "
@@ -105,8 +126,9 @@ def recommendation(confirmed: Mapping[str, float]) -> str:
         lossy = (f" (lossy: perplexity {confirmed['held_out_perplexity_ratio']:.3f}x vanilla's"
                  + (f", quality drop {confirmed['held_out_quality_drop']:+.3f}"
                     if "held_out_quality_drop" in confirmed else "") + ")")
-    return (f"use the best parameters: {confirmed['held_out_speedup']:.2f}x vanilla on held-out "
-            f"prompts{lossy}")
+    return (f"use the best parameters: {speed:.2f}x vanilla ({relative(speed)}) on "
+            f"{prompts} held-out prompts, min {confirmed['held_out_speedup_min']:.2f}x, max "
+            f"{confirmed['held_out_speedup_max']:.2f}x{lossy}")
 
 
 def print_summary(rows: list[tuple[str, str]], advice: str, say) -> None:
@@ -154,6 +176,9 @@ def write_best_yaml(folder: Path, settings: Any, params: Mapping[str, Any],
                      "n_held_out": settings.budget["n_held_out"],
                      "max_new_tokens": settings.budget["max_new_tokens"]},
             "replay": {"study": settings.name, "trial": best["trial"],
+                       "budget": {**{k: settings.budget[k] for k in ("n_prompts", "n_held_out",
+                                                                     "max_new_tokens")},
+                                  "concurrency": list(settings.concurrency)},
                        "tuning_speedup": float(best["value"]),
                        "held_out_speedup": float(speed) if speed else None,
                        **{k: float(confirmed[k]) for k in QUALITY_KEYS if k in confirmed}}}

@@ -11,6 +11,7 @@ when the study finished. ``tracking=none`` uses the no-op ``Callback``.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import logging
 import re
@@ -98,13 +99,15 @@ class MlflowRuns:
                         experiment).experiment_id
             else:
                 self.experiment_id = found.experiment_id
+        self.tracking_uri = tracking_uri
         self.parent_id: str | None = None
 
     def start(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str],
-              parent_id: str | None = None) -> str:
+              parent_id: str | None = None, start_ms: int | None = None) -> str:
         """A new RUNNING run (nested under ``parent_id`` when given); its id."""
         tags = {**tags, **({"mlflow.parentRunId": parent_id} if parent_id else {})}
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=dict(tags))
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=dict(tags),
+                                     start_time=start_ms)
         self._log(run.info.run_id, params=params)
         return run.info.run_id
 
@@ -146,11 +149,12 @@ def mlflow_name(key: str) -> str:
 class MlflowCallback(Callback):
     """The study's MLflow runs (see the module docstring)."""
 
-    def __init__(self, runs: MlflowRuns) -> None:
-        self.runs = runs
+    def __init__(self, runs: MlflowRuns, say=print) -> None:
+        self.runs, self.say = runs, say
         self.study = self.settings = None
         self.parent_id: str | None = None
         self.trial_runs: dict[int, str] = {}       # trial number -> its run id
+        self.started_ms: dict[int, int] = {}       # trial number -> when it started
 
     def study_started(self, settings, study, created) -> None:
         self.settings, self.study = settings, study
@@ -168,10 +172,11 @@ class MlflowCallback(Callback):
         study.set_user_attr(PARENT_ATTR, self.parent_id)
 
     def trial_started(self, trial, params, stage) -> None:
+        self.started_ms[trial.number] = int(time.time() * 1000)
         run_id = self.runs.start(f"trial-{trial.number}",
                                  {**params, **flatten("sampling", self.settings.sampling)},
-                                 {"kind": "trial", "stage": stage, "trial": str(trial.number)},
-                                 self.parent_id)
+                                 {"kind": "trial", "stage": stage, "trial": str(trial.number),
+                                  "study_name": self.settings.name}, self.parent_id)
         trial.set_user_attr("mlflow_run_id", run_id)
         self.trial_runs[trial.number] = run_id
 
@@ -190,12 +195,14 @@ class MlflowCallback(Callback):
             [{"vanilla": True, **asdict(r)} for r in evaluation.baselines]
         self.runs.end(run_id, evaluation.summary, tags, outcome.status, table)
         if evaluation.baselines and BASELINE_ATTR not in self.study.user_attrs:
-            self._baseline(evaluation)
+            self._baseline(evaluation, self.started_ms.get(trial.number))
 
-    def _baseline(self, evaluation) -> None:
-        """One 'baseline (vanilla)' run per study, speedup 1.0: the reference row."""
+    def _baseline(self, evaluation, start_ms: int | None) -> None:
+        """One 'baseline (vanilla)' run per study, speedup 1.0: the reference row, spanning the
+        trial whose paired vanilla runs it holds."""
         run_id = self.runs.start("baseline (vanilla)", {"method": "vanilla"},
-                                 {"kind": "baseline"}, self.parent_id)
+                                 {"kind": "baseline", "study_name": self.settings.name},
+                                 self.parent_id, start_ms)
         self.runs.end(run_id, evaluation.baseline_summary, {"state": "COMPLETE"}, "FINISHED",
                       [asdict(r) for r in evaluation.baselines])
         self.study.set_user_attr(BASELINE_ATTR, run_id)
@@ -205,13 +212,30 @@ class MlflowCallback(Callback):
             winner = next((t for t in self.study.get_trials(deepcopy=False)
                            if t.number == result.winner), None)
             run_id = winner.user_attrs.get("mlflow_run_id") if winner else None
-            if run_id:
+            if run_id:              # "best" first: readable in the narrowest name column
                 self.runs.client.set_tag(run_id, "winner", "true")
-                self.runs.client.update_run(run_id, name=f"trial-{result.winner} (best)")
+                self.runs.client.update_run(run_id, name=f"best: trial-{result.winner}")
             self.runs.client.set_tag(self.parent_id, "best_trial", str(result.winner))
+        note = markdown(result.rows, result.advice) + "\n\n" + trials_markdown(result.table)
         self.runs.end(self.parent_id, result.metrics,
-                      {**result.tags, "mlflow.note.content": markdown(result.rows, result.advice)},
-                      "FINISHED", files=result.files)
+                      {**result.tags, "mlflow.note.content": note}, "FINISHED",
+                      files=result.files)
+        if result.table:
+            self.runs.client.log_text(self.parent_id, trials_csv(result.table), "trials.csv")
+        self.say(f"MLflow: experiment {self.settings.tracking['experiment']!r}, study run "
+                 f"{self.parent_id} in {self.runs.tracking_uri}; its runs, best first: "
+                 f"{self.link()}")
+
+    def link(self) -> str:
+        """The experiment's runs table for this study, sorted by speedup (MLflow 3 opens the
+        GenAI view unless ``workflowType=machine_learning`` is in the address)."""
+        from urllib.parse import quote
+        base = self.runs.tracking_uri if self.runs.tracking_uri.startswith("http") else \
+            "http://127.0.0.1:5000"
+        query = (f"workflowType=machine_learning&searchFilter="
+                 f"{quote(f'tags.study_name = {chr(34)}{self.settings.name}{chr(34)}')}"
+                 f"&orderByKey={quote('metrics.`speedup`')}&orderByAsc=false")
+        return f"{base}/#/experiments/{self.runs.experiment_id}/runs?{query}"
 
     def study_ended(self, status: str) -> None:
         if self.parent_id is not None and status != "FINISHED":
@@ -239,11 +263,36 @@ def study_tags(settings) -> dict[str, str]:
             **environment_tags(settings.device)}
 
 
-def make_tracker(cfg: Mapping[str, Any]) -> Callback:
+def trials_markdown(table: list[dict], top: int = 15) -> str:
+    """The trials, best first, as a compact markdown table (the parent run's description)."""
+    if not table:
+        return ""
+    keys = _columns(table)
+    lines = [f"**Trials (best {min(top, len(table))} of {len(table)}; all in trials.csv)**", "",
+             "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(row.get(k, "")) for k in keys) + " |" for row in table[:top]]
+    return "\n".join(lines)
+
+
+def _columns(table: list[dict]) -> list[str]:
+    """Every row's keys in first-seen order (conditional parameters appear in some rows only)."""
+    return list(dict.fromkeys(key for row in table for key in row))
+
+
+def trials_csv(table: list[dict]) -> str:
+    import csv
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=_columns(table))
+    writer.writeheader()
+    writer.writerows(table)
+    return out.getvalue()
+
+
+def make_tracker(cfg: Mapping[str, Any], say=print) -> Callback:
     """``tracking.kind``: mlflow / server (an MLflow listener) or none (the no-op listener)."""
     if cfg.get("kind") in ("mlflow", "server"):
         return MlflowCallback(MlflowRuns(cfg["tracking_uri"], cfg.get("artifact_root"),
-                                         cfg["experiment"]))
+                                         cfg["experiment"]), say)
     if cfg.get("kind") == "none":
         return Callback()
     raise ValueError(f"tracking.kind={cfg.get('kind')!r} is unknown: allowed are mlflow, none")
@@ -257,7 +306,8 @@ def start_replay(settings, origin: Mapping[str, Any]) -> tuple[MlflowRuns, str] 
     runs = listener.runs
     run_id = runs.start(f"replay-{origin['study']}",
                         {"replay_of": origin["study"], "trial": origin["trial"],
-                         **flatten("params", settings.default), **flatten("budget", settings.budget)},
+                         **flatten("params", settings.default),
+                         **flatten("budget", settings.budget)},
                         {"kind": "replay", **environment_tags(settings.device)})
     runs.client.log_text(run_id, settings.config_yaml, "config.yaml")
     return runs, run_id

@@ -1,0 +1,98 @@
+"""What a finished study tells its reader: a recommendation no stronger than its evidence, the
+finish step written once, the trials table, the replay's budget line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tuner.study.finish import finish_lock
+from tuner.tracking.report import recommendation, relative
+from tuner.tracking.trackers import trials_csv, trials_markdown
+
+
+def held_out(speed, prompts, low=None, high=None, **extra):
+    return {"held_out_speedup": speed, "held_out_prompts": prompts,
+            "held_out_speedup_min": speed if low is None else low,
+            "held_out_speedup_max": speed if high is None else high, **extra}
+
+
+def test_a_win_on_too_few_prompts_is_not_recommended():
+    text = recommendation(held_out(1.35, 1), min_held_out=3)
+    assert text.startswith("not enough evidence") and "only 1 held-out prompt" in text
+    assert "min_held_out_prompts=3" in text and "use the best parameters" not in text
+
+
+def test_a_win_on_enough_prompts_is_recommended_with_its_spread():
+    text = recommendation(held_out(1.25, 3, 1.10, 1.40), min_held_out=3)
+    assert text.startswith("use the best parameters: 1.25x vanilla (25 % faster than vanilla)")
+    assert "on 3 held-out prompts, min 1.10x, max 1.40x" in text
+
+
+def test_a_loss_says_how_much_slower():
+    text = recommendation(held_out(0.84, 5), min_held_out=3)
+    assert "16 % slower than vanilla" in text and "use vanilla decoding" in text
+    assert relative(1.0) == "as fast as vanilla"
+
+
+def test_no_held_out_prompts_means_unconfirmed():
+    assert "unconfirmed" in recommendation({}, min_held_out=3)
+
+
+def test_the_finish_lock_admits_one_holder_at_a_time(tmp_path):
+    lock = tmp_path / "s.finish.lock"
+    order = []
+
+    def second():
+        with finish_lock(lock, poll_s=0.01):
+            order.append("second")
+
+    with finish_lock(lock):
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join(timeout=0.3)
+        assert thread.is_alive() and order == []     # waits while the first holds it
+        order.append("first")
+    thread.join(timeout=10)
+    assert order == ["first", "second"] and not lock.exists()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
+    import socket
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = tmp_path / "s.finish.lock"
+    lock.write_text(f"{socket.gethostname()} {dead.pid}\n")
+    began = time.monotonic()
+    with finish_lock(lock, poll_s=5.0):
+        assert lock.read_text().split()[1] == str(os.getpid())
+    assert time.monotonic() - began < 2.0
+
+
+def test_the_trials_table_keeps_columns_only_some_trials_have(tmp_path):
+    table = [{"trial": 3, "state": "COMPLETE", "shape": "static", "speedup": 1.2},
+             {"trial": 1, "state": "COMPLETE", "shape": "dynamic", "depth": 4, "speedup": 1.1}]
+    lines = trials_csv(table).splitlines()
+    assert lines[0] == "trial,state,shape,speedup,depth"
+    assert lines[2] == "1,COMPLETE,dynamic,1.1,4"
+    assert "| 3 | COMPLETE | static | 1.2 |  |" in trials_markdown(table)
+
+
+@pytest.mark.parametrize("recorded, expected", [
+    ({"n_prompts": 1, "n_held_out": 1, "max_new_tokens": 8, "concurrency": [1]},
+     "replay: the study's own budget: 1 held-out prompts x 8 new tokens"),
+    ({"n_prompts": 1, "n_held_out": 2, "max_new_tokens": 8, "concurrency": [1]},
+     "replay: budget OVERRIDDEN, so the figures are not the study's: n_held_out 2 -> 1"),
+])
+def test_the_replay_says_whether_it_measures_with_the_studys_budget(recorded, expected):
+    from types import SimpleNamespace
+
+    from tuner.run import replay_budget_line
+    settings = SimpleNamespace(budget={"n_prompts": 1, "n_held_out": 1, "max_new_tokens": 8},
+                               concurrency=(1,))
+    assert replay_budget_line(settings, recorded) == expected
