@@ -512,3 +512,26 @@ def test_task_categories_keep_only_those_and_unknown_ones_are_named(tmp_path):
     kept = StudySettings.from_config(compose_base(None, "task.categories=[summarization]",
                                                   base=base))
     assert {p.category for p in kept.tuning + kept.held_out} == {"summarization"}
+
+
+def test_workers_checking_one_studies_dir_at_once_do_not_trip_each_other(tmp_path):
+    """Found by tests/test_stress.py: workers started together probed studies_dir with one shared
+    file name, so one worker's unlink made another's fail ('is not writable')."""
+    import threading
+
+    from tuner.config.stores import check_folder
+    errors = []
+
+    def probe():
+        for _ in range(300):
+            try:
+                check_folder("studies_dir", str(tmp_path))
+            except ConfigError as err:
+                errors.append(str(err))
+
+    threads = [threading.Thread(target=probe) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and list(tmp_path.iterdir()) == []

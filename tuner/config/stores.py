@@ -8,6 +8,8 @@ answers (one short HTTP GET; skipped when the Slurm launcher starts the server i
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -107,10 +109,10 @@ def check_folder(name: str, value: Any, allowed: str = "a folder path") -> None:
     except OSError as err:
         raise ConfigError(f"{name}={value!r} cannot be used as a folder: {err.strerror}") \
             from None
-    probe = path / ".spectune-write-probe"
-    try:
-        probe.write_text("")
-        probe.unlink()
+    try:        # a file of its own: workers started together probe the same folder at once
+        fd, probe = tempfile.mkstemp(prefix=".spectune-write-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as err:
         raise ConfigError(f"{name}={value!r} is not writable: {err.strerror}") from None
 
