@@ -96,3 +96,20 @@ def test_the_replay_says_whether_it_measures_with_the_studys_budget(recorded, ex
     settings = SimpleNamespace(budget={"n_prompts": 1, "n_held_out": 1, "max_new_tokens": 8},
                                concurrency=(1,))
     assert replay_budget_line(settings, recorded) == expected
+
+
+@pytest.mark.parametrize("contended, waited, expected", [
+    (True, 20.0, "MACHINE BUSY (other load 0.50) after waiting 20 s for other processes"),
+    (False, 7.0, "measured after waiting 7 s for the machine to be quiet"),
+    (False, 0.0, "paired speedup 0.800"),
+])
+def test_a_prompt_line_says_when_it_waited_for_a_quiet_machine(contended, waited, expected):
+    from types import SimpleNamespace
+
+    from tuner.tracking.console import ConsoleProgress
+    lines = []
+    console = ConsoleProgress(lines.append, None, 3)
+    got = SimpleNamespace(new_tokens=8, tokens_per_s=10.0, speedup=0.8, other_load=0.5,
+                          contended=contended, waited_s=waited)
+    console.prompt_measured(SimpleNamespace(number=1), 1, 2, SimpleNamespace(method=got))
+    assert expected in lines[-1] and (waited or "waiting" not in lines[-1])

@@ -199,7 +199,8 @@ class LlamaCppEvaluator:
                 answers = {method: self._send(srv, batch, method, level) for srv, method in sides}
                 for (index, prompt), ref, got in zip(batch, answers[False], answers[True]):
                     got = replace(got, speedup=paired_speedup(ref, got),
-                                  other_load=load.other_busy, contended=load.contended)
+                                  other_load=load.other_busy, contended=load.contended,
+                                  waited_s=load.waited_s)
                     yield Paired(level_index * LEVEL_STRIDE + index, self._check(got, ref, prompt),
                                  ref, True)
 

@@ -108,7 +108,7 @@ class HFEvaluator:
             else:
                 ref, got = stored[prompt.id], self._measure(method, prompt)
             got = replace(got, speedup=paired_speedup(ref, got), other_load=load.other_busy,
-                          contended=load.contended)
+                          contended=load.contended, waited_s=load.waited_s)
             yield Paired(index, self._check(got, ref.tokens), ref, fresh)
 
     def _measure(self, method: Any, prompt: Prompt) -> Measurement:

@@ -45,6 +45,7 @@ class Measurement:
     other_load: float | None = None     # share of the allowed CPUs other processes used just
     #                                     before this pair was measured (tuner.measure.hygiene)
     contended: bool = False             # measured although the machine stayed busy (flagged)
+    waited_s: float = 0.0               # waited for the machine to be quiet (contention=wait)
     concurrency: int = 1                # requests in flight together (engine servers)
     batch_wall_s: float | None = None   # first send to last answer of its batch (engines)
     prompt_s: float | None = None       # the server's own prefill time (engines)

@@ -40,6 +40,10 @@ class ConsoleProgress(Callback):
     def prompt_measured(self, trial, done: int, total: int, pair) -> None:
         got = pair.method
         busy = f", MACHINE BUSY (other load {got.other_load:.2f})" if got.contended else ""
+        if got.waited_s >= 1:
+            busy += (f" after waiting {got.waited_s:.0f} s for other processes "
+                     "(contention=wait)" if got.contended else
+                     f", measured after waiting {got.waited_s:.0f} s for the machine to be quiet")
         self.say(f"  trial {trial.number} prompt {done}/{total}: {got.new_tokens} tokens "
                  f"{got.tokens_per_s:.2f} tok/s, paired speedup {got.speedup:.3f}{busy}")
 
