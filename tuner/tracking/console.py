@@ -30,8 +30,8 @@ class ConsoleProgress(Callback):
         if self.durations:
             mean = sum(self.durations) / len(self.durations)
             eta = f", ~{_minutes(mean * left)} left at {_minutes(mean)} per trial"
-        self.say(f"trial {trial.number} [{stage}] {dict(params)} (trial {place} of at most "
-                 f"{self.limit}{eta})")
+        self.say(f"trial {trial.number} [{stage}] {dict(params)} ({place} of at most "
+                 f"{self.limit} trials{eta})")
         if not self.durations:
             self.say("  untimed warm-up, then each prompt: vanilla and the method, interleaved "
                      "(the first trial also loads what the method needs)")
