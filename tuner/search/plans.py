@@ -36,6 +36,8 @@ def point_key(params: Mapping[str, Any]) -> tuple:
 
 
 class HeuristicPlan:
+    holds_default = False       # trial 0 (the method's default) comes on top of the plan's points
+
     def __init__(self, space: Mapping[str, Mapping[str, Any]], task_class: str, seed: int,
                  default: Mapping[str, Any] | None = None) -> None:
         self.space, self.default = space, dict(default or {})
@@ -83,6 +85,7 @@ class GridPlan:
                 points.append(point)
         first = [p for p in points if point_key(p) == point_key(default)]
         self.points = first + [p for p in points if point_key(p) != point_key(default)]
+        self.holds_default = bool(first)    # then trial 0 is one of the grid's points
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
                    ) -> tuple[Point, str] | None:

@@ -78,9 +78,12 @@ class Points:
         self.settings, self.study, self.plan = settings, study, plan
 
     def limit(self) -> int:
-        """Trials the search may spend: the budget, or the plan's size + trial 0."""
+        """Trials the search may spend: the budget, or the plan's size (+ trial 0 where the
+        method's default is not one of the plan's points)."""
         trials = self.settings.budget["n_trials"]
-        return trials if self.plan is None else min(trials, self.plan.size() + 1)
+        if self.plan is None:
+            return trials
+        return min(trials, self.plan.size() + (0 if self.plan.holds_default else 1))
 
     def next_claim(self) -> Claim | str | None:
         """A trial to evaluate, ``WAIT`` (the plan's next points are held by others), ``RETRY``,
