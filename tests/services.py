@@ -78,3 +78,13 @@ def wait_for(cond, timeout: float = 60.0, every: float = 0.3, what: str = ""):
             return value
         time.sleep(every)
     pytest.fail(f"timed out after {timeout} s waiting for {what or cond}")
+
+
+def require_vllm() -> str:
+    """The cached vLLM install's ``vllm`` (scripts/engines.sh vllm); skip when not installed
+    (fail under CI)."""
+    from tuner.config.engines import cached_build
+    found = cached_build("vllm")
+    if found is None:
+        _absent("vLLM is not installed", "install it with `make engines-vllm`")
+    return str(found / "vllm")

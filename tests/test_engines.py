@@ -153,6 +153,52 @@ def test_a_wrong_mapping_is_caught_by_the_check(tmp_path):
         ev.close()
 
 
+def test_a_divergence_is_excused_only_where_the_engine_varies_by_itself(tmp_path):
+    """At several requests in flight a divergence beyond the near-tie rule is not judged only
+    when the baseline's own output, the same batch sent again, changes at or before it; when
+    the baseline repeats itself it is a violation."""
+    from dataclasses import replace as with_
+    from tuner.measure.lossless import LosslessViolation
+    settings, ev = evaluator(tmp_path, *LOOKUP, "budget.concurrency=[1,4]",
+                             "task.max_new_tokens=16")
+    ev.open()
+    try:
+        prompt = settings.tuning[0]
+        ref = with_(ev._send(ev.baseline, [(0, prompt)], False, 1)[0], concurrency=4)
+        probs = ev.logprobs(prompt, ref.tokens[:5], ())
+        unlikely = min(probs, key=probs.get)            # far from a tie with ref.tokens[5]
+        got = with_(ref, tokens=ref.tokens[:5] + (unlikely,) + ref.tokens[6:])
+        with pytest.raises(LosslessViolation, match="position 5"):
+            ev._check(got, ref, prompt, lambda: [ref.tokens] * 3)       # the baseline repeats
+        later = ref.tokens[:8] + (unlikely,) + ref.tokens[9:]
+        with pytest.raises(LosslessViolation, match="position 5"):      # varies only after it
+            ev._check(got, ref, prompt, lambda: [ref.tokens, later])
+        earlier = ref.tokens[:3] + (unlikely,) + ref.tokens[4:]
+        checked = ev._check(got, ref, prompt, lambda: [ref.tokens, earlier])
+        assert checked.engine_varies and checked.matches_vanilla is False
+        with pytest.raises(LosslessViolation):          # one request in flight: never excused
+            ev._check(with_(got, concurrency=1), ref, prompt, lambda: [earlier])
+    finally:
+        ev.close()
+
+
+def test_a_wrong_mapping_is_caught_at_concurrency_4_where_the_engine_repeats_itself(tmp_path):
+    """F32 weights: llama.cpp's batched output repeats itself, so sampling left on for the
+    speculative server is still caught with four requests in flight."""
+    from tuner.measure.lossless import LosslessViolation
+    settings, ev = evaluator(tmp_path, *LOOKUP, "budget.concurrency=[4]",
+                             "engine.target_type=match_dtype", "task.max_new_tokens=32")
+    real = ev.payload
+    ev.payload = lambda prompt, method: {**real(prompt, method),
+                                         **({"temperature": 1.5, "seed": 7} if method else {})}
+    ev.open()
+    try:
+        with pytest.raises(LosslessViolation, match=r"\(concurrency 4\) differs"):
+            list(ev.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
+    finally:
+        ev.close()
+
+
 # ----------------------------------------------------------------------------------------------
 # Concurrency
 
@@ -218,7 +264,8 @@ def test_ctrl_c_stops_both_servers(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["engine.kind=vllm"], "engine.kind='vllm' is unknown: allowed are ['hf', 'llamacpp']"),
+    (["engine.kind=sglang"],
+     "engine.kind='sglang' is unknown: allowed are ['hf', 'llamacpp', 'vllm']"),
     (["method=eagle"], "method=eagle is not offered by engine=llamacpp: it offers "
                        "['prompt_lookup', 'speculative']"),
     (["method=speculative", "engine.binary=/nonexistent/llama-server"],

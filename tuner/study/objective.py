@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 TRIAL_ATTRS = ("speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate",
                "vanilla_drift_ratio", "perplexity", "vanilla_perplexity", "perplexity_ratio",
                "quality_drop", "energy_j_per_token", "vanilla_energy_j_per_token", "energy_ratio",
-               "contended_prompts", "other_load_max", "throughput_ratio", "engine_restart_s")
+               "contended_prompts", "other_load_max", "throughput_ratio", "engine_restart_s",
+               "engine_varies")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,336 @@
+"""``ServerEvaluator``: the measurement protocol every engine server shares (llama.cpp, vLLM).
+
+Two servers on loopback, started from the same engine and model files: the *baseline* (no
+speculation, started once) and the *method* server (the trial's speculative settings; a trial
+whose settings differ from the running method server restarts it, and the restart time is
+recorded). Both have one slot per request of the largest concurrency level.
+
+Per concurrency level c and per batch of c prompts (cycled so that c requests are really in
+flight), the baseline and the method answer the same batch one after the other (the order
+alternating between batches), each after the machine was checked for other load; every request
+becomes a ``Measurement`` with the client's wall time and the server's own counts. At temperature 0
+the method's tokens must equal the baseline's at the same level; a difference is excused as a
+near-tie only when, in the baseline's own distribution after the same prefix (asked again,
+untimed), the two tokens' log-probabilities — which differ exactly by their logit gap — are within
+``near_tie_ulps`` units of ``engine.near_tie_dtype`` at ``|logit| = 32`` (servers expose
+log-probabilities, not raw logits; the embedded default's logits stay below 32).
+
+An engine module subclasses this with what differs between engines: how its models are prepared
+(``prepare_models``), its command line (``argv``) and speculative settings (``spec``), its request
+(``payload``, ``endpoint``), how an answer becomes a ``Measurement`` (``measurement``), its
+acceptance counters (``counters``), the log-probability request of the near-tie check
+(``logprobs``), and what identifies its build (``build_info``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from decoding.models import load_tokenizer
+from tuner.config.errors import ConfigError
+from tuner.config.validate import check_generation_fits
+from tuner.engines.client import send_batch
+from tuner.engines.server import EngineError, EngineServer
+from tuner.measure.evaluator import BaselineStore, Evaluation, Paired
+from tuner.measure.hygiene import ContentionGuard, allowed_cpus, configure_threads
+from tuner.measure.levels import level_summary
+from tuner.measure.lossless import LosslessViolation, first_difference, ulp
+from tuner.measure.measurement import Measurement, paired_speedup, summarize
+
+if TYPE_CHECKING:
+    from tuner.study.settings import StudySettings
+    from tuner.tasks.task import Prompt
+
+NEAR_TIE_LOGIT_SCALE = 32.0     # |logit| bound for the near-tie tolerance (see module doc)
+LEVEL_STRIDE = 100_000          # pruner steps: level index * stride + the prompt's index
+
+Spec = Any                      # an engine's speculative settings (flags, a config), comparable
+
+
+class ServerEvaluator:
+    """The shared protocol (see the module docstring); engines override the hooks below."""
+
+    name = "engine"             # engine.kind, in messages
+    endpoint = "/completion"    # the generation endpoint both servers answer
+    server_name = "server"      # the engine's program, in messages
+
+    def __init__(self, settings: StudySettings, say: Callable[[str], None] = print) -> None:
+        self.settings, self.say = settings, say
+        self.engine = dict(settings.engine)
+        self.mapping = dict(settings.method["engine"])
+        self.prompts = {p.id: p for p in settings.tuning + settings.held_out}
+        self.log_dir = Path(settings.studies_dir) / settings.name / "engine"
+        self.baseline: EngineServer | None = None
+        self.method_server: EngineServer | None = None
+        self.method_spec: Spec = None
+        self.restarts: list[float] = []
+        self.threads = 0
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def prepare_models(self) -> None:
+        """Make the model files the servers load (sets what ``argv`` reads)."""
+        raise NotImplementedError
+
+    def argv(self, spec: Spec, port: str = "{port}") -> list[str]:
+        """The full server command with these speculative settings (None: none)."""
+        raise NotImplementedError
+
+    def spec(self, params: Mapping[str, Any]) -> Spec:
+        """The engine's speculative settings for ``params``."""
+        raise NotImplementedError
+
+    def server_env(self) -> dict[str, str] | None:
+        """The servers' environment (None: the tuner's own)."""
+        return None
+
+    def payload(self, prompt: Prompt, method: bool) -> dict[str, Any]:
+        """One generation request: the prompt's token ids, the study's budget and sampling."""
+        raise NotImplementedError
+
+    def measurement(self, prompt: Prompt, body: Mapping[str, Any], wall_s: float, level: int,
+                    batch_wall_s: float, counted: tuple | None) -> Measurement:
+        """A server's answer as a ``Measurement`` (``counted``: ``counters`` delta or None)."""
+        raise NotImplementedError
+
+    def counters(self, server: EngineServer) -> tuple | None:
+        """Acceptance counters read around a request at concurrency 1 (None: not read)."""
+        return None
+
+    def logprobs(self, prompt: Prompt, prefix: Sequence[int],
+                 tokens: Sequence[int]) -> dict[int, float]:
+        """The baseline's log-probabilities of ``tokens`` after prompt + prefix (untimed)."""
+        raise NotImplementedError
+
+    def build_info(self) -> str:
+        raise NotImplementedError
+
+    def model_info(self) -> dict[str, str]:
+        """What the servers load, for the records (target, draft, ...)."""
+        raise NotImplementedError
+
+    def context_limit(self) -> int:
+        """Tokens one request may hold (prompt + output)."""
+        raise NotImplementedError
+
+    def energy_note(self) -> str:
+        return f"unavailable: {self.name} runs on the CPU here (no NVML)"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        s = self.settings
+        configure_threads(s.threads)                 # our own process (tokeniser, client)
+        self.threads = int(self.engine.get("threads") or
+                           (s.threads if isinstance(s.threads, int) else len(allowed_cpus())))
+        self.guard = ContentionGuard(s.contention, max_wait_s=s.contention_wait_s)
+        self.slots = max(s.concurrency)              # one slot per request in flight
+        self.prepare_models()
+        self.baseline = self._server(None, "baseline")
+        try:
+            self.baseline.start()
+        except EngineError as err:          # the plain server: the model (or flags) it refuses
+            last = [ln for ln in self.baseline.log_tail(40).splitlines()
+                    if "error" in ln.lower() or "failed" in ln.lower()]
+            raise ConfigError(f"models.target: {self.server_name} could not load "
+                              f"{self.model_info()['target']} "
+                              f"({(last or [str(err).splitlines()[0]])[-1].strip()}); its log: "
+                              f"{self.baseline.log_path}") from None
+        try:                                # token ids in and out: the prompts' exact tokens
+            self.tokenizer = tokenizer = load_tokenizer(s.models["target"])
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"models.target: its tokenizer cannot be read "
+                              f"({str(err).splitlines()[0]})") from None
+        self.ids = {i: s.task.encode(p, tokenizer) for i, p in self.prompts.items()}
+        check_generation_fits(max(len(v) for v in self.ids.values()),
+                              s.budget["max_new_tokens"], self.context_limit(),
+                              f"{self.server_name} (engine.ctx_per_slot="
+                              f"{self.engine['ctx_per_slot']})")
+        shown = ", ".join(f"{k} {v}" for k, v in self.model_info().items())
+        self.say(f"engine {self.name}: {self.build_info()}, {shown}, {self.slots} slot(s), "
+                 f"{self.threads} thread(s), baseline up in {self.baseline.startup_s:.1f} s")
+
+    def close(self) -> None:
+        for server in (self.method_server, self.baseline):
+            if server is not None:
+                server.stop()
+
+    def describe(self) -> dict[str, str]:
+        return {"engine": self.name, "build": self.build_info(), "threads": str(self.threads),
+                **self.model_info(), "energy": self.energy_note()}
+
+    def _server(self, spec: Spec, name: str) -> EngineServer:
+        return EngineServer(self.argv(spec), name, self.log_dir, health=self.health,
+                            startup_timeout_s=float(self.engine["startup_timeout_s"]),
+                            env=self.server_env())
+
+    health = "/health"
+
+    def _method_server(self, spec: Spec) -> EngineServer:
+        if self.method_server is not None and self.method_spec == spec and \
+                self.method_server.alive():
+            return self.method_server
+        if self.method_server is not None:
+            self.method_server.stop()
+        self.method_spec = spec
+        self.method_server = self._server(spec, "method")
+        self.method_server.start()
+        self.restarts.append(self.method_server.startup_s)
+        return self.method_server
+
+    # -- the deployable answer -------------------------------------------------------------------
+
+    def launch_line(self, params: Mapping[str, Any], port: int = 8000) -> str:
+        line = self.argv(self.spec(params), str(port))
+        line[0] = Path(line[0]).name
+        return shlex.join(line)
+
+    def deployment(self, params: Mapping[str, Any],
+                   per_level: Mapping[int, Mapping[str, Any] | None] | None = None
+                   ) -> dict[str, str]:
+        """The exact launch line and request fields the winner was measured with."""
+        import json
+        request = {k: v for k, v in self.payload(self.settings.tuning[0], True).items()
+                   if k not in ("prompt", "return_tokens", "return_token_ids", "stream")}
+        return {"launch": self.launch_line(params), "request": json.dumps(request),
+                "build": self.build_info()}
+
+    # -- measuring -------------------------------------------------------------------------------
+
+    def measure(self, params: Mapping[str, Any], prompts: Sequence[tuple[int, Prompt]],
+                parity: int, store: BaselineStore | None = None) -> Iterator[Paired]:
+        server = self._method_server(self.spec(params))
+        self._warmup(server)
+        k = 0
+        for level_index, level in enumerate(self.settings.concurrency):
+            for batch in batches(prompts, level):
+                k += 1
+                load = self.guard.check()
+                sides = [(self.baseline, False), (server, True)]
+                if (parity + k) % 2:                        # alternate which side goes first
+                    sides.reverse()
+                answers = {method: self._send(srv, batch, method, level) for srv, method in sides}
+                again = Rerun(self, batch, level)
+                for slot, ((index, prompt), ref, got) in enumerate(
+                        zip(batch, answers[False], answers[True])):
+                    got = replace(got, speedup=paired_speedup(ref, got),
+                                  other_load=load.other_busy, contended=load.contended,
+                                  waited_s=load.waited_s)
+                    checked = self._check(got, ref, prompt, lambda: again.baseline(slot))
+                    yield Paired(level_index * LEVEL_STRIDE + index, checked, ref, True)
+
+    def _warmup(self, server: EngineServer) -> None:
+        for srv, method in ((self.baseline, False), (server, True)):
+            for prompt in self.settings.tuning[: self.settings.warmup_prompts]:
+                send_batch(srv.url + self.endpoint, [self.payload(prompt, method)])
+
+    def _send(self, server: EngineServer, batch: Sequence[tuple[int, Prompt]], method: bool,
+              level: int) -> list[Measurement]:
+        before = self.counters(server) if method and level == 1 else None
+        replies, wall = send_batch(server.url + self.endpoint,
+                                   [self.payload(p, method) for _, p in batch])
+        counted = None
+        if before is not None:
+            after = self.counters(server)
+            counted = (tuple(a - b for a, b in zip(after[0], pad(before[0], len(after[0])))),
+                       after[1] - before[1])
+        return [self.measurement(prompt, r.body, r.wall_s, level, wall, counted)
+                for (_, prompt), r in zip(batch, replies)]
+
+    # -- the lossless check ----------------------------------------------------------------------
+
+    def _check(self, got: Measurement, ref: Measurement, prompt: Prompt,
+               reruns: Callable[[], list[tuple[int, ...]]] | None = None) -> Measurement:
+        """Equal to the baseline, or a near-tie, or (several requests in flight) a position where
+        the baseline itself does not repeat its output: else ``LosslessViolation``.
+
+        ``reruns()``: the baseline's tokens for this request when its batch is sent again."""
+        if not (self.settings.greedy and self.settings.lossless):
+            return got
+        position = first_difference(got.tokens, ref.tokens)
+        if position is None:
+            return replace(got, matches_vanilla=True)
+        where = (f"prompt {prompt.id} (concurrency {got.concurrency}) differs from "
+                 f"{self.display}'s own non-speculative output at new-token position {position}")
+        if position >= len(ref.tokens) or position >= len(got.tokens):
+            raise LosslessViolation(f"{where}: one output stops early ({len(got.tokens)} vs "
+                                    f"{len(ref.tokens)} tokens)")
+        chosen, other = ref.tokens[position], got.tokens[position]
+        found = self.logprobs(prompt, ref.tokens[:position], (chosen, other))
+        gap = found[chosen] - found[other] if chosen in found and other in found else None
+        dtype = getattr(torch, str(self.engine.get("near_tie_dtype", "float16")))
+        tolerance = self.settings.near_tie_ulps * ulp(NEAR_TIE_LOGIT_SCALE, dtype)
+        if (gap is None or gap > tolerance) and got.concurrency > 1 and reruns is not None and \
+                any(varies_by(again, ref.tokens, position) for again in reruns()):
+            # the engine's own non-speculative output changes from run to run at or before this
+            # position (continuous batching changes its kernels' numerics, e.g. quantised
+            # weights): a token comparison at this level cannot tell, so it is not judged
+            return replace(got, matches_vanilla=False, engine_varies=True)
+        if gap is None or gap > tolerance:
+            shown = "not reported by the baseline" if gap is None else f"{gap:.4g}"
+            raise LosslessViolation(f"{where}: its token's log-probability trails the "
+                                    f"baseline's by {shown} (near-tie tolerance {tolerance:.3g}: "
+                                    f"near_tie_ulps={self.settings.near_tie_ulps:g} of {dtype})")
+        return replace(got, matches_vanilla=False, near_tie=True)
+
+    display = "the engine"      # in the lossless message: "differs from <display>'s own ..."
+
+    # -- after the timed window ------------------------------------------------------------------
+
+    def assess(self, pairs: Sequence[Paired]) -> Evaluation:
+        device = torch.device("cpu")
+        ms = [p.method for p in pairs]
+        refs = [p.baseline for p in pairs]
+        summary = summarize(ms, None, device)
+        summary["vanilla_tokens_per_s"] = sum(r.new_tokens for r in refs) / \
+            sum(r.wall_s for r in refs)
+        summary.update(level_summary(pairs))
+        if self.restarts:
+            summary["engine_restart_s"] = self.restarts[-1]
+        method_quality, _ = self.settings.task.score(
+            [self.prompts[m.prompt_id] for m in ms], [m.text for m in ms])
+        summary.update({f"quality_{k}": float(v) for k, v in method_quality.items()})
+        baseline = summarize([replace(r, speedup=1.0) for r in refs], None, device)
+        return Evaluation(summary, tuple(ms), tuple(refs), baseline)
+
+
+def varies_by(again: Sequence[int], first: Sequence[int], position: int) -> bool:
+    """Whether a second answer leaves the first at or before ``position``."""
+    differs = first_difference(again, first)
+    return differs is not None and differs <= position
+
+
+class Rerun:
+    """The baseline's answers to one batch sent again (untimed, at most ``RERUNS`` times, only
+    when asked: a divergence at several requests in flight)."""
+
+    RERUNS = 3
+
+    def __init__(self, evaluator: ServerEvaluator, batch: Sequence[tuple[int, Prompt]],
+                 level: int) -> None:
+        self.evaluator, self.batch, self.level = evaluator, batch, level
+        self.answers: list[list[Measurement]] | None = None
+
+    def baseline(self, slot: int) -> list[tuple[int, ...]]:
+        if self.answers is None:
+            ev = self.evaluator
+            self.answers = [ev._send(ev.baseline, self.batch, False, self.level)
+                            for _ in range(self.RERUNS)]
+        return [answer[slot].tokens for answer in self.answers]
+
+
+def batches(prompts: Sequence[tuple[int, Prompt]], level: int
+            ) -> list[list[tuple[int, Prompt]]]:
+    """Batches of ``level`` prompts covering every prompt at least once (cycled when fewer)."""
+    count = -(-len(prompts) // level)
+    return [[prompts[(b * level + j) % len(prompts)] for j in range(level)]
+            for b in range(count)]
+
+
+def pad(values: Sequence[int], length: int) -> tuple[int, ...]:
+    return tuple(values) + (0,) * (length - len(values))
