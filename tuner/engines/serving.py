@@ -7,7 +7,8 @@ recorded). Both have one slot per request of the largest concurrency level.
 
 Per concurrency level c and per batch of c prompts (cycled so that c requests are really in
 flight), the baseline and the method answer the same batch one after the other (the order
-alternating between batches), each after the machine was checked for other load; every request
+alternating between batches), the pair after the machine was checked for other load and each
+side after the CPUs went quiet (a server that has just answered may still be busy); every request
 becomes a ``Measurement`` with the client's wall time and the server's own counts. At temperature 0
 the method's tokens must equal the baseline's at the same level; a difference is excused as a
 near-tie only when, in the baseline's own distribution after the same prefix (asked again,
@@ -25,6 +26,7 @@ acceptance counters (``counters``), the log-probability request of the near-tie 
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
@@ -37,7 +39,12 @@ from tuner.config.validate import check_generation_fits
 from tuner.engines.client import send_batch
 from tuner.engines.server import EngineError, EngineServer
 from tuner.measure.evaluator import BaselineStore, Evaluation, Paired
-from tuner.measure.hygiene import ContentionGuard, allowed_cpus, configure_threads
+from tuner.measure.hygiene import (
+    ContentionGuard,
+    allowed_cpus,
+    configure_threads,
+    sample_other_load,
+)
 from tuner.measure.levels import level_summary
 from tuner.measure.lossless import LosslessViolation, first_difference, ulp
 from tuner.measure.measurement import Measurement, paired_speedup, summarize
@@ -47,6 +54,8 @@ if TYPE_CHECKING:
     from tuner.tasks.task import Prompt
 
 NEAR_TIE_LOGIT_SCALE = 32.0     # |logit| bound for the near-tie tolerance (see module doc)
+SETTLE_MAX_S = 5.0              # before each timed side: wait at most this long for quiet CPUs
+SETTLE_WINDOW_S = 0.1           # ... sampled in windows of this length
 LEVEL_STRIDE = 100_000          # pruner steps: level index * stride + the prompt's index
 
 Spec = Any                      # an engine's speculative settings (flags, a config), comparable
@@ -136,7 +145,8 @@ class ServerEvaluator:
             self.baseline.start()
         except EngineError as err:          # the plain server: the model (or flags) it refuses
             last = [ln for ln in self.baseline.log_tail(40).splitlines()
-                    if "error" in ln.lower() or "failed" in ln.lower()]
+                    if ("error" in ln.lower() or "failed" in ln.lower())
+                    and "errors.pydantic.dev" not in ln]
             raise ConfigError(f"models.target: {self.server_name} could not load "
                               f"{self.model_info()['target']} "
                               f"({(last or [str(err).splitlines()[0]])[-1].strip()}); its log: "
@@ -210,11 +220,15 @@ class ServerEvaluator:
         for level_index, level in enumerate(self.settings.concurrency):
             for batch in batches(prompts, level):
                 k += 1
+                self._settle()                      # our own servers first, then everyone else
                 load = self.guard.check()
                 sides = [(self.baseline, False), (server, True)]
                 if (parity + k) % 2:                        # alternate which side goes first
                     sides.reverse()
-                answers = {method: self._send(srv, batch, method, level) for srv, method in sides}
+                answers = {}
+                for srv, method in sides:
+                    self._settle()
+                    answers[method] = self._send(srv, batch, method, level)
                 again = Rerun(self, batch, level)
                 for slot, ((index, prompt), ref, got) in enumerate(
                         zip(batch, answers[False], answers[True])):
@@ -223,6 +237,16 @@ class ServerEvaluator:
                                   waited_s=load.waited_s)
                     checked = self._check(got, ref, prompt, lambda: again.baseline(slot))
                     yield Paired(level_index * LEVEL_STRIDE + index, checked, ref, True)
+
+    def _settle(self) -> None:
+        """Wait (at most ``SETTLE_MAX_S``) until the CPUs are quiet before a timed side: a server
+        that has just answered may keep a core busy for a while (vLLM's processes poll for
+        about a second), which would slow the other side of the pair."""
+        deadline = time.monotonic() + SETTLE_MAX_S
+        while time.monotonic() < deadline:
+            sample = sample_other_load(self.guard.cpus, SETTLE_WINDOW_S)
+            if not self.guard.busy(sample):
+                return
 
     def _warmup(self, server: EngineServer) -> None:
         for srv, method in ((self.baseline, False), (server, True)):

