@@ -1,7 +1,7 @@
 """Do tuned settings transfer between engines? The tuner's answer with engine=hf vs engine=llamacpp.
 
     python bench/engines.py [--prompts 3] [--held-out 3] [--max-new-tokens 64] [--trials 32]
-                            [--out bench/results_engines_cpu.json]
+                            [--parts A B C] [--out bench/results_engines_cpu.json]
 
 On the embedded default (SmolLM2-135M-Instruct; hf: fp32 + its int8 dynamic self-draft;
 llama.cpp: the same weights re-typed to F32 + a Q8_0 self-draft), one run, nothing else on the
@@ -12,7 +12,12 @@ machine:
   B. n-gram drafting (method=prompt_lookup): llama.cpp's own n-gram types searched by the tuner
      (heuristic plan) on GSM8K and on Spec-Bench's natural-text summarization items; on held-out
      prompts the tuned setting against llama.cpp's defaults (trial 0) and against no speculation
-     (1.0 by definition), at concurrency 1 and 4; and our own prompt lookup's best setting.
+     (1.0 by definition), at concurrency 1 and 4; and our own prompt lookup's best setting;
+  C. vLLM (engine=vllm): speculative decoding with the early-exit draft (the target's first 24
+     layers: the one draft vLLM, hf and this pair share; llama.cpp has no early-exit draft), grid
+     over γ 1–6 in hf and in vLLM at concurrency 1 and 4; and vLLM's n-gram drafting (γ,
+     prompt_lookup_min/max) tuned vs vLLM's defaults vs off on the same two tasks as B.
+``--parts`` chooses which run (default all); with ``--out`` an existing file keeps the parts not run.
 Every figure is a paired ratio against the same engine's non-speculative run on the same
 prompts, measured side by side (tuner.measure / tuner.engines).
 """
@@ -126,12 +131,48 @@ def part_b(base: list[str], task: list[str], name: str) -> dict:
                                  "held_out_speedup": ours["held_out_speedup"]}}
 
 
+def part_c(base: list[str], tasks) -> dict:
+    """vLLM: the early-exit pair's γ in hf vs vLLM; vLLM's n-gram drafting tuned vs defaults."""
+    pair = ["models=smollm2_early_exit", "method=speculative", "search=grid",
+            "search.ranges=full"]
+    hf = study([*base, "+task=gsm8k", *pair, "method.space.num_draft_tokens.high=6",
+                "method.params.num_draft_tokens=3", "study_name=bench-c-hf"])
+    engine = ["engine=vllm", f"budget.concurrency={list(LEVELS)}",
+              "search.objectives=[throughput_ratio@c1]", "~engine.methods.speculative.space",
+              "+engine.methods.speculative.space={num_speculative_tokens:"
+              "{type:int,low:1,high:6}}"]
+    vllm = study([*base, "+task=gsm8k", *pair, *engine, "study_name=bench-c-vllm"])
+    out = {"speculative_gsm8k": {
+        "hf": {"best_gamma": hf["params"]["num_draft_tokens"],
+               "held_out_speedup": hf["held_out_speedup"],
+               "tuning": per_point(base, "bench-c-hf", "num_draft_tokens", ["speedup"]),
+               "seconds": hf["study_seconds"]},
+        "vllm": {"best_gamma": vllm["params"]["num_speculative_tokens"],
+                 "held_out_throughput_ratio": levels(vllm),
+                 "tuning": per_point(base, "bench-c-vllm", "num_speculative_tokens",
+                                     [f"throughput_ratio@c{c}" for c in LEVELS]),
+                 "seconds": vllm["study_seconds"]}}}
+    for name, task in tasks:
+        ngram = [*base, *task, "method=prompt_lookup", "engine=vllm", "models=smollm2",
+                 f"budget.concurrency={list(LEVELS)}", "search.objectives=[throughput_ratio]",
+                 "search=heuristic"]
+        tuned = study([*ngram, f"study_name=bench-c-{name}"])
+        from tuner.config.engines import effective_method
+        defaults = effective_method(compose(ngram))["params"]
+        out[f"ngram_{name}"] = {
+            "vllm_tuned": {"params": tuned["params"], "held_out": levels(tuned),
+                           "trials": tuned["trials"], "seconds": tuned["study_seconds"]},
+            "vllm_defaults": {"params": defaults, "held_out": levels(held_out(ngram, defaults))}}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--held-out", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--trials", type=int, default=32, help="search.n_trials per study")
+    parser.add_argument("--parts", nargs="+", default=["A", "B", "C"], choices=["A", "B", "C"])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench-engines-"))
@@ -139,13 +180,19 @@ def main() -> None:
             f"task.max_new_tokens={args.max_new_tokens}", "tracking=none", "warmup_prompts=1",
             f"studies_dir={folder}", f"search.n_trials={args.trials}"]
     began = time.perf_counter()
-    results = {"machine": platform.processor() or platform.machine(),
-               "cpu": _cpu(), "args": vars(args) | {"out": str(args.out)},
-               "A_speculative_gsm8k": part_a([*base, "+task=gsm8k"])}
-    for name, task in (("gsm8k", ["+task=gsm8k"]),
-                       ("summarization", ["+task=specbench", "task.categories=[summarization]"])):
-        results[f"B_ngram_{name}"] = part_b(base, task, name)
-    results["seconds"] = time.perf_counter() - began
+    kept = json.loads(args.out.read_text()) if args.out and args.out.is_file() else {}
+    results = {**kept, "machine": platform.processor() or platform.machine(), "cpu": _cpu()}
+    tasks = (("gsm8k", ["+task=gsm8k"]),
+             ("summarization", ["+task=specbench", "task.categories=[summarization]"]))
+    if "A" in args.parts:
+        results["A_speculative_gsm8k"] = part_a([*base, "+task=gsm8k"])
+    if "B" in args.parts:
+        for name, task in tasks:
+            results[f"B_ngram_{name}"] = part_b(base, task, name)
+    if "C" in args.parts:
+        results["C_vllm"] = part_c(base, tasks)
+    results[f"args_{''.join(args.parts)}"] = vars(args) | {"out": str(args.out)}
+    results[f"seconds_{''.join(args.parts)}"] = time.perf_counter() - began
     text = json.dumps(results, indent=1, default=str)
     print(text)
     if args.out:

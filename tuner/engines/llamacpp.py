@@ -46,10 +46,6 @@ class LlamaCppEvaluator(ServerEvaluator):
         self.target, self.draft = model_files(self.engine, s.models, s.method["needs_draft"],
                                               self.binary.parent / "llama-quantize")
 
-    def model_info(self) -> dict[str, str]:
-        return {"target": self.target.describe(),
-                "draft": self.draft.describe() if self.draft else "none"}
-
     def context_limit(self) -> int:
         return int(self.engine["ctx_per_slot"])
 

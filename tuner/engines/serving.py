@@ -120,8 +120,9 @@ class ServerEvaluator:
         raise NotImplementedError
 
     def model_info(self) -> dict[str, str]:
-        """What the servers load, for the records (target, draft, ...)."""
-        raise NotImplementedError
+        """What the servers load, for the records (``prepare_models`` sets target, draft)."""
+        return {"target": self.target.describe(),
+                "draft": self.draft.describe() if self.draft else "none"}
 
     def context_limit(self) -> int:
         """Tokens one request may hold (prompt + output)."""

@@ -28,7 +28,7 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from tuner.config.engines import check_vllm
+from tuner.config.engines import check_binary
 from tuner.engines.client import send_batch
 from tuner.engines.folders import draft_folder, target_folder, vllm_head
 from tuner.engines.serving import ServerEvaluator
@@ -50,7 +50,7 @@ class VllmEvaluator(ServerEvaluator):
 
     def prepare_models(self) -> None:
         s = self.settings
-        self.binary = check_vllm(self.engine)
+        self.binary = check_binary(self.engine)
         self.target = target_folder(s.models["target"])
         self.draft = None
         if s.method["needs_draft"]:
@@ -61,8 +61,7 @@ class VllmEvaluator(ServerEvaluator):
                                       s.models.get("eagle_head")))
 
     def model_info(self) -> dict[str, str]:
-        info = {"target": self.target.describe(),
-                "draft": self.draft.describe() if self.draft else "none"}
+        info = super().model_info()
         if self.head is not None:
             info["head"] = self.head.describe()
         return info
