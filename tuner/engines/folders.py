@@ -25,9 +25,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 DRAFT_KINDS = ("gguf_file", "gguf_package", "hub", "early_exit")
 

@@ -18,7 +18,8 @@ with its near-tie rule) is ``tuner.engines.serving``'s; this module says what is
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tuner.config.engines import check_binary
 from tuner.engines.client import get_text, send_batch
@@ -45,9 +46,6 @@ class LlamaCppEvaluator(ServerEvaluator):
         self.binary = check_binary(self.engine)
         self.target, self.draft = model_files(self.engine, s.models, s.method["needs_draft"],
                                               self.binary.parent / "llama-quantize")
-
-    def context_limit(self) -> int:
-        return int(self.engine["ctx_per_slot"])
 
     def build_info(self) -> str:
         found = self.binary.parent.parent / "build.json"

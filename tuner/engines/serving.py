@@ -25,11 +25,14 @@ acceptance counters (``counters``), the log-probability request of the near-tie 
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -66,7 +69,9 @@ class ServerEvaluator:
 
     name = "engine"             # engine.kind, in messages
     endpoint = "/completion"    # the generation endpoint both servers answer
+    health = "/health"          # answers 200 once a server can take requests
     server_name = "server"      # the engine's program, in messages
+    display = "the engine"      # in the lossless message: "differs from <display>'s own ..."
 
     def __init__(self, settings: StudySettings, say: Callable[[str], None] = print) -> None:
         self.settings, self.say = settings, say
@@ -126,7 +131,7 @@ class ServerEvaluator:
 
     def context_limit(self) -> int:
         """Tokens one request may hold (prompt + output)."""
-        raise NotImplementedError
+        return int(self.engine["ctx_per_slot"])
 
     def energy_note(self) -> str:
         return f"unavailable: {self.name} runs on the CPU here (no NVML)"
@@ -180,8 +185,6 @@ class ServerEvaluator:
                             startup_timeout_s=float(self.engine["startup_timeout_s"]),
                             env=self.server_env())
 
-    health = "/health"
-
     def _method_server(self, spec: Spec) -> EngineServer:
         if self.method_server is not None and self.method_spec == spec and \
                 self.method_server.alive():
@@ -205,7 +208,6 @@ class ServerEvaluator:
                    per_level: Mapping[int, Mapping[str, Any] | None] | None = None
                    ) -> dict[str, str]:
         """The exact launch line and request fields the winner was measured with."""
-        import json
         request = {k: v for k, v in self.payload(self.settings.tuning[0], True).items()
                    if k not in ("prompt", "return_tokens", "return_token_ids", "stream")}
         return {"launch": self.launch_line(params), "request": json.dumps(request),
@@ -236,7 +238,7 @@ class ServerEvaluator:
                     got = replace(got, speedup=paired_speedup(ref, got),
                                   other_load=load.other_busy, contended=load.contended,
                                   waited_s=load.waited_s)
-                    checked = self._check(got, ref, prompt, lambda: again.baseline(slot))
+                    checked = self._check(got, ref, prompt, partial(again.baseline, slot))
                     yield Paired(level_index * LEVEL_STRIDE + index, checked, ref, True)
 
     def _settle(self) -> None:
@@ -302,8 +304,6 @@ class ServerEvaluator:
                                     f"baseline's by {shown} (near-tie tolerance {tolerance:.3g}: "
                                     f"near_tie_ulps={self.settings.near_tie_ulps:g} of {dtype})")
         return replace(got, matches_vanilla=False, near_tie=True)
-
-    display = "the engine"      # in the lossless message: "differs from <display>'s own ..."
 
     # -- after the timed window ------------------------------------------------------------------
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tuner.config.engines import check_binary
 from tuner.engines.client import send_batch
@@ -65,9 +66,6 @@ class VllmEvaluator(ServerEvaluator):
         if self.head is not None:
             info["head"] = self.head.describe()
         return info
-
-    def context_limit(self) -> int:
-        return int(self.engine["ctx_per_slot"])
 
     def build_info(self) -> str:
         found = self.binary.parent.parent / "build.json"
