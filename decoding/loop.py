@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Tuple
 import torch
 
 from decoding.base import DecodingMethod, Draft, DraftContext, Step, Verdict
-from decoding.runtime import (check_request, crop_cache, make_generator, new_cache, phase,
-                              truncate_at_eos)
+from decoding.runtime import (cache_argument, check_request, crop_cache, make_generator,
+                              new_cache, phase, truncate_at_eos)
 from decoding.sampling import logits_to_probs
 from decoding.tree import Forest, keep_cache_rows, merge_duplicates, node_depths, \
     tree_forward_states
@@ -137,7 +137,7 @@ class DraftVerifyLoop(DecodingMethod):
         gamma = draft.size
         inputs = torch.cat([uncached, draft.tokens])[None]                      # [1, u+γ]
         positions = torch.arange(start, start + inputs.shape[1], device=inputs.device)
-        out = self.target(input_ids=inputs, past_key_values=cache, use_cache=True,
+        out = self.target(input_ids=inputs, **cache_argument(self.target, cache), use_cache=True,
                           position_ids=positions[None], cache_position=positions,
                           logits_to_keep=gamma + 1, output_hidden_states=wants_hidden)
         logits = out.logits[0]                                                  # [γ+1, V]

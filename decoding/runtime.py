@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, ContextManager, Sequence
 
@@ -47,6 +49,18 @@ def new_cache(model: nn.Module) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
+def cache_argument(model: nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:
+    """The keyword that hands ``cache`` to ``model``'s forward: ``cache`` since transformers 5.24,
+    ``past_key_values`` before (5.24 still takes the old name but warns on every run)."""
+    return {_cache_keyword(type(model)): cache}
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 def forward_logits(model: nn.Module, input_ids: torch.Tensor, cache: DynamicCache, start: int,
                    num_logits: int) -> torch.Tensor:
     """One cached forward of ``input_ids`` ([1, n]) at positions start..start+n−1.
@@ -55,7 +69,7 @@ def forward_logits(model: nn.Module, input_ids: torch.Tensor, cache: DynamicCach
     the last ``num_logits`` rows go through the LM head. Returns [num_logits, V] logits.
     """
     positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
-    return model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+    return model(input_ids=input_ids, **cache_argument(model, cache), use_cache=True,
                  position_ids=positions[None], cache_position=positions,
                  logits_to_keep=num_logits).logits[0]
 

@@ -21,6 +21,8 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
+from decoding.runtime import cache_argument
+
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[q, k] booleans (True = attend) -> [1, 1, q, k] additive float mask (0 / dtype min)."""
@@ -93,7 +95,7 @@ def tree_forward_states(model: torch.nn.Module, tokens: Sequence[int], parents: 
     slots = torch.arange(prefix, prefix + len(tokens), device=device)
     keep = torch.tensor(list(rows), dtype=torch.long, device=device)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions[None],
-                cache_position=slots, past_key_values=cache, use_cache=True,
+                cache_position=slots, **cache_argument(model, cache), use_cache=True,
                 logits_to_keep=keep, output_hidden_states=hidden)
     states = out.hidden_states[-1][0] if hidden else None
     return out.logits[0], states
@@ -120,7 +122,7 @@ def extend_forward(model: torch.nn.Module, cache: DynamicCache, prefix_len: int,
     positions = torch.tensor([prefix_len - 1 + d for d in depths], device=device)
     ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
     return model(input_ids=ids, attention_mask=mask.to(device),
-                 position_ids=positions[None], past_key_values=cache, use_cache=True,
+                 position_ids=positions[None], **cache_argument(model, cache), use_cache=True,
                  cache_position=torch.arange(cached, cached + q, device=device)).logits[0]
 
 

@@ -24,6 +24,7 @@ from decoding.eagle import EagleSource, additive_mask
 from decoding.eagle_head import HeadConfig
 from decoding.eagle_weights import (SHIPPED, head_identity, load_head, random_head, random_seed,
                                     save_head)
+from decoding.runtime import cache_argument
 from decoding.sampling import SamplingConfig, logits_to_probs
 from tests.conftest import tiny_pair, vanilla
 from tests.laws import pair_pvalue, two_token_law
@@ -39,7 +40,7 @@ class OracleCache:
     def __init__(self, target: torch.nn.Module, first: int) -> None:
         self.inner = DynamicCache(config=target.config)
         with torch.no_grad():
-            target(input_ids=torch.tensor([[first]]), past_key_values=self.inner, use_cache=True)
+            target(input_ids=torch.tensor([[first]]), **cache_argument(target, self.inner), use_cache=True)
 
     @property
     def length(self) -> int:
@@ -73,7 +74,7 @@ class OracleHead:
         first = torch.zeros(mask.shape[:-1] + (1,), dtype=mask.dtype)       # t_0: seen by all
         out = self.target(input_ids=tokens, position_ids=(positions + 1)[None],
                           attention_mask=torch.cat([first, mask], dim=-1),
-                          past_key_values=cache.inner, use_cache=True, output_hidden_states=True,
+                          **cache_argument(self.target, cache.inner), use_cache=True, output_hidden_states=True,
                           cache_position=torch.arange(start, start + tokens.shape[1]))
         return out.hidden_states[-1]
 

@@ -10,6 +10,7 @@ acceptance extremes. Each YAML's ``test_params`` is its small CPU setting for th
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,20 @@ def test_greedy_default_config_equals_vanilla(tiny_pairs, name, kind):
     pair = tiny_pairs[kind]
     for prompt in PROMPTS:
         assert generate(method(name, pair), prompt, 40).tokens == vanilla_tokens(pair, prompt, 40)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_no_method_uses_a_deprecated_transformers_argument(family):
+    """Each forward hands the KV cache under the keyword the installed transformers names (5.24
+    renamed ``past_key_values`` to ``cache`` and warns on every run: the CLI printed it)."""
+    pair = tiny_pair("related", family=family)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for name in ALL:
+            generate(method(name, pair, temperature=1.0), PROMPTS[0], 9)
+    deprecated = [str(w.message) for w in caught
+                  if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    assert not deprecated, deprecated
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -281,7 +281,7 @@ def test_one_beam_one_width_greedy_warping_is_greedy_speculative_decoding(tiny_p
 
 def test_beams_sharing_a_prefix_are_one_tree_and_the_cache_keeps_the_accepted_path(monkeypatch):
     import decoding.loop as loop
-    from decoding.runtime import new_cache
+    from decoding.runtime import cache_argument, new_cache
     pair = tiny_pair("related")
     caches = []
     monkeypatch.setattr(loop, "new_cache", lambda model: caches.append(new_cache(model))
@@ -295,7 +295,7 @@ def test_beams_sharing_a_prefix_are_one_tree_and_the_cache_keeps_the_accepted_pa
             shared += sum(step.level_sizes) < step.extras["tree_draws"]
         fresh = new_cache(pair.target)
         with torch.no_grad():
-            pair.target(torch.tensor([committed[:-1]]), past_key_values=fresh, use_cache=True)
+            pair.target(torch.tensor([committed[:-1]]), **cache_argument(pair.target, fresh), use_cache=True)
         assert caches[0].get_seq_length() == len(committed) - 1
         for mine, ref in zip(caches[0].layers, fresh.layers):
             assert torch.allclose(mine.keys, ref.keys, atol=1e-5)

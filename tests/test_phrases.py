@@ -11,7 +11,7 @@ from decoding import build_method, generate
 from decoding.models import load_model
 from decoding.ouroboros import mine_misplaced_phrases
 from decoding.phrases import PhrasePool
-from decoding.runtime import new_cache
+from decoding.runtime import cache_argument, new_cache
 from decoding.sampling import SamplingConfig
 from decoding.lookahead import verify_point_masses as verify_tree
 from decoding.tree import tree_forward, tree_inputs
@@ -39,7 +39,7 @@ def test_tree_forward_matches_sequential_runs(family, attention):
     prefix, tokens, parents = [5, 6, 7, 8], [10, 11, 20, 21, 30, 31], [-1, 0, -1, 2, 0, 4]
     with torch.no_grad():
         cache = new_cache(model)
-        model(torch.tensor([prefix]), past_key_values=cache)
+        model(torch.tensor([prefix]), **cache_argument(model, cache))
         logits = tree_forward(model, tokens, parents, cache, list(range(6)))
         paths = [[10], [10, 11], [20], [20, 21], [10, 30], [10, 30, 31]]
         for i, path in enumerate(paths):

@@ -22,7 +22,7 @@ from scipy.stats import chisquare
 from decoding import build_method, generate
 from decoding.base import Drafter
 from decoding.models import load_pair
-from decoding.runtime import new_cache
+from decoding.runtime import cache_argument, new_cache
 from decoding.token_tree import SHAPES, shape_paths
 from decoding.tree import merge_duplicates
 from decoding.verify import sibling_round, tree_verify
@@ -320,7 +320,7 @@ def test_target_cache_equals_a_reencoded_prefix(monkeypatch, name, kw, temperatu
         assert length == len(committed) - 1
         fresh = new_cache(pair.target)
         with torch.no_grad():
-            pair.target(torch.tensor([committed[:-1]]), past_key_values=fresh, use_cache=True)
+            pair.target(torch.tensor([committed[:-1]]), **cache_argument(pair.target, fresh), use_cache=True)
         for mine, ref in zip(cache.layers, fresh.layers):
             assert torch.allclose(mine.keys, ref.keys, atol=1e-5)
             assert torch.allclose(mine.values, ref.values, atol=1e-5)
