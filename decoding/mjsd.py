@@ -137,13 +137,26 @@ class BeamDrafter(Drafter):
         flat, vocab = scores.reshape(-1), scores.shape[1]
         if self.sampling.greedy:
             count = min(self.num_beams, int(torch.isfinite(flat).sum()))
-            picked = torch.sort(flat, descending=True, stable=True).indices[:count]
+            picked = best_first(flat, count)
         else:
             probs = torch.softmax(flat, dim=0)          # ∝ Q(beam)·q̃(token | beam)
             count = min(self.num_beams, int((probs > 0).sum()))
             picked = torch.multinomial(probs, count, replacement=False, generator=generator)
             picked = picked[torch.sort(flat[picked], descending=True, stable=True).indices]
         return picked // vocab, picked % vocab
+
+
+def best_first(values: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of the ``count`` largest of ``values`` ([N]), largest first, ties by index: the
+    first ``count`` of a stable descending sort, without sorting all N (B·V) entries.
+
+    Every entry at least the count-th largest is a candidate (``nonzero`` lists them in index
+    order, boundary ties included), and only those are sorted stably.
+    """
+    kth = torch.topk(values, count, sorted=False).values.min()
+    candidates = torch.nonzero(values >= kth).squeeze(1)                           # ascending
+    order = torch.sort(values[candidates], descending=True, stable=True).indices
+    return candidates[order[:count]]
 
 
 def check_tau(tau: object) -> float:

@@ -324,3 +324,16 @@ def test_mjsd_on_the_default_model_is_greedy_at_temperature_zero(default_pair, g
     reference = generate(build_method("vanilla", default_pair), prompt, 16).tokens
     out = generate(build_method("mjsd", default_pair, num_beams=3, width=2), prompt, 16)
     assert out.tokens == reference and out.stats.accepted > 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_best_first_equals_the_first_entries_of_a_stable_sort(seed):
+    """The greedy beam pick without a full sort: same indices, same order, ties included."""
+    from decoding.mjsd import best_first
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(-4, 4, (300,), generator=g).float()        # many ties at every level
+    values[torch.randperm(300, generator=g)[:40]] = float("-inf")
+    finite = int(torch.isfinite(values).sum())
+    for count in (1, 2, 7, 8, 50, finite):
+        expected = torch.sort(values, descending=True, stable=True).indices[:count]
+        assert best_first(values, count).tolist() == expected.tolist()
