@@ -92,15 +92,24 @@ def part_a(base: list[str]) -> dict:
               "+engine.methods.speculative.space={n_max:{type:int,low:1,high:6}}",
               f"budget.concurrency={list(LEVELS)}", "search.objectives=[throughput_ratio@c1]"]
     llama = study([*base, *engine, "study_name=bench-a-llamacpp"])
-    return {"hf": {"best_gamma": hf["params"]["num_draft_tokens"],
-                   "held_out_speedup": hf["held_out_speedup"],
-                   "tuning": per_point(base, "bench-a-hf", "num_draft_tokens", ["speedup"]),
-                   "seconds": hf["study_seconds"]},
-            "llamacpp": {"best_gamma": llama["params"]["n_max"],
-                         "held_out_throughput_ratio": levels(llama),
-                         "tuning": per_point(base, "bench-a-llamacpp", "n_max",
-                                             [f"throughput_ratio@c{c}" for c in LEVELS]),
-                         "seconds": llama["study_seconds"]}}
+    return {"hf": hf_gamma(base, hf, "bench-a-hf"),
+            "llamacpp": engine_gamma(base, llama, "bench-a-llamacpp", "n_max")}
+
+
+def hf_gamma(base: list[str], record: dict, name: str) -> dict:
+    """An hf γ study's row: the winner, its held-out speedup, every γ's tuning figure."""
+    return {"best_gamma": record["params"]["num_draft_tokens"],
+            "held_out_speedup": record["held_out_speedup"],
+            "tuning": per_point(base, name, "num_draft_tokens", ["speedup"]),
+            "seconds": record["study_seconds"]}
+
+
+def engine_gamma(base: list[str], record: dict, name: str, knob: str) -> dict:
+    """An engine γ study's row (``knob``: the engine's γ): the same, per concurrency level."""
+    return {"best_gamma": record["params"][knob],
+            "held_out_throughput_ratio": levels(record),
+            "tuning": per_point(base, name, knob, [f"throughput_ratio@c{c}" for c in LEVELS]),
+            "seconds": record["study_seconds"]}
 
 
 def per_point(base: list[str], name: str, param: str, keys: list[str]) -> dict:
@@ -143,15 +152,8 @@ def part_c(base: list[str], tasks) -> dict:
               "{type:int,low:1,high:6}}"]
     vllm = study([*base, "+task=gsm8k", *pair, *engine, "study_name=bench-c-vllm"])
     out = {"speculative_gsm8k": {
-        "hf": {"best_gamma": hf["params"]["num_draft_tokens"],
-               "held_out_speedup": hf["held_out_speedup"],
-               "tuning": per_point(base, "bench-c-hf", "num_draft_tokens", ["speedup"]),
-               "seconds": hf["study_seconds"]},
-        "vllm": {"best_gamma": vllm["params"]["num_speculative_tokens"],
-                 "held_out_throughput_ratio": levels(vllm),
-                 "tuning": per_point(base, "bench-c-vllm", "num_speculative_tokens",
-                                     [f"throughput_ratio@c{c}" for c in LEVELS]),
-                 "seconds": vllm["study_seconds"]}}}
+        "hf": hf_gamma(base, hf, "bench-c-hf"),
+        "vllm": engine_gamma(base, vllm, "bench-c-vllm", "num_speculative_tokens")}}
     for name, task in tasks:
         ngram = [*base, *task, "method=prompt_lookup", "engine=vllm", "models=smollm2",
                  f"budget.concurrency={list(LEVELS)}", "search.objectives=[throughput_ratio]",

@@ -36,9 +36,10 @@ import transformers
 import yaml
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
+from trees import prompts_for, tiny_related  # bench/trees.py: the same pair and prompts
 
-from decoding import build_method, encode_prompt, generate, load_pair
-from decoding.models import ModelPair, early_exit_draft, load_model
+from decoding import build_method, generate, load_pair
+from decoding.models import ModelPair
 from tuner.config.identity import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,22 +177,6 @@ def table(rows: list[dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load(models: str) -> ModelPair:
-    if models == "tiny":
-        target = load_model({"kind": "tiny", "seed": 0})
-        return ModelPair(target.model, early_exit_draft(target.model, 1), None, target.name,
-                         "first layer")
-    return load_pair(models)
-
-
-def prompts_for(models: str, pair: ModelPair, count: int) -> list[list[int]]:
-    if models == "tiny":
-        return [[3 + i, 7 * i % 250 + 1, 42, 5 + 2 * i] for i in range(count + 1)]
-    lines = (ROOT / "data" / "gsm8k" / "test_200.jsonl").read_text().splitlines()
-    return [encode_prompt(pair.tokenizer, json.loads(line)["question"])
-            for line in lines[: count + 1]]
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=3, help="timed prompts (after 1 warm-up)")
@@ -206,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
-    pair = load(args.models)
+    pair = tiny_related() if args.models == "tiny" else load_pair(args.models)
     prompts = prompts_for(args.models, pair, args.prompts)
     header = (f"{hardware(torch.device('cpu'))}, torch {torch.__version__}, "
               f"transformers {transformers.__version__}, {args.threads} threads; "

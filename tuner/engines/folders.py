@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,16 +82,23 @@ def early_exit_folder(target: Folder, num_layers: int) -> Folder:
         raise ValueError(f"early_exit num_layers={num_layers} is invalid: allowed is an integer in "
                          f"[1, {total - 1}] for this {total}-layer target")
     out = source.with_name(f"{source.name}-early-exit-{num_layers}")
-    if not (out / "config.json").is_file():
-        partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        _write_truncated(source, partial, config, num_layers)
-        try:
-            partial.rename(out)
-        except OSError:                     # another process finished first
-            shutil.rmtree(partial, ignore_errors=True)
+    _publish(out, lambda partial: _write_truncated(source, partial, config, num_layers))
     return Folder(str(out), None, f"first {num_layers} of {total} layers of {source.name}")
+
+
+def _publish(out: Path, write: Callable[[Path], None]) -> None:
+    """Make the folder ``out`` once: ``write`` fills a private partial folder, which is renamed
+    into place (a process that loses the race to another drops its copy)."""
+    if (out / "config.json").is_file():
+        return
+    partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    write(partial)
+    try:
+        partial.rename(out)
+    except OSError:                     # another process finished first
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _write_truncated(source: Path, out: Path, config: dict, num_layers: int) -> None:
@@ -129,16 +136,13 @@ def vllm_head(reference: str) -> Folder:
         return Folder(str(folder), None, "as published")
     from tuner.engines.gguf import cache_dir, sha256
     out = cache_dir().parent / "heads" / f"{folder.name}-{sha256(weights)[:12]}-vllm"
-    if not (out / "config.json").is_file():
+
+    def write(partial: Path) -> None:
         from safetensors.torch import save_file
-        partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
-        partial.mkdir(parents=True, exist_ok=True)
         kept = {k: v.contiguous() for k, v in state.items() if k != "fc.bias"}
         save_file(kept, str(partial / "model.safetensors"), metadata={"format": "pt"})
-        config = {k: v for k, v in config.items() if k != "spectune"}
-        (partial / "config.json").write_text(json.dumps({**config, "bias": False}, indent=2))
-        try:
-            partial.rename(out)
-        except OSError:
-            shutil.rmtree(partial, ignore_errors=True)
+        published = {k: v for k, v in config.items() if k != "spectune"}
+        (partial / "config.json").write_text(json.dumps({**published, "bias": False}, indent=2))
+
+    _publish(out, write)
     return Folder(str(out), None, f"{reference} without its fc bias (vLLM's EAGLE head has none)")

