@@ -204,7 +204,11 @@ def test_a_wrong_mapping_is_caught_at_concurrency_4_where_the_engine_repeats_its
 
 
 def test_four_requests_in_flight_are_all_answered_per_level(tmp_path):
-    settings, ev = evaluator(tmp_path, *LOOKUP, "budget.concurrency=[1,4]")
+    """F32 weights: with Q4_1 the speculative server's batched verification sometimes picks a
+    token whose log-probability trails the plain server's by ~0.2 at concurrency 4 (a real
+    divergence of the quantised kernels, 1 CI run in 3), which is not what this test is about."""
+    settings, ev = evaluator(tmp_path, *LOOKUP, "budget.concurrency=[1,4]",
+                             "engine.target_type=match_dtype")
     ev.open()
     try:
         pairs = list(ev.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
