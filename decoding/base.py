@@ -23,12 +23,15 @@ from typing import TYPE_CHECKING, ClassVar, Iterator, Mapping, Protocol, Sequenc
 
 from decoding.runtime import stop_ids
 from decoding.sampling import SamplingConfig
+from decoding.target_cache import EagerTargetCache
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from decoding.clock import PhaseClock
+    from decoding.compiled import CompiledTarget
+    from decoding.target_cache import TargetCache
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,9 @@ class DecodingMethod:
     """
 
     name = "base"
+    # the loop drives the target through ``decoding.target_cache.TargetCache`` (so it can run on
+    # a ``decoding.compiled.CompiledTarget``); lookahead keeps its own cache arithmetic
+    supports_compiled: ClassVar[bool] = False
 
     def __init__(self, target: nn.Module, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0,
@@ -161,9 +167,26 @@ class DecodingMethod:
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         self.seed = seed
         self.eos_ids = stop_ids(target, eos_token_ids)
+        self.compiled: CompiledTarget | None = None
 
     def reset(self) -> None:
         """Forget state kept across generations (no-op unless a method keeps history)."""
+
+    def use_compiled(self, compiled: CompiledTarget | None) -> None:
+        """Run the target's forwards on ``compiled`` (a static cache, graphs per shape bucket),
+        or eagerly again with None. Draft models stay eager."""
+        if compiled is not None and not self.supports_compiled:
+            raise ValueError(f"method {self.name} keeps its own decoding loop and cannot run on "
+                             f"a compiled target: every other method can")
+        if compiled is not None and compiled.model is not self.target:
+            raise ValueError("the compiled target wraps another model than this method's target")
+        self.compiled = compiled
+
+    def target_cache(self, total_len: int) -> TargetCache:
+        """The target with a fresh cache for a generation of ``total_len`` positions."""
+        if self.compiled is not None:
+            return self.compiled.start(total_len)
+        return EagerTargetCache(self.target)
 
 
 class Method(Protocol):

@@ -27,18 +27,15 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Tuple
 import torch
 
 from decoding.base import DecodingMethod, Draft, DraftContext, Step, Verdict
-from decoding.runtime import (cache_argument, check_request, crop_cache, make_generator,
-                              new_cache, phase, truncate_at_eos)
+from decoding.runtime import check_request, make_generator, phase, truncate_at_eos
 from decoding.sampling import logits_to_probs
-from decoding.tree import Forest, keep_cache_rows, merge_duplicates, node_depths, \
-    tree_forward_states
+from decoding.tree import Forest, merge_duplicates, node_depths
 from decoding.verify import greedy_match, greedy_tree, token_verify, tree_verify
 
 if TYPE_CHECKING:
-    from transformers import DynamicCache
-
     from decoding.base import Drafter
     from decoding.clock import PhaseClock
+    from decoding.target_cache import TargetCache
 
 Scored = Tuple[Verdict, torch.Tensor, Optional[torch.Tensor], Optional[List[int]]]
 VerifyRule = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Generator | None"],
@@ -54,6 +51,7 @@ class DraftVerifyLoop(DecodingMethod):
     """
 
     drafter: Drafter
+    supports_compiled = True
     verify_rule: VerifyRule = staticmethod(token_verify)
 
     @torch.inference_mode()
@@ -61,12 +59,13 @@ class DraftVerifyLoop(DecodingMethod):
                clock: PhaseClock | None = None) -> Iterator[Step]:
         # 1. state: committed ids in a preallocated buffer; target cache starts empty. (The
         #    target's cache is not a ``CachedModel``: it lives in this frame for one generation,
-        #    ``cached`` is step 4's arithmetic, and its forwards also return hidden states.)
+        #    ``cached`` is step 4's arithmetic, its forwards also return hidden states, and it
+        #    may be a compiled static cache: ``DecodingMethod.target_cache``.)
         prompt = check_request(self.target, prompt_ids, max_new_tokens)
         generator = make_generator(self.seed, prompt.device)
         sequence = torch.cat([prompt, prompt.new_zeros(max_new_tokens)])       # [L + max_new]
         length, cached, produced = prompt.shape[0], 0, 0
-        cache = new_cache(self.target)
+        cache = self.target_cache(length + max_new_tokens)
         self.drafter.reset()
         wants_hidden = self.drafter.needs_hidden
         verdict, hidden = None, None
@@ -85,11 +84,11 @@ class DraftVerifyLoop(DecodingMethod):
                 if draft.parents is None or not draft.size:
                     verdict, logits, hidden, slots = self._chain(uncached, draft, cache, cached,
                                                                  generator, wants_hidden)
-                    crop_cache(cache, length + verdict.accepted)
+                    cache.crop(length + verdict.accepted)
                 else:
                     verdict, logits, hidden, slots = self._tree(uncached, draft, cache, cached,
                                                                 generator, wants_hidden)
-                    keep_cache_rows(cache, length, [length + slots[n] for n in verdict.nodes])
+                    cache.keep(length, [length + slots[n] for n in verdict.nodes])
                 extras = self.drafter.observe(draft, verdict, logits)
             # 4. commit, truncate at EOS, roll the drafter back to the committed prefix
             nodes = list(verdict.nodes)
@@ -127,7 +126,7 @@ class DraftVerifyLoop(DecodingMethod):
                            logits_to_probs(logits, self.sampling), draft.without_replacement,
                            generator)
 
-    def _chain(self, uncached: torch.Tensor, draft: Draft, cache: DynamicCache, start: int,
+    def _chain(self, uncached: torch.Tensor, draft: Draft, cache: TargetCache, start: int,
                generator: torch.Generator, wants_hidden: bool) -> Scored:
         """Fast path for chains: plain causal forward, no 4D mask.
 
@@ -135,19 +134,15 @@ class DraftVerifyLoop(DecodingMethod):
         holds the states of the u uncached committed tokens and of the accepted draft tokens.
         """
         gamma = draft.size
-        inputs = torch.cat([uncached, draft.tokens])[None]                      # [1, u+γ]
-        positions = torch.arange(start, start + inputs.shape[1], device=inputs.device)
-        out = self.target(input_ids=inputs, **cache_argument(self.target, cache), use_cache=True,
-                          position_ids=positions[None], cache_position=positions,
-                          logits_to_keep=gamma + 1, output_hidden_states=wants_hidden)
-        logits = out.logits[0]                                                  # [γ+1, V]
+        inputs = torch.cat([uncached, draft.tokens])                            # [u+γ]
+        logits, states = cache.chain(inputs, start, gamma + 1, wants_hidden)    # [γ+1, V]
         verdict = self._verify(draft, logits, generator)
         hidden = None
         if wants_hidden:   # rows of the uncached committed tokens and the accepted draft tokens
-            hidden = out.hidden_states[-1][0, : uncached.shape[0] + verdict.accepted]
+            hidden = states[: uncached.shape[0] + verdict.accepted]
         return verdict, logits, hidden, None
 
-    def _tree(self, uncached: torch.Tensor, draft: Draft, cache: DynamicCache, start: int,
+    def _tree(self, uncached: torch.Tensor, draft: Draft, cache: TargetCache, start: int,
               generator: torch.Generator, wants_hidden: bool) -> Scored:
         """Trees: merge duplicate draws into slots, one masked forward, walk the tree.
 
@@ -162,8 +157,8 @@ class DraftVerifyLoop(DecodingMethod):
         for token, parent in zip(slot_tokens, slot_parents):
             forest.add(token, root if parent < 0 else base + parent)
         rows = [root] + list(range(base, len(forest.tokens)))
-        logits, states = tree_forward_states(self.target, forest.tokens, forest.parents, cache,
-                                             rows, wants_hidden)                 # [S+1, V]
+        logits, states = cache.tree(forest.tokens, forest.parents, rows, wants_hidden)
+        #                                                                         [S+1, V]
         verdict = self._verify_tree(draft, tokens, parents, slot_of, logits, generator)
         # slot s now sits at cache position start + base + s == length + s (see ``stream``)
         hidden = None

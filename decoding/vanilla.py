@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from decoding.base import DecodingMethod, Step
-from decoding.runtime import check_request, forward_logits, make_generator, new_cache, phase
+from decoding.runtime import check_request, make_generator, phase
 from decoding.sampling import next_token
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ class Vanilla(DecodingMethod):
     """
 
     name = "vanilla"
+    supports_compiled = True
 
     def __init__(self, target: nn.Module, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0,
@@ -41,15 +42,17 @@ class Vanilla(DecodingMethod):
     @torch.inference_mode()
     def stream(self, prompt_ids: torch.Tensor, max_new_tokens: int,
                clock: PhaseClock | None = None) -> Iterator[Step]:
-        inputs = check_request(self.target, prompt_ids, max_new_tokens)[None]   # [1, L] prefill
+        inputs = check_request(self.target, prompt_ids, max_new_tokens)          # [L] prefill
         generator = make_generator(self.seed, inputs.device)
-        cache = new_cache(self.target)
+        cache = self.target_cache(inputs.shape[0] + max_new_tokens)
+        start = 0
         for _ in range(max_new_tokens):
             with phase(clock, "verify"):
-                logits = forward_logits(self.target, inputs, cache, cache.get_seq_length(), 1)[-1]
+                logits = cache.chain(inputs, start, 1, False)[0][-1]                 # [V]
                 token, _ = next_token(logits, self.sampling, generator)            # [V] -> []
                 token_id = int(token)
             yield Step(tokens=(token_id,), drafted=0, accepted=0)
             if token_id in self.eos_ids:
                 return
-            inputs = token.view(1, 1)
+            start += inputs.shape[0]
+            inputs = token.view(1)
