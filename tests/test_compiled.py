@@ -115,3 +115,26 @@ def test_bad_settings_are_refused_with_one_line():
     other = tiny_pair("unrelated")
     with pytest.raises(ValueError, match="wraps another model"):
         method("vanilla", other).use_compiled(compiled)
+
+
+def test_a_study_with_engine_compile_records_it_and_stays_lossless(tmp_path, capsys, in_tmp):
+    """engine.compile=true end to end (tiny models, method=tree: chains and trees): every trial
+    completes (each one's tokens checked against the compiled vanilla), the study's identity
+    names the compile settings, and every trial records what was compiled."""
+    import json
+
+    from optuna.trial import TrialState
+
+    from tests.conftest import load_study, run_study
+    run_study(tmp_path, "method=tree", "search=grid", "search.n_trials=2", "tracking=none",
+              "engine.compile=true", "engine.compile_buckets=[1,4,16]")
+    out = capsys.readouterr().out
+    assert "compiling the target for forward lengths [1, 4, 16]" in out
+    study = load_study(tmp_path)
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(done) == 2
+    compiled = [t.user_attrs["compiled"] for t in done]
+    assert all(c.startswith("buckets [1, 4, 16], capacity ") for c in compiled)
+    assert compiled[0] == compiled[1]        # the same graphs: nothing compiled after warm-up
+    engine = json.loads(study.user_attrs["fingerprint"]["engine"])
+    assert engine["compile"] is True and engine["compile_buckets"] == [1, 4, 16]

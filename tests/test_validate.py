@@ -140,6 +140,12 @@ CASES = [
     (["budget=full", "task.max_new_tokens=5000"],
      "task.max_new_tokens=5000 does not fit the context length 4096 of models.target (tiny)"),
     (["studies_dir="], "studies_dir='' is empty: allowed is a folder path"),
+    (["engine.compile=yes"], "engine.compile='yes' is invalid: allowed are true and false"),
+    (["engine.compile=true", "engine.compile_buckets=[8,4]"],
+     "engine.compile_buckets=[8, 4] is invalid: allowed is a non-empty list of strictly "
+     "ascending integers >= 1"),
+    (["engine.compile=true", "method=lookahead"],
+     "method=lookahead keeps its own decoding loop and cannot run with engine.compile=true"),
 ]
 
 

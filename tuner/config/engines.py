@@ -64,8 +64,12 @@ def effective_method(cfg: DictConfig) -> dict[str, Any]:
 def engine_identity(engine: Mapping[str, Any]) -> dict[str, Any] | None:
     """What identifies an engine server's measurements (None for engine=hf): its settings and
     the sha256 of the binary that runs."""
-    if engine.get("kind", "hf") == "hf":
-        return None
+    if engine.get("kind", "hf") == "hf":     # eager (every older study): no key
+        if not engine.get("compile"):
+            return None
+        import torch
+        return {"kind": "hf", "compile": True, "compile_buckets": list(engine["compile_buckets"]),
+                "torch": torch.__version__}
     from tuner.engines.gguf import sha256
     keep = {k: v for k, v in engine.items() if k not in ("methods", "startup_timeout_s")}
     if engine.get("kind") == "vllm":
@@ -87,6 +91,7 @@ def check_engine(cfg: DictConfig) -> None:
         if levels != [1]:
             raise ConfigError(f"budget.concurrency={levels} needs an engine server: engine=hf "
                               f"measures one request at a time; allowed is [1], or {SERVERS}")
+        _check_compile(engine, method_choice(cfg))
         return
     if cfg.get("baseline") != "per_trial":
         raise ConfigError(f"baseline={cfg.get('baseline')!r} is invalid with engine={kind}: "
@@ -113,6 +118,25 @@ def check_engine(cfg: DictConfig) -> None:
     if max(levels) > 64:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={kind}: allowed "
                           "are levels up to 64 (one server slot each)")
+
+
+def _check_compile(engine: Mapping[str, Any], choice: str) -> None:
+    """engine.compile is a boolean; its buckets are ascending positive integers; lookahead (its
+    own loop) cannot run compiled."""
+    compile_ = engine.get("compile", False)
+    if not isinstance(compile_, bool):
+        raise ConfigError(f"engine.compile={compile_!r} is invalid: allowed are true and false")
+    if not compile_:
+        return
+    from decoding.compiled import check_buckets
+    try:
+        check_buckets(list(engine.get("compile_buckets") or []))
+    except ValueError as err:
+        raise ConfigError(f"engine.compile_{err}") from None
+    if choice == "lookahead":
+        raise ConfigError("method=lookahead keeps its own decoding loop and cannot run with "
+                          "engine.compile=true: allowed are every other method, or "
+                          "engine.compile=false")
 
 
 def _check_objectives(objectives: list[str], levels: list[int], kind: str) -> None:

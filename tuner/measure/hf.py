@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 import torch
 import transformers
 
+from decoding.compiled import CompiledTarget
 from decoding.eagle_weights import head_source
 from tuner.config.build import build_method, load_models
 from tuner.config.validate import check_generation_fits, check_head_fits
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from tuner.tasks.task import Prompt
 
 VANILLA = {"_target_": "decoding.vanilla.Vanilla", "needs_draft": False}
+FORWARD_ROOM = 128    # engine.compile: cache positions kept for a forward past the last token
 
 
 class HFEvaluator:
@@ -65,15 +67,38 @@ class HFEvaluator:
         for model in (self.pair.target, *self.pair.drafts):   # the tokenised prompts fit?
             check_generation_fits(longest, s.budget["max_new_tokens"],
                                   model_context(model), model_name(model, s.models))
+        self.compiled = self._compile(longest) if s.engine.get("compile") else None
         self.vanilla = self.build(VANILLA, {})
+
+    def _compile(self, longest: int) -> CompiledTarget:
+        """engine.compile=true: the target on a static cache, every bucket compiled now (once per
+        study, before any timing). Room for the longest prompt, the budget and a forward of up to
+        ``FORWARD_ROOM`` tokens past the last position (trees, windows)."""
+        buckets = list(self.settings.engine["compile_buckets"])
+        needed = longest + self.settings.budget["max_new_tokens"] + max(buckets[-1], FORWARD_ROOM)
+        capacity = -(-needed // 64) * 64
+        self.say(f"compiling the target for forward lengths {buckets} (static cache of "
+                 f"{capacity} positions; once per study, not timed) ...")
+        compiled = CompiledTarget(self.pair.target, capacity=capacity, buckets=buckets)
+        seconds = compiled.warm()
+        self.say(f"compiled in {sum(seconds.values()):.1f} s (" +
+                 ", ".join(f"{b}: {t:.1f} s" for b, t in seconds.items()) + ")")
+        return compiled
 
     def close(self) -> None:
         """Nothing to release: the models go with the process."""
 
     def describe(self) -> dict[str, str]:
-        return {"engine": "hf", "threads": str(self.threads), "torch": torch.__version__,
+        info = {"engine": "hf", "threads": str(self.threads), "torch": torch.__version__,
                 "energy": self.meter.reason or "nvml",
-                "transformers": transformers.__version__}
+                "transformers": transformers.__version__, "compiled": "no"}
+        if getattr(self, "compiled", None) is not None:
+            c = self.compiled
+            info["compiled"] = (f"buckets {list(c.buckets)}, capacity {c.capacity}, mode "
+                                f"{c.mode or 'default'}, compile "
+                                f"{sum(c.compile_s.values()):.1f} s, eager forwards "
+                                f"{c.eager_forwards}")
+        return info
 
     def deployment(self, params: Mapping[str, Any],
                    per_level: Mapping[int, Mapping[str, Any] | None] | None = None
@@ -87,10 +112,13 @@ class HFEvaluator:
         if self.head is not None and "head" in params:
             params = {**params, "head": self.head}      # loaded once in open(), same reference
         try:
-            return build_method(method_cfg, params, self.pair, self.settings.sampling,
-                                self.settings.seed)
+            method = build_method(method_cfg, params, self.pair, self.settings.sampling,
+                                  self.settings.seed)
         except (ValueError, TypeError) as err:
             raise ParametersRefused(f"{type(err).__name__}: {err}") from err
+        if getattr(self, "compiled", None) is not None:
+            method.use_compiled(self.compiled)
+        return method
 
     # -- measuring ---------------------------------------------------------------------------------
 

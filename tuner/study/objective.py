@@ -99,7 +99,11 @@ class Objective:
         """Drift, constraints and the summary keys the report reads, set on the trial."""
         summary = evaluation.summary
         summary.update(self._drift(summary))
-        tags = {"energy": self.evaluator.describe().get("energy", "nvml")}
+        described = self.evaluator.describe()
+        tags = {"energy": described.get("energy", "nvml")}
+        if "compiled" in described:       # engine=hf: eager, or the compiled target's settings
+            tags["compiled"] = described["compiled"]
+            trial.set_user_attr("compiled", described["compiled"])
         constraints = self.settings.bound.constraints(summary, self.settings.lossless)
         for key, value in constraints.items():       # Optuna 5: read by TPE, NSGA-II, GP
             trial.set_constraint(key, value)
