@@ -1,12 +1,12 @@
 """Benchmark: our loops on the compiled static-shape target vs eager, and HF generate both ways.
 
     python bench/compiled.py [--prompts 6] [--max-new-tokens 64] [--buckets 1 2 4 8 16]
-                             [--gammas 4] [--out bench/results_compiled_cpu.json]
+                             [--gammas 4] [--tree-sizes 8] [--out bench/results_compiled_cpu.json]
 
 On the embedded default pair (SmolLM2-135M-Instruct fp32 target, int8-dynamic self-draft),
 greedy, GSM8K prompts:
   * compile time of every shape bucket (``CompiledTarget.warm``), measured before any timing;
-  * per method (vanilla; speculative at each ``--gammas``; tree at its default shape): eager vs
+  * per method (vanilla; speculative at each ``--gammas``; tree at each ``--tree-sizes``): eager vs
     compiled tokens/s, interleaved per prompt (eager, compiled, eager, ...) after one warm-up
     prompt, tokens compared (they must be identical);
   * transformers' own ``generate``: dynamic cache eager vs ``cache_implementation="static"`` with
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import CompileConfig
+from transformers import CompileConfig, StaticCache
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench.decoding_vs_hf import gsm8k_prompts, hf_generate, timed  # noqa: E402
 from decoding import build_method, generate, load_pair  # noqa: E402
 from decoding.compiled import CompiledTarget  # noqa: E402
+from decoding.runtime import cache_argument  # noqa: E402
 
 
 def side_by_side(name, eager, compiled, prompts) -> dict:
@@ -67,6 +68,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--buckets", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--gammas", type=int, nargs="+", default=[4])
+    parser.add_argument("--tree-sizes", type=int, nargs="*", default=[8],
+                        help="method=tree total_tokens values (dynamic shape, depth 4, width 4)")
+    parser.add_argument("--no-vanilla", action="store_true")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' generate rows")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
@@ -92,23 +96,29 @@ def main() -> None:
             return generate(method, prompt, args.max_new_tokens).tokens
         return (lambda p: run(False, p)), (lambda p: run(True, p))
 
-    rows = [side_by_side("vanilla", *runner("vanilla"), prompts)]
+    rows = [] if args.no_vanilla else [side_by_side("vanilla", *runner("vanilla"), prompts)]
     for gamma in args.gammas:
         rows.append(side_by_side(f"speculative γ={gamma}",
                                  *runner("speculative", num_draft_tokens=gamma), prompts))
-    rows.append(side_by_side("tree (default shape)", *runner("tree"), prompts))
+    for size in args.tree_sizes:
+        rows.append(side_by_side(f"tree total_tokens={size}",
+                                 *runner("tree", total_tokens=size), prompts))
     if not args.no_hf:
         model = pair.target
         config = CompileConfig()
         config._compile_all_devices = True   # its documented switch to compile off-GPU too
-        static = dict(cache_implementation="static", compile_config=config)
-        _, hf_compile = timed(lambda: hf_generate(model, prompts[0], args.max_new_tokens,
-                                                   **static))
+        # one static cache of our capacity for every prompt (generate's own would be sized per
+        # prompt, a new shape, so a recompile, for each one)
+        cache = StaticCache(config=model.config, max_cache_len=capacity)
+
+        def hf_static(prompt):
+            cache.reset()
+            return hf_generate(model, prompt, args.max_new_tokens, compile_config=config,
+                               **cache_argument(model, cache))
+        _, hf_compile = timed(lambda: hf_static(prompts[0]))
         print(f"HF generate static+compile: first call (compiles) {hf_compile:.1f} s", flush=True)
-        hf = side_by_side("HF generate",
-                          lambda p: hf_generate(model, p, args.max_new_tokens),
-                          lambda p: hf_generate(model, p, args.max_new_tokens, **static),
-                          prompts)
+        hf = side_by_side("HF generate", lambda p: hf_generate(model, p, args.max_new_tokens),
+                          hf_static, prompts)
         hf["first_call_s"] = hf_compile
         rows.append(hf)
     print(f"eager forwards (longer than the largest bucket: prefills, big trees): "
