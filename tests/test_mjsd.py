@@ -280,7 +280,7 @@ def test_one_beam_one_width_greedy_warping_is_greedy_speculative_decoding(tiny_p
 
 
 def test_beams_sharing_a_prefix_are_one_tree_and_the_cache_keeps_the_accepted_path(monkeypatch):
-    import decoding.loop as loop
+    import decoding.target_cache as loop   # where the eager target cache is made
     from decoding.runtime import cache_argument, new_cache
     pair = tiny_pair("related")
     caches = []

@@ -304,7 +304,7 @@ def test_several_draft_models(tmp_path):
                                      ("specinfer", dict(num_drafts=3, num_draft_tokens=3))])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_target_cache_equals_a_reencoded_prefix(monkeypatch, name, kw, temperature):
-    import decoding.loop as loop
+    import decoding.target_cache as loop   # where the eager target cache is made
     pair = tiny_pair("related")
     caches = []
     monkeypatch.setattr(loop, "new_cache", lambda model: caches.append(new_cache(model))
