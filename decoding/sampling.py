@@ -95,6 +95,29 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of ``probs`` ([m, V]) by inverting each row's CDF with one uniform.
+
+    The same law as ``torch.multinomial(probs, 1)``, whose CPU path draws one exponential per
+    vocabulary entry (m·V random numbers, 11 ms per SpecInfer step on SmolLM2's 49 152 tokens);
+    this draws m. Returns [m] int64 (no device sync).
+    """
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device,
+                   dtype=probs.dtype)                                              # [m, 1]
+    return invert_cdf(probs, u)
+
+
+def invert_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token whose CDF interval holds ``u`` · (row total): probs [m, V], u [m, 1] in [0, 1)
+    -> [m]. A zero-probability token owns an empty interval, so it is never chosen (``right=True``
+    skips the plateau at u = 0; a product rounded up to the total falls back to the row's last
+    token of positive probability)."""
+    cdf = probs.cumsum(-1)                                                          # [m, V]
+    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)         # [m]
+    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)             # [m]
+    return torch.minimum(index, last)
+
+
 def next_token(logits: torch.Tensor, cfg: SamplingConfig,
                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Choose the next token from one row of logits.

@@ -29,7 +29,7 @@ from decoding.base import Draft, DraftContext, Drafter
 from decoding.cached_model import CachedModel
 from decoding.loop import DraftVerifyLoop
 from decoding.runtime import check_positive_int
-from decoding.sampling import SamplingConfig, logits_to_probs
+from decoding.sampling import SamplingConfig, logits_to_probs, sample_rows
 from decoding.tree import Forest
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class SampledSequences:
         tree = Forest()                 # the fed draws: node d·m + s is step d of sequence s
         tokens, probs = [], []
         for step in range(gamma):
-            drawn = torch.multinomial(q, 1, generator=generator).squeeze(1)          # [m]
+            drawn = sample_rows(q, generator)                                        # [m]
             tokens.append(drawn)
             probs.append(q)
             if step + 1 < gamma:

@@ -441,3 +441,34 @@ def test_trees_equal_vanilla_on_the_default_model(default_pair, gsm8k_questions)
         outs = [generate(build_method(name, default_pair, **kw), p, 48) for p in prompts]
         assert [o.tokens for o in outs] == reference, (name, kw)
         assert 0 < sum(o.stats.accepted for o in outs) < sum(o.stats.drafted for o in outs)
+
+
+# ----------------------------------------------------------------------------------------------
+# SpecInfer's draft sampler: one uniform per row instead of one exponential per vocabulary entry
+
+
+def test_inverse_cdf_never_picks_a_token_without_probability():
+    from decoding.sampling import invert_cdf
+    probs = torch.tensor([[0.0, 0.0, 0.5, 0.0, 0.5, 0.0]])
+    picks = [int(invert_cdf(probs, torch.tensor([[u]]))[0]) for u in (0.0, 0.25, 0.4999, 0.5,
+                                                                       0.9999999, 1.0)]
+    assert picks == [2, 2, 2, 4, 4, 4]      # u = 1.0: a product rounded up to the total
+
+
+def test_sample_rows_follows_each_row_law():
+    from scipy.stats import chisquare
+
+    from decoding.sampling import sample_rows
+    generator = torch.Generator().manual_seed(5)
+    probs = torch.softmax(torch.randn(3, 12, generator=generator) * 2, -1)
+    probs[:, [0, 7]] = 0.0
+    probs /= probs.sum(-1, keepdim=True)                                   # [3, 12]
+    n = 20000
+    draws = torch.stack([sample_rows(probs, generator) for _ in range(n)])  # [n, 3]
+    for row in range(3):
+        counts = torch.bincount(draws[:, row], minlength=12)
+        assert counts[0] == counts[7] == 0
+        keep = probs[row] > 0
+        expected = probs[row][keep].double()
+        expected = (expected / expected.sum() * n).numpy()
+        assert chisquare(counts[keep].numpy(), expected).pvalue > 1e-4
