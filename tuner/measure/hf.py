@@ -96,8 +96,7 @@ class HFEvaluator:
             c = self.compiled
             info["compiled"] = (f"buckets {list(c.buckets)}, capacity {c.capacity}, mode "
                                 f"{c.mode or 'default'}, compile "
-                                f"{sum(c.compile_s.values()):.1f} s, eager forwards "
-                                f"{c.eager_forwards}")
+                                f"{sum(c.compile_s.values()):.1f} s")
         return info
 
     def deployment(self, params: Mapping[str, Any],
