@@ -103,7 +103,8 @@ class DraftContext:
     verdict: Verdict | None = None       # the last verdict (None on the first step)
     hidden: torch.Tensor | None = None   # [m, H] target last-layer states (what its LM head
     #   reads) of the m rows the target fed in its last forward and kept: committed positions
-    #   L−1−m .. L−2 (L = len(ids)); only when the drafter sets ``needs_hidden``
+    #   L−1−m .. L−2 (L = len(ids)); only when the drafter sets ``needs_hidden``; [m, k·H] of
+    #   the layers it names in ``hidden_layers`` when it sets those
 
 
 class Drafter:
@@ -117,6 +118,10 @@ class Drafter:
     """
 
     needs_hidden: ClassVar[bool] = False
+    # which target states ``DraftContext.hidden`` holds: None = the last layer's [m, H]; layer ids
+    # (entries of transformers' ``hidden_states``: j = the input of layer j) = those side by side
+    # [m, k·H] (EAGLE-3 heads; set per instance, since it depends on the head)
+    hidden_layers: tuple[int, ...] | None = None
 
     def reset(self) -> None:
         """Forget everything about the previous sequence (called once per generation)."""

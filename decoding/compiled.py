@@ -40,6 +40,8 @@ from decoding.tree import tree_inputs
 if TYPE_CHECKING:
     from torch import nn
 
+    from decoding.target_cache import Hidden
+
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
 # one graph per bucket and per CompiledTarget share one code object (``_decode``): let dynamo
 # keep enough of them (its default of 8 would silently fall back to eager after 8)
@@ -126,15 +128,17 @@ class CompiledTarget:
 
     # -- TargetCache --------------------------------------------------------------------------
 
-    def chain(self, input_ids: torch.Tensor, start: int, num_logits: int, hidden: bool
+    def chain(self, input_ids: torch.Tensor, start: int, num_logits: int, hidden: Hidden
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        check_last_layer_only(hidden)
         n = int(input_ids.shape[0])
         states = self._forward(input_ids, start, None, lambda b: self._causal(start, b))
         self.length = start + n
         return self.head(states[n - num_logits: n]), (states[:n] if hidden else None)
 
     def tree(self, tokens: Sequence[int], parents: Sequence[int], rows: Sequence[int],
-             hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+             hidden: Hidden) -> tuple[torch.Tensor, torch.Tensor | None]:
+        check_last_layer_only(hidden)
         prefix, q = self.length, len(tokens)
         ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device)
         mask, positions = tree_inputs(parents, prefix, self.dtype, self.device)
@@ -226,3 +230,11 @@ def check_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
         raise ValueError(f"buckets={buckets!r} is invalid: allowed is a non-empty list of "
                          f"strictly ascending integers >= 1, e.g. [1, 2, 4, 8, 16, 32]")
     return values
+
+
+def check_last_layer_only(hidden: Hidden) -> None:
+    """The compiled decoder returns its last layer's states only (EAGLE-1/2 features)."""
+    if hidden not in (True, False):
+        raise ValueError(f"the compiled target returns only the last layer's states, not layers "
+                         f"{list(hidden)} (an EAGLE-3 head's): run EAGLE-3 eagerly "
+                         "(engine.compile=false)")

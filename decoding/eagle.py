@@ -3,7 +3,9 @@
     method = build_method("eagle", pair, head="yuhuili/EAGLE-Vicuna-7B-v1.3")   # or a local dir
     method = build_method("eagle", pair, head="smollm2-135m-instruct", width=4, depth=4)
 
-The head (``decoding.eagle_head``) reads the target's features through the loop's drafter context
+The head (``decoding.eagle_head``; an EAGLE-3 head, ``decoding.eagle3_head``, reads three target
+layers fused and drafts over its own vocabulary; ``method=eagle3`` names its knobs as SGLang does)
+reads the target's features through the loop's drafter context
 (``DraftContext.hidden``: the states of every row the target fed and kept in its last forward) and
 grows a token tree with the same machinery as ``method=tree`` (``decoding.token_tree.TreeDrafter``):
 a static shape (a chain is ``shape=(1, 1, 1, 1)`` or ``"chain4"``) or an EAGLE-2 dynamic tree
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from decoding.base import DraftContext
+from decoding.eagle3_head import Eagle3Head
 from decoding.eagle_head import EagleHead
 from decoding.eagle_weights import check_fits, load_head, place, target_name
 from decoding.loop import DraftVerifyLoop
@@ -35,6 +38,8 @@ from decoding.tree import additive_mask, ancestor_slots, extend_mask
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from decoding.compiled import CompiledTarget
 
 
 class EagleSource:
@@ -71,7 +76,8 @@ class EagleSource:
         dtype = self._dtype()
         allowed = torch.ones(rows, start + rows, dtype=torch.bool, device=ids.device).tril(start)
         positions = torch.arange(start, length - 1, device=ids.device)
-        out = self.head(hidden[None], ids[start + 1:][None], positions,
+        features = self.head.features(hidden)          # [m, H] (EAGLE-3: fused from [m, 3·H_t])
+        out = self.head(features[None], ids[start + 1:][None], positions,
                         additive_mask(allowed, dtype), self.cache)[0]               # [m, H]
         self.fed, self.features, self.slot = length - 1, {}, {}
         self.root_feature = out[-1]
@@ -101,7 +107,8 @@ class EagleSource:
 
 
 class EagleDrafter(TreeDrafter):
-    """A token tree grown by an EAGLE head (``EagleSource``), which reads the target's states."""
+    """A token tree grown by an EAGLE head (``EagleSource``), which reads the target's states
+    (the last layer's for EAGLE-1/2, the head's ``layer_ids`` for EAGLE-3)."""
 
     needs_hidden = True
 
@@ -112,7 +119,8 @@ class EagleDecoding(DraftVerifyLoop):
     Args:
         target: the target causal LM (its embedding and LM head are shared with the head).
         head: a head reference (shipped name, "random[:seed]", "auto", local directory, hub id
-            ``id[@revision]``; see ``decoding.eagle_weights``) or a loaded ``EagleHead``.
+            ``id[@revision]``; see ``decoding.eagle_weights``) or a loaded ``EagleHead`` /
+            ``Eagle3Head``. EAGLE-1/2 and EAGLE-3 files both load (the format is detected).
         shape, siblings, width, depth, total_tokens, confidence_threshold: the tree, as for
             ``method=tree`` (``decoding.token_tree.TreeDecoding``); EAGLE-2's top_k is ``width``,
             its total_token − 1 is ``total_tokens``.
@@ -120,6 +128,8 @@ class EagleDecoding(DraftVerifyLoop):
     """
 
     name = "eagle"
+    head_version: int | None = None     # the head format "random"/"auto" make (None: EAGLE-1/2;
+                                        # files of either format load)
 
     def __init__(self, target: nn.Module, *, head: str | EagleHead = "auto",
                  shape: Shape = "dynamic", siblings: str = "topk", width: int = 4,
@@ -130,13 +140,26 @@ class EagleDecoding(DraftVerifyLoop):
         super().__init__(target, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                          eos_token_ids=eos_token_ids)
         if isinstance(head, str):
-            head = load_head(head, target)
-        elif isinstance(head, EagleHead):
+            head = load_head(head, target, self.head_version)
+        elif isinstance(head, (EagleHead, Eagle3Head)):
             check_fits(head.config, None, target, "(loaded head)", target_name(target))
             head = place(head, target)                 # the target's device and dtype
-        elif not all(hasattr(head, a) for a in ("new_cache", "logits", "parameters")):
+        elif not all(hasattr(head, a) for a in ("new_cache", "logits", "features",
+                                                "parameters")):
             raise ValueError(f"head={head!r} is invalid: allowed is a head reference (shipped "
-                             "name, 'random', 'auto', local directory, hub id) or an EagleHead")
+                             "name, 'random', 'auto', local directory, hub id), an EagleHead or "
+                             "an Eagle3Head")
+        if self.head_version == 3 and isinstance(head, EagleHead):
+            raise ValueError(f"method {self.name} runs EAGLE-3 heads; this head is "
+                             f"{type(head).__name__}: run it with method=eagle")
         self.head = head
         self.drafter = EagleDrafter(EagleSource(head), self.sampling, shape, siblings, width,
                                     depth, total_tokens, float(confidence_threshold))
+        self.drafter.hidden_layers = getattr(head, "layer_ids", None)
+
+    def use_compiled(self, compiled: CompiledTarget | None) -> None:
+        if compiled is not None and self.drafter.hidden_layers is not None:
+            raise ValueError(f"an EAGLE-3 head reads target layers "
+                             f"{list(self.drafter.hidden_layers)}, which the compiled target does "
+                             "not return: run it eagerly (engine.compile=false)")
+        super().use_compiled(compiled)

@@ -147,14 +147,18 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class HeadAttention(nn.Module):
-    def __init__(self, cfg: HeadConfig) -> None:
+    """Llama attention over the head's KV cache; ``input_size`` is EAGLE-3's 2H (embedding and
+    feature side by side), the hidden size otherwise."""
+
+    def __init__(self, cfg: Any, input_size: int | None = None) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.dim = (cfg.num_attention_heads, cfg.num_key_value_heads,
                                                cfg.head_dim)
         h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, self.heads * self.dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(h, self.kv_heads * self.dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(h, self.kv_heads * self.dim, bias=cfg.qkv_bias)
+        inputs = input_size or h
+        self.q_proj = nn.Linear(inputs, self.heads * self.dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(inputs, self.kv_heads * self.dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(inputs, self.kv_heads * self.dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.heads * self.dim, h, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -177,7 +181,7 @@ class HeadAttention(nn.Module):
 
 
 class HeadMLP(nn.Module):
-    def __init__(self, cfg: HeadConfig) -> None:
+    def __init__(self, cfg: Any) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -206,7 +210,28 @@ class HeadLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class EagleHead(nn.Module):
+class Rotary:
+    """RoPE tables from ``self.config`` (rope_theta, head_dim, rope_linear_factor), the inverse
+    frequencies computed once per device (float32; not a buffer, so dtype casts never touch
+    them). Shared by the EAGLE-1/2 and EAGLE-3 heads."""
+
+    _inv_freq: torch.Tensor | None = None
+
+    def rotary(self, positions: torch.Tensor, device: torch.device, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE (cos, sin) [n, d] at ``positions`` [n]; angles in float32 whatever the head's
+        dtype (bf16 positions would be coarse)."""
+        cfg, inv_freq = self.config, self._inv_freq
+        if inv_freq is None or inv_freq.device != device:     # fixed per head: computed once
+            inv_freq = cfg.rope_theta ** -(torch.arange(0, cfg.head_dim, 2, device=device,
+                                                        dtype=torch.float32) / cfg.head_dim)
+            self._inv_freq = inv_freq
+        angles = (positions.to(device).float() / cfg.rope_linear_factor)[:, None] * inv_freq
+        angles = torch.cat([angles, angles], dim=-1)                                  # [n, d]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+class EagleHead(Rotary, nn.Module):
     """The head's own weights (fc + decoder layers) and the target's embedding and LM head.
 
     The target's modules are referenced, never owned: they are not in ``parameters()`` or
@@ -240,22 +265,19 @@ class EagleHead(nn.Module):
         Returns:
             [B, n, H] f̂_{i+1}.
         """
-        dtype, cfg = self.fc.weight.dtype, self.config
+        dtype = self.fc.weight.dtype
         embed = self.shared[0]      # may sit on another device than the head (device_map="auto")
         embedded = embed(tokens.to(embed.weight.device)).to(self.fc.weight.device, dtype)
         x = self.fc(torch.cat([embedded, features.to(embedded.device, dtype)], dim=-1))
-        # RoPE angles in float32 whatever the head's dtype (bf16 positions would be coarse)
-        inv_freq = self._inv_freq
-        if inv_freq is None or inv_freq.device != x.device:     # fixed per head: computed once
-            inv_freq = cfg.rope_theta ** -(torch.arange(0, cfg.head_dim, 2, device=x.device,
-                                                        dtype=torch.float32) / cfg.head_dim)
-            self._inv_freq = inv_freq
-        angles = (positions.float() / cfg.rope_linear_factor)[:, None] * inv_freq   # [n, d/2]
-        angles = torch.cat([angles, angles], dim=-1)
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        cos, sin = self.rotary(positions, x.device, dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, cache)
         return x
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's input features from the target's states: EAGLE-1/2 read the last layer's
+        states as they are ([..., H])."""
+        return hidden
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's LM head over (predicted) features: [..., H] -> [..., V]."""

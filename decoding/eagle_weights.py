@@ -8,8 +8,16 @@ Published layout (SafeAILab/EAGLE; yuhuili/EAGLE-* on the hub), one directory ho
     ``layers.0.self_attn.{q,k,v,o}_proj.weight``, ``layers.0.mlp.{gate,up,down}_proj.weight``,
     ``layers.0.post_attention_layernorm.weight`` (``layers.i.input_layernorm.weight`` for i ≥ 1),
     and often ``embed_tokens.weight`` (ignored: the target's embedding is used; its shape is checked).
-EAGLE-3 heads (fused low/mid/high-layer features, ``midlayer.*``, their own LM head over a draft
-vocabulary with ``d2t``) are recognised and refused with a clear message: not supported yet.
+EAGLE-3 heads (``decoding.eagle3_head``; the authors' ``LlamaForCausalLMEagle3`` layout, which vLLM
+and SGLang load too) are recognised by ``midlayer.*`` / ``d2t`` keys or ``draft_vocab_size``:
+  * ``config.json`` with ``draft_vocab_size``, optional ``target_hidden_size`` and
+    ``eagle_aux_hidden_state_layer_ids`` (top level or under ``eagle_config``; default: the inputs
+    of target layers 2, L//2 and L−3);
+  * weights ``fc.weight`` (3·H_t → H), ``midlayer.*``, ``norm.weight``, ``lm_head.weight``
+    ([draft_vocab_size, H]), ``d2t`` / ``t2d`` (absent when the vocabularies are equal), optional
+    ``embed_tokens.weight`` (shape-checked; the target's embedding is used).
+They are checked against the target: hidden size, vocabulary, the layer ids within its depth,
+``d2t`` mapping every draft id to a distinct target id that ``t2d`` marks.
 
 A head reference (``head=`` of ``method=eagle``) is one of: a shipped head name (``SHIPPED``),
 ``"random"`` / ``"random:<seed>"`` (random init sized from the target: tests and smoke runs),
@@ -25,12 +33,14 @@ import hashlib
 import json
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
+from decoding.eagle3_head import Eagle3Config, Eagle3Head, default_layer_ids
 from decoding.eagle_head import EagleHead, HeadConfig
 
 log = logging.getLogger(__name__)
@@ -40,6 +50,7 @@ SHIPPED = {"smollm2-135m-instruct": HEADS_DIR / "smollm2-135m-instruct"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 LOCAL_PREFIXES = ("/", "./", "../", "~")
 RANDOM = re.compile(r"random(?::(\d+))?")
+AnyHead = EagleHead | Eagle3Head
 
 
 def random_seed(reference: str) -> int | None:
@@ -128,12 +139,22 @@ def fit_problems(head_hidden: Any, head_vocab: Any, hidden: int, vocab: int) -> 
     return problems
 
 
-def check_fits(cfg: HeadConfig, state: Mapping[str, torch.Tensor] | None, target: nn.Module,
-               head_name: str, target_name: str) -> None:
-    """Raise ValueError naming both models unless the head's features and vocabulary fit."""
+def check_fits(cfg: HeadConfig | Eagle3Config, state: Mapping[str, torch.Tensor] | None,
+               target: nn.Module, head_name: str, target_name: str) -> None:
+    """Raise ValueError naming both models unless the head's features and vocabulary fit (and,
+    for EAGLE-3, its layer ids lie within the target's depth and ``d2t``/``t2d`` are sound)."""
     hidden = int(target.get_input_embeddings().embedding_dim)
     vocab = int(target.get_output_embeddings().weight.shape[0])
     problems = fit_problems(cfg.hidden_size, cfg.vocab_size, hidden, vocab)
+    if isinstance(cfg, Eagle3Config):
+        if not problems and cfg.target_hidden_size != hidden:
+            problems.append(f"target_hidden_size {cfg.target_hidden_size} (head) vs {hidden} "
+                            "(target)")
+        depth = int(target.config.num_hidden_layers)
+        outside = [i for i in cfg.layer_ids or () if not 0 <= i <= depth]
+        if outside:
+            problems.append(f"layer ids {list(cfg.layer_ids or ())} (head) vs {depth} layers "
+                            f"(target; allowed ids 0..{depth})")
     embed = (state or {}).get("embed_tokens.weight")
     if not problems and embed is not None and tuple(embed.shape) != (vocab, hidden):
         problems.append(f"embed_tokens {tuple(embed.shape)} (head) vs {(vocab, hidden)} (target)")
@@ -143,34 +164,73 @@ def check_fits(cfg: HeadConfig, state: Mapping[str, torch.Tensor] | None, target
                          "head published for this target (or train one: python -m eagle_training)")
 
 
-def _refuse_eagle3(state: Mapping[str, torch.Tensor], raw: Mapping[str, Any], name: str) -> None:
-    if any(k.startswith("midlayer.") for k in state) or "d2t" in state or "draft_vocab_size" in raw:
-        raise ValueError(f"EAGLE head {name!r} is an EAGLE-3 head (fused low/mid/high-layer "
-                         "features, midlayer.*, draft vocabulary d2t): not supported yet; "
-                         "EAGLE-1 and EAGLE-2 heads load")
+def is_eagle3(state: Mapping[str, Any], raw: Mapping[str, Any]) -> bool:
+    """An EAGLE-3 checkpoint (``midlayer.*`` / ``d2t`` keys, or ``draft_vocab_size``)."""
+    return (any(k.startswith("midlayer.") for k in state) or "d2t" in state
+            or "draft_vocab_size" in raw or "LlamaForCausalLMEagle3" in raw.get("architectures", ()))
+
+
+def check_vocabulary(cfg: Eagle3Config, state: Mapping[str, torch.Tensor], name: str) -> None:
+    """``d2t`` ([Vd] offsets) maps every draft id to a distinct target id in range, and ``t2d``
+    ([V] bool) marks exactly those; absent both, the vocabularies must be equal."""
+    d2t, t2d = state.get("d2t"), state.get("t2d")
+    draft, vocab = cfg.draft_vocab_size, cfg.vocab_size
+    if d2t is None or t2d is None:
+        if draft != vocab:
+            raise ValueError(f"EAGLE-3 head {name!r} has draft_vocab_size={draft} < vocab_size="
+                             f"{vocab} but no d2t/t2d mapping: allowed is both or equal sizes")
+        return
+    if tuple(d2t.shape) != (draft,) or tuple(t2d.shape) != (vocab,):
+        raise ValueError(f"EAGLE-3 head {name!r}: d2t {tuple(d2t.shape)} / t2d "
+                         f"{tuple(t2d.shape)} do not fit draft_vocab_size={draft}, vocab_size="
+                         f"{vocab} (allowed: d2t [{draft}], t2d [{vocab}])")
+    ids = torch.arange(draft) + d2t.long()
+    if bool((ids < 0).any() | (ids >= vocab).any()) or ids.unique().numel() != draft:
+        raise ValueError(f"EAGLE-3 head {name!r}: d2t maps draft ids outside the target "
+                         f"vocabulary of {vocab} or onto one id twice (allowed: {draft} distinct "
+                         f"target ids in 0..{vocab - 1})")
+    marked = torch.zeros(vocab, dtype=torch.bool)
+    marked[ids] = True
+    if not torch.equal(marked, t2d.bool()):
+        raise ValueError(f"EAGLE-3 head {name!r}: t2d does not mark the target ids d2t maps to")
 
 
 def target_name(target: nn.Module) -> str:
     return str(getattr(target.config, "name_or_path", "") or type(target).__name__)
 
 
-def load_head(reference: str, target: nn.Module) -> EagleHead:
-    """Resolve a head reference for ``target`` (see the module docstring), checked against it."""
+def load_head(reference: str, target: nn.Module, version: int | None = None) -> AnyHead:
+    """Resolve a head reference for ``target`` (see the module docstring), checked against it.
+
+    ``version``: 3 makes "random"/"auto" EAGLE-3 heads and refuses EAGLE-1/2 files; None
+    (``method=eagle``) loads either format and makes EAGLE-1/2 heads for "random"/"auto".
+    """
     if reference == "auto":
-        reference = default_head(target)
+        reference = default_head(target, version or 2)
     seed = random_seed(reference)
     if seed is not None:
-        return random_head(target, seed)
+        return random_head(target, seed, version or 2)
     config_path, weights_path = head_files(reference)
     raw = json.loads(config_path.read_text())
     # a DataParallel-saved checkpoint prefixes every key with "module."
     state = {key.removeprefix("module."): value for key, value in load_state(weights_path).items()}
-    _refuse_eagle3(state, raw, reference)
-    cfg = HeadConfig.from_json(raw)
-    check_fits(cfg, state, target, reference, target_name(target))
-    head = EagleHead(cfg, target.get_input_embeddings(), target.get_output_embeddings())
+    if is_eagle3(state, raw):
+        cfg = Eagle3Config.from_json(raw)
+        if cfg.layer_ids is None:
+            cfg = replace(cfg, layer_ids=default_layer_ids(int(target.config.num_hidden_layers)))
+        check_fits(cfg, state, target, reference, target_name(target))
+        check_vocabulary(cfg, state, reference)
+        head: AnyHead = Eagle3Head(cfg, target.get_input_embeddings())
+    else:
+        if version == 3:
+            raise ValueError(f"EAGLE head {reference!r} is an EAGLE-1/2 head, not EAGLE-3: run "
+                             "it with method=eagle")
+        cfg = HeadConfig.from_json(raw)
+        check_fits(cfg, state, target, reference, target_name(target))
+        head = EagleHead(cfg, target.get_input_embeddings(), target.get_output_embeddings())
     own = head_state(state)
     missing, unexpected = head.load_state_dict(own, strict=False)
+    missing = [key for key in missing if key not in ("d2t", "t2d")]   # equal vocabularies
     if missing or unexpected:
         raise ValueError(f"EAGLE head {reference!r} has an unexpected layout: missing "
                          f"{sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
@@ -185,37 +245,52 @@ def head_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             if key != "embed_tokens.weight" and not key.endswith("rotary_emb.inv_freq")}
 
 
-def random_head(target: nn.Module, seed: int = 0) -> EagleHead:
-    """A randomly initialised one-layer head sized from the target (seeded; global RNG untouched)."""
-    cfg = HeadConfig.for_target(target.config)
+def random_head(target: nn.Module, seed: int = 0, version: int = 2) -> AnyHead:
+    """A randomly initialised head sized from the target (seeded; global RNG untouched): a
+    one-layer EAGLE-1/2 head, or (``version=3``) an EAGLE-3 head over the full vocabulary."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        head = EagleHead(cfg, target.get_input_embeddings(), target.get_output_embeddings())
+        if version == 3:
+            head: AnyHead = Eagle3Head(Eagle3Config.for_target(target.config),
+                                       target.get_input_embeddings())
+        else:
+            head = EagleHead(HeadConfig.for_target(target.config), target.get_input_embeddings(),
+                             target.get_output_embeddings())
     return place(head, target)
 
 
-def place(head: EagleHead, target: nn.Module) -> EagleHead:
+def place(head: AnyHead, target: nn.Module) -> AnyHead:
     weight = target.get_output_embeddings().weight
     return head.to(device=weight.device, dtype=weight.dtype).eval()
 
 
-def default_head(target: nn.Module) -> str:
-    """The shipped head made for this target's architecture, else "random" (with a warning)."""
+def head_version(reference: str) -> int:
+    """3 for a shipped or local EAGLE-3 head directory, else 2 (random and hub heads: unknown
+    before download, reported as 2)."""
+    raw = read_config(reference) if is_file_reference(reference) else None
+    return 3 if raw is not None and is_eagle3({}, raw) else 2
+
+
+def default_head(target: nn.Module, version: int = 2) -> str:
+    """The shipped head of ``version`` made for this target's architecture, else "random" (with a
+    warning)."""
     raw = target.config.to_dict()
     for name in SHIPPED:
-        if not SHIPPED[name].is_dir():
+        if not SHIPPED[name].is_dir() or head_version(name) != version:
             continue
         made_for = (read_config(name) or {}).get("spectune", {}).get("target_signature", {})
         if made_for and all(raw.get(k) == v for k, v in made_for.items()):
             return name
-    log.warning("no EAGLE head given and none shipped for target %s: using a random head "
-                "(acceptance near zero); pass head=<hub id or head directory>", target_name(target))
+    log.warning("no EAGLE%s head given and none shipped for target %s: using a random head "
+                "(acceptance near zero); pass head=<hub id or head directory>",
+                "-3" if version == 3 else "", target_name(target))
     return "random"
 
 
-def save_head(head: EagleHead, folder: Path, dtype: torch.dtype = torch.float16,
+def save_head(head: AnyHead, folder: Path, dtype: torch.dtype = torch.float16,
               extra: Mapping[str, Any] | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in the published layout; returns the folder."""
+    """Write ``config.json`` + ``model.safetensors`` in the published layout; returns the folder
+    (floating tensors in ``dtype``; EAGLE-3's ``d2t``/``t2d`` keep their integer types)."""
     from safetensors.torch import save_file
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -223,7 +298,8 @@ def save_head(head: EagleHead, folder: Path, dtype: torch.dtype = torch.float16,
     if extra:
         raw["spectune"] = dict(extra)
     (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in head.state_dict().items()}
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 

@@ -35,7 +35,7 @@ from decoding.verify import greedy_match, greedy_tree, token_verify, tree_verify
 if TYPE_CHECKING:
     from decoding.base import Drafter
     from decoding.clock import PhaseClock
-    from decoding.target_cache import TargetCache
+    from decoding.target_cache import Hidden, TargetCache
 
 Scored = Tuple[Verdict, torch.Tensor, Optional[torch.Tensor], Optional[List[int]]]
 VerifyRule = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Generator | None"],
@@ -67,7 +67,8 @@ class DraftVerifyLoop(DecodingMethod):
         length, cached, produced = prompt.shape[0], 0, 0
         cache = self.target_cache(length + max_new_tokens)
         self.drafter.reset()
-        wants_hidden = self.drafter.needs_hidden
+        # False, True (last layer) or the layer ids a drafter reads (EAGLE-3)
+        wants_hidden = (self.drafter.hidden_layers or True) if self.drafter.needs_hidden else False
         verdict, hidden = None, None
         empty = Draft(tokens=prompt.new_zeros(0))
         while produced < max_new_tokens:
@@ -127,7 +128,7 @@ class DraftVerifyLoop(DecodingMethod):
                            generator)
 
     def _chain(self, uncached: torch.Tensor, draft: Draft, cache: TargetCache, start: int,
-               generator: torch.Generator, wants_hidden: bool) -> Scored:
+               generator: torch.Generator, wants_hidden: Hidden) -> Scored:
         """Fast path for chains: plain causal forward, no 4D mask.
 
         Returns (verdict, logits [γ+1, V], hidden [u+accepted, H] or None, slots None): hidden
@@ -143,7 +144,7 @@ class DraftVerifyLoop(DecodingMethod):
         return verdict, logits, hidden, None
 
     def _tree(self, uncached: torch.Tensor, draft: Draft, cache: TargetCache, start: int,
-              generator: torch.Generator, wants_hidden: bool) -> Scored:
+              generator: torch.Generator, wants_hidden: Hidden) -> Scored:
         """Trees: merge duplicate draws into slots, one masked forward, walk the tree.
 
         Returns (verdict, logits [S+1, V], hidden [u+accepted, H] or None, slot_of [n]); hidden

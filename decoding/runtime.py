@@ -74,6 +74,16 @@ def forward_logits(model: nn.Module, input_ids: torch.Tensor, cache: DynamicCach
                  logits_to_keep=num_logits).logits[0]
 
 
+def hidden_rows(hidden_states: Sequence[torch.Tensor], layers: bool | Sequence[int]
+                ) -> torch.Tensor:
+    """A drafter's view of a forward's ``hidden_states`` (batch 1): the last entry [n, H] (what
+    the LM head reads) for ``layers=True``, else the given entries side by side [n, k·H]
+    (entry j = the input of decoder layer j; EAGLE-3's low/middle/high states)."""
+    if layers is True:
+        return hidden_states[-1][0]
+    return torch.cat([hidden_states[j][0] for j in layers], dim=-1)
+
+
 def crop_cache(cache: DynamicCache, length: int) -> None:
     """Keep the first ``length`` positions of every layer (no-op if already that short)."""
     excess = cache.get_seq_length() - length

@@ -17,28 +17,32 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
-from decoding.runtime import cache_argument, crop_cache, new_cache
+from decoding.runtime import cache_argument, crop_cache, hidden_rows, new_cache
 from decoding.tree import keep_cache_rows, tree_forward_states
 
 if TYPE_CHECKING:
     from torch import nn
 
+Hidden = bool | tuple[int, ...]     # which target states a forward returns (see ``chain``)
+
 
 class TargetCache(Protocol):
     """The target with its cache for one generation."""
 
-    def chain(self, input_ids: torch.Tensor, start: int, num_logits: int, hidden: bool
+    def chain(self, input_ids: torch.Tensor, start: int, num_logits: int, hidden: Hidden
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One causal forward of ``input_ids`` ([n]) at positions start..start+n−1.
 
-        Returns (logits [num_logits, V] of the last rows, last-layer states [n, H] or None).
+        Returns (logits [num_logits, V] of the last rows, states or None): ``hidden`` False for
+        none, True for the last layer's [n, H], layer ids for those states side by side
+        [n, k·H] (``decoding.runtime.hidden_rows``).
         """
 
     def tree(self, tokens: Sequence[int], parents: Sequence[int], rows: Sequence[int],
-             hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+             hidden: Hidden) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward of a forest after the cached prefix (``decoding.tree.tree_inputs``).
 
-        Returns (logits [len(rows), V] of the given nodes, states [q, H] or None).
+        Returns (logits [len(rows), V] of the given nodes, states [q, ·] or None as ``chain``).
         """
 
     def crop(self, length: int) -> None:
@@ -55,16 +59,16 @@ class EagerTargetCache:
         self.model = model
         self.cache = new_cache(model)
 
-    def chain(self, input_ids: torch.Tensor, start: int, num_logits: int, hidden: bool
+    def chain(self, input_ids: torch.Tensor, start: int, num_logits: int, hidden: Hidden
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         positions = torch.arange(start, start + input_ids.shape[0], device=input_ids.device)
         out = self.model(input_ids=input_ids[None], **cache_argument(self.model, self.cache),
                          use_cache=True, position_ids=positions[None], cache_position=positions,
-                         logits_to_keep=num_logits, output_hidden_states=hidden)
-        return out.logits[0], (out.hidden_states[-1][0] if hidden else None)
+                         logits_to_keep=num_logits, output_hidden_states=bool(hidden))
+        return out.logits[0], (hidden_rows(out.hidden_states, hidden) if hidden else None)
 
     def tree(self, tokens: Sequence[int], parents: Sequence[int], rows: Sequence[int],
-             hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+             hidden: Hidden) -> tuple[torch.Tensor, torch.Tensor | None]:
         return tree_forward_states(self.model, tokens, parents, self.cache, rows, hidden)
 
     def crop(self, length: int) -> None:

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
-from decoding.runtime import cache_argument
+from decoding.runtime import cache_argument, hidden_rows
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -85,9 +85,10 @@ def tree_forward(model: torch.nn.Module, tokens: Sequence[int], parents: Sequenc
 
 
 def tree_forward_states(model: torch.nn.Module, tokens: Sequence[int], parents: Sequence[int],
-                        cache: DynamicCache, rows: Sequence[int], hidden: bool
+                        cache: DynamicCache, rows: Sequence[int], hidden: bool | tuple[int, ...]
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``tree_forward`` plus, when ``hidden``, the last-layer states [q, H] of every node."""
+    """``tree_forward`` plus, when ``hidden``, every node's states: the last layer's [q, H]
+    (True) or the given layers' side by side [q, k·H] (``decoding.runtime.hidden_rows``)."""
     device = next(model.parameters()).device
     prefix = cache.get_seq_length()
     mask, positions = tree_inputs(parents, prefix, model.dtype, device)
@@ -96,8 +97,8 @@ def tree_forward_states(model: torch.nn.Module, tokens: Sequence[int], parents: 
     keep = torch.tensor(list(rows), dtype=torch.long, device=device)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions[None],
                 cache_position=slots, **cache_argument(model, cache), use_cache=True,
-                logits_to_keep=keep, output_hidden_states=hidden)
-    states = out.hidden_states[-1][0] if hidden else None
+                logits_to_keep=keep, output_hidden_states=bool(hidden))
+    states = hidden_rows(out.hidden_states, hidden) if hidden else None
     return out.logits[0], states
 
 

@@ -66,6 +66,9 @@ class OracleHead:
     def parameters(self):
         return self.target.parameters()
 
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         return self.target.get_output_embeddings()(features)
 
@@ -197,7 +200,7 @@ def test_sampled_trees_follow_the_target_law(tree):
 
 
 # ----------------------------------------------------------------------------------------------
-# Loading: the published layout, mismatches, EAGLE-3, identities
+# Loading: the published layout, mismatches, identities (EAGLE-3 heads: tests/test_eagle3.py)
 
 
 def published_checkpoint(head, folder, fmt):
@@ -277,7 +280,7 @@ def test_a_mismatched_head_names_both_models(tmp_path):
         load_head(str(folder), target.target)
 
 
-def test_bad_references_and_eagle3_are_refused(tiny_pairs, tmp_path):
+def test_bad_references_are_refused(tiny_pairs, tmp_path):
     pair = tiny_pairs["related"]
     with pytest.raises(ValueError, match=r"head='/nonexistent/head': no such local directory"):
         build_method("eagle", pair, head="/nonexistent/head")
@@ -287,8 +290,9 @@ def test_bad_references_and_eagle3_are_refused(tiny_pairs, tmp_path):
     folder = save_head(random_head(pair.target), tmp_path / "e3")
     raw = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**raw, "draft_vocab_size": 32}))
-    with pytest.raises(ValueError, match="is an EAGLE-3 head .* not supported yet"):
-        load_head(str(folder), pair.target)
+    with pytest.raises(ValueError, match=r"EAGLE-3 head .* has draft_vocab_size=32 < vocab_size="
+                                         r"256 but no d2t/t2d mapping"):
+        load_head(str(folder), pair.target)        # a draft vocabulary makes it EAGLE-3
     with pytest.raises(ValueError, match="RoPE scaling 'yarn' is not supported"):
         HeadConfig.from_json({**raw, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
     with pytest.raises(ValueError, match=r"width=0 is invalid"):

@@ -39,7 +39,8 @@ DEFAULTS = {name: cfg["params"] for name, cfg in CONFIGS.items()}
 ALL = sorted(DEFAULTS)
 # chain drafts from a draft model, γ tokens
 DRAFT_METHODS = [n for n in ALL if n in METHODS and issubclass(METHODS[n], SpeculativeDecoding)]
-GAMMA_METHODS = [n for n in ALL if "num_draft_tokens" in DEFAULTS[n]]   # methods that take γ
+# methods that take γ (eagle3's num_draft_tokens is SGLang's verify budget: tests/test_eagle3.py)
+GAMMA_METHODS = [n for n in ALL if "num_draft_tokens" in DEFAULTS[n] and n != "eagle3"]
 SAMPLING_KW = {name: cfg.get("test_params") or {} for name, cfg in CONFIGS.items()}
 SAMPLINGS = {"t1": dict(temperature=1.0), "topk": dict(temperature=0.7, top_k=5),
              "topp": dict(temperature=1.3, top_p=0.8)}

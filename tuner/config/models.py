@@ -70,10 +70,10 @@ def check_head(method: Mapping[str, Any], models: Mapping[str, Any]) -> None:
                "hub id[@revision]")
     if not isinstance(head, str) or not head:
         raise ConfigError(f"method.params.head={head!r} is invalid (allowed: {allowed}; "
-                          "models.eagle_head sets the default)")
+                          "models.eagle_head / models.eagle3_head set the default)")
     if head == "auto":      # the library's convenience; a study must say which weights it measured
         raise ConfigError(f"method.params.head='auto' is invalid in a study: name the head "
-                          f"(models.eagle_head or method.params.head; allowed: {allowed}) so the "
+                          f"(models.eagle_head, models.eagle3_head or method.params.head; allowed: {allowed}) so the "
                           "study records which weights it measured")
     try:
         raw = read_config(head)
@@ -97,8 +97,10 @@ def check_head_fits(method: Mapping[str, Any], target: Any) -> Any:
     if "head" not in params:
         return None
     from decoding.eagle_weights import load_head
+    from tuner.config.methods import method_class
+    version = getattr(method_class(method), "head_version", None)   # method=eagle3: 3
     try:
-        return load_head(str(params["head"]), target)
+        return load_head(str(params["head"]), target, version)
     except (ValueError, OSError) as err:
         raise ConfigError(f"method.params.head: {str(err).splitlines()[0]}") from None
 
