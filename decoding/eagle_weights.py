@@ -46,7 +46,8 @@ from decoding.eagle_head import EagleHead, HeadConfig
 log = logging.getLogger(__name__)
 
 HEADS_DIR = Path(__file__).resolve().parent / "heads"
-SHIPPED = {"smollm2-135m-instruct": HEADS_DIR / "smollm2-135m-instruct"}
+SHIPPED = {"smollm2-135m-instruct": HEADS_DIR / "smollm2-135m-instruct",            # EAGLE-2
+           "smollm2-135m-instruct-eagle3": HEADS_DIR / "smollm2-135m-instruct-eagle3"}  # EAGLE-3
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 LOCAL_PREFIXES = ("/", "./", "../", "~")
 RANDOM = re.compile(r"random(?::(\d+))?")

@@ -3,6 +3,7 @@
     python -m eagle_training                         # SmolLM2-135M, 24 min + eval, -> decoding/heads/
     python -m eagle_training --minutes 5 --out /tmp/head
     python -m eagle_training --models tiny --steps 20 --out /tmp/tiny-head     (a smoke run)
+    python -m eagle_training --version 3 --minutes 60   # an EAGLE-3 head (eagle_training.eagle3)
 
 Recipe (EAGLE paper §3.2, scaled down to a CPU and a time budget):
   1. data (``eagle_training.data``): every task's records except its held-out slice, as chats with the
@@ -41,7 +42,8 @@ from tqdm import tqdm
 from decoding.eagle_head import EagleHead, HeadConfig, parameter_count
 from decoding.eagle_weights import save_head
 
-SHIPPED_NAMES = {"smollm2": "smollm2-135m-instruct"}
+SHIPPED_NAMES = {("smollm2", 2): "smollm2-135m-instruct",
+                 ("smollm2", 3): "smollm2-135m-instruct-eagle3"}
 SIGNATURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
                   "intermediate_size")
 
@@ -60,6 +62,10 @@ class TrainSettings:
     topk: int = 20                   # target next-token distribution kept per position
     grad_clip: float = 0.5
     seed: int = 0
+    version: int = 2                 # 2: EAGLE-1/2 head; 3: EAGLE-3 (eagle_training.eagle3)
+    ttt_steps: int = 4               # EAGLE-3: training-time test unroll (the authors: 7)
+    ttt_decay: float = 0.8           # EAGLE-3: step k's loss weight is decay^k
+    draft_vocab: int = 8192          # EAGLE-3: draft vocabulary size (capped at the target's)
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,6 @@ def train(target: torch.nn.Module, examples: list[Example], settings: TrainSetti
         torch.manual_seed(settings.seed)
         head = EagleHead(cfg, target.get_input_embeddings(), target.get_output_embeddings())
     target.requires_grad_(False)                    # shared embedding / LM head stay frozen
-    head.train()
     device = head.fc.weight.device
     subset = torch.unique(torch.cat([e.top_ids.flatten() for e in examples])).to(device)  # [S]
     weight = head.shared[1].weight[subset].to(head.fc.weight.dtype)                    # [S, H]
@@ -149,6 +154,18 @@ def train(target: torch.nn.Module, examples: list[Example], settings: TrainSetti
     remap[subset] = torch.arange(subset.shape[0], device=device)
     print(f"classification sub-vocabulary: {subset.shape[0]} of {cfg.vocab_size} tokens",
           flush=True)
+    history = optimise(head, examples, lambda e: example_loss(head, e, weight, remap, settings,
+                                                              generator),
+                       settings, deadline, generator)
+    return head.eval(), history
+
+
+def optimise(head: torch.nn.Module, examples: list, loss_of, settings: Any, deadline: float,
+             generator: torch.Generator) -> list[dict[str, float]]:
+    """The training loop both head versions share: AdamW (0.9, 0.95), sequences accumulated to
+    ``tokens_per_step`` tokens per step, grad clip, warm-up + cosine lr over the time budget (or
+    ``settings.steps``), a progress bar; ``loss_of(example)`` -> (loss, logs with "tokens")."""
+    head.train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95),
                                   weight_decay=0.0)
     start, history, step, order = time.perf_counter(), [], 0, []
@@ -163,8 +180,7 @@ def train(target: torch.nn.Module, examples: list[Example], settings: TrainSetti
         while tokens < settings.tokens_per_step:
             if not order:
                 order = torch.randperm(len(examples), generator=generator).tolist()
-            loss, log = example_loss(head, examples[order.pop()], weight, remap, settings,
-                                     generator)
+            loss, log = loss_of(examples[order.pop()])
             (loss * log["tokens"] / settings.tokens_per_step).backward()
             logs.append(log)
             tokens += int(log["tokens"])
@@ -178,7 +194,7 @@ def train(target: torch.nn.Module, examples: list[Example], settings: TrainSetti
         bar.set_postfix(loss=f"{merged['loss']:.3f}", acc=f"{merged['acc']:.2f}")
         bar.update(1 if settings.steps else int(time.perf_counter() - start) - bar.n)
     bar.close()
-    return head.eval(), history
+    return history
 
 
 @torch.inference_mode()
@@ -210,25 +226,46 @@ def load_target(models: str) -> tuple[torch.nn.Module, Any, str]:
 
 def write_readme(folder: Path, record: dict[str, Any]) -> None:
     r = record
-    lines = [f"# EAGLE head for {r['base_model']}", "",
-             f"A one-layer EAGLE-1/2 draft head ({r['parameters']:,} parameters, fp16 "
-             "safetensors) in the published layout (`config.json` + `model.safetensors`), for "
-             f"`method=eagle` (`decoding.eagle`). Licence: {r['license']}.", "",
-             f"Trained by `{' '.join(r['command'])}` on {r['hardware']}:", "",
+    three = r["settings"]["version"] == 3
+    if three:
+        kind = (f"An EAGLE-3 draft head ({r['parameters']:,} parameters, fp16 safetensors; "
+                f"draft vocabulary {r['draft_vocab_size']} tokens covering "
+                f"{r['draft_vocab_coverage']:.1%} of the target's top-1 predictions on the "
+                "training text) in the published EAGLE-3 layout, for `method=eagle3` or "
+                "`method=eagle` (`decoding.eagle3`).")
+        losses = (f"* loss {r['first_loss']:.3f} → {r['final_loss']:.3f} (Σ 0.8^k CE over "
+                  f"{r['settings']['ttt_steps']} TTT steps); train top-1 per step "
+                  f"{r['final_step_acc']}")
+        recipe = ("Recipe: EAGLE-3 (Li et al. 2025) scaled to a CPU — target states entering "
+                  "layers 2, L//2, L−3 fused by fc, training-time test unrolled "
+                  f"{r['settings']['ttt_steps']} steps with loss weights 0.8^k, cross-entropy to "
+                  "the target's top-20 distribution restricted to the draft vocabulary, LM head "
+                  "and norm started from the target's; AdamW (0.9, 0.95), grad clip 0.5, "
+                  "warm-up + cosine decay over the time budget; see `eagle_training/eagle3.py`.")
+    else:
+        kind = (f"A one-layer EAGLE-1/2 draft head ({r['parameters']:,} parameters, fp16 "
+                "safetensors) in the published layout (`config.json` + `model.safetensors`), "
+                "for `method=eagle` (`decoding.eagle`).")
+        losses = (f"* loss {r['first_loss']:.3f} → {r['final_loss']:.3f} (regression "
+                  f"{r['final_reg']:.3f}, classification {r['final_cls']:.3f}); train top-1 "
+                  f"{r['final_acc']:.2f}")
+        recipe = ("Recipe: EAGLE (Li et al. 2024) §3.2 scaled to a CPU — SmoothL1 feature "
+                  "regression + 0.1 × cross-entropy to the target's top-20 distribution (over "
+                  "the sub-vocabulary the corpus' top-20 sets cover), U(−0.1, 0.1) feature "
+                  "noise, AdamW (0.9, 0.95), grad clip 0.5, warm-up + cosine decay over the time "
+                  "budget; see `eagle_training/train.py`.")
+    lines = [f"# EAGLE{'-3' if three else ''} head for {r['base_model']}", "",
+             f"{kind} Licence: {r['license']}.", "",
+             f"Trained by `{' '.join(r['command'])}` on {r['hardware']} "
+             f"({r['threads']} threads):", "",
              f"* data: {r['data']}",
              f"* {r['sequences']} sequences, {r['tokens']} tokens of target features "
              f"({r['extract_seconds']:.0f} s); {r['steps']} optimizer steps, "
              f"{r['tokens_seen']} tokens seen ({r['train_seconds']:.0f} s)",
-             f"* loss {r['first_loss']:.3f} → {r['final_loss']:.3f} (regression "
-             f"{r['final_reg']:.3f}, classification {r['final_cls']:.3f}); train top-1 "
-             f"{r['final_acc']:.2f}",
+             losses,
              f"* held-out top-1 agreement with the target (teacher-forced, EAGLE's 0-α): "
              f"{r['held_out_top1']:.3f} on {r['held_out_sequences']} held-out GSM8K/CNN-DM chats",
-             f"* settings: `{json.dumps(r['settings'])}`", "",
-             "Recipe: EAGLE (Li et al. 2024) §3.2 scaled to a CPU — SmoothL1 feature regression + "
-             "0.1 × cross-entropy to the target's top-20 distribution (over the sub-vocabulary the "
-             "corpus' top-20 sets cover), U(−0.1, 0.1) feature noise, AdamW (0.9, 0.95), grad clip "
-             "0.5, warm-up + cosine decay over the time budget; see `eagle_training/train.py`.", "",
+             f"* settings: `{json.dumps(r['settings'])}`", "", recipe, "",
              f"Licence: {r['license']}. The training text is the repo's task data (see "
              "`data/README.md` for each dataset's licence); the held-out slices the bench and the "
              "tuner's confirmation use were excluded.", ""]
@@ -245,27 +282,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lr", type=float, default=TrainSettings.lr)
     parser.add_argument("--max-sequences", type=int, default=None, help="cap on training chats")
     parser.add_argument("--held-out", type=int, default=8, help="held-out chats per bench task")
+    parser.add_argument("--version", type=int, choices=(2, 3), default=2,
+                        help="2: an EAGLE-1/2 head; 3: an EAGLE-3 head (training-time test)")
+    parser.add_argument("--ttt-steps", type=int, default=TrainSettings.ttt_steps)
+    parser.add_argument("--draft-vocab", type=int, default=TrainSettings.draft_vocab)
     args = parser.parse_args(argv)
     from decoding.eagle_weights import HEADS_DIR
     from eagle_training.data import held_out_sequences, training_corpus
     from tuner.config.identity import hardware
-    out = args.out or (HEADS_DIR / SHIPPED_NAMES[args.models] if args.models in SHIPPED_NAMES
+    shipped = SHIPPED_NAMES.get((args.models, args.version))
+    out = args.out or (HEADS_DIR / shipped if shipped
                        else parser.error("--out is required for this --models"))
+    if args.ttt_steps < 1 or args.draft_vocab < 2:
+        parser.error(f"--ttt-steps={args.ttt_steps} / --draft-vocab={args.draft_vocab}: allowed "
+                     "are ≥ 1 / ≥ 2")
     settings = TrainSettings(minutes=args.minutes, steps=args.steps, max_len=args.max_len,
-                             lr=args.lr)
+                             lr=args.lr, version=args.version, ttt_steps=args.ttt_steps,
+                             draft_vocab=args.draft_vocab)
     began = time.perf_counter()
     budget = settings.minutes * 60
     target, tokenizer, name = load_target(args.models)
     corpus = training_corpus(tokenizer, settings.max_len, settings.seed)
-    examples = extract(target, corpus.sequences[: args.max_sequences], settings.topk,
-                       began + settings.extract_fraction * budget)
-    extracted = time.perf_counter()
-    head, history = train(target, examples, settings, began + budget)
-    trained = time.perf_counter()
-    held = extract(target, held_out_sequences(tokenizer, settings.max_len, args.held_out),
-                   settings.topk, float("inf"))
+    sequences = corpus.sequences[: args.max_sequences]
+    held_text = held_out_sequences(tokenizer, settings.max_len, args.held_out)
+    extra: dict[str, Any] = {}
+    if settings.version == 3:
+        from eagle_training import eagle3
+        layer_ids = eagle3.default_layer_ids(int(target.config.num_hidden_layers))
+        examples = eagle3.extract(target, sequences, layer_ids, settings.topk,
+                                  began + settings.extract_fraction * budget)
+        extracted = time.perf_counter()
+        head, history, extra = eagle3.train(target, examples, settings, began + budget, optimise)
+        trained = time.perf_counter()
+        held = eagle3.extract(target, held_text, layer_ids, settings.topk, float("inf"))
+        agreement = eagle3.top1_agreement(head, held)
+    else:
+        examples = extract(target, sequences, settings.topk,
+                           began + settings.extract_fraction * budget)
+        extracted = time.perf_counter()
+        head, history = train(target, examples, settings, began + budget)
+        trained = time.perf_counter()
+        held = extract(target, held_text, settings.topk, float("inf"))
+        agreement = top1_agreement(head, held)
     tail = history[-max(1, len(history) // 20):]
-    last = {k: sum(h[k] for h in tail) / len(tail) for k in ("loss", "reg", "cls", "acc")}
+    last = {k: sum(h.get(k, 0.0) for h in tail) / len(tail) for k in ("loss", "reg", "cls", "acc")}
+    if settings.version == 3:
+        extra["final_step_acc"] = [round(sum(h.get(f"acc{k}", 0.0) for h in tail) / len(tail), 3)
+                                   for k in range(settings.ttt_steps)]
     record = {
         "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct" if args.models == "smollm2" else name,
         "license": "Apache-2.0 (as its base model, SmolLM2-135M-Instruct)"
@@ -281,9 +344,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "tokens_seen": int(sum(h["tokens"] for h in history)),
         "train_seconds": trained - extracted, "first_loss": history[0]["loss"],
         "final_loss": last["loss"], "final_reg": last["reg"], "final_cls": last["cls"],
-        "final_acc": last["acc"], "held_out_top1": top1_agreement(head, held),
+        "final_acc": last["acc"], "held_out_top1": agreement,
         "held_out_sequences": len(held), "parameters": parameter_count(head),
-        "settings": asdict(settings),
+        "threads": torch.get_num_threads(), "settings": asdict(settings), **extra,
     }
     save_head(head, out, torch.float16, extra=record)
     write_readme(out, record)

@@ -308,3 +308,56 @@ def test_the_compiled_target_is_refused_for_eagle3(tiny_pairs):
     with pytest.raises(ValueError, match=r"an EAGLE-3 head reads target layers \[0, 1, 2\], "
                                          "which the compiled target does not return"):
         m.use_compiled(compiled)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training: training-time test is inference unrolled, a smoke run, the held-out split
+
+
+def test_training_time_test_equals_the_head_drafting_a_chain(tiny_pairs):
+    """Step k of the unrolled training forward at row j = the head at inference: rows 0..j fed
+    from the target's states, then a chain of k draft steps on its own outputs."""
+    from decoding.tree import additive_mask
+    from eagle_training.eagle3 import Example3, unrolled
+    pair = tiny_pairs["related"]
+    head = eagle3_head(pair.target, 8)
+    tokens = torch.tensor([3, 17, 9, 40, 41, 5, 77, 12, 8, 30])
+    with torch.no_grad():
+        hidden = pair.target(tokens[None], output_hidden_states=True).hidden_states
+        states = torch.cat([hidden[j][0] for j in head.layer_ids], dim=-1)
+        example = Example3(tokens, states, torch.zeros(10, 1, dtype=torch.long),
+                           torch.ones(10, 1))
+        steps = unrolled(head, example, 4)                                  # 4 × [T, H]
+        for row in (0, 3, 5):
+            cache = head.new_cache()
+            causal = torch.ones(row + 1, row + 1, dtype=torch.bool).tril()
+            out = head(head.features(states[: row + 1])[None], tokens[1: row + 2][None],
+                       torch.arange(row + 1), additive_mask(causal, torch.float32), cache)[0]
+            x = out[-1]
+            assert torch.allclose(x, steps[0][row], atol=1e-5)
+            for k in range(1, 4):
+                x = head(x[None, None], tokens[row + k + 1][None, None],
+                         torch.tensor([row + k]), None, cache)[0, 0]
+                assert torch.allclose(x, steps[k][row], atol=1e-5), (row, k)
+
+
+def test_a_few_eagle3_steps_lower_the_loss_and_write_a_loadable_head(tmp_path):
+    from eagle_training.train import main
+    out = tmp_path / "head3"
+    record = main(["--models", "tiny", "--version", "3", "--steps", "30", "--max-len", "48",
+                   "--max-sequences", "24", "--held-out", "1", "--lr", "3e-3",
+                   "--draft-vocab", "200", "--out", str(out)])
+    history = json.loads((out / "history.json").read_text())
+    first = sum(h["loss"] for h in history[:5]) / 5
+    last = sum(h["loss"] for h in history[-5:]) / 5
+    assert record["steps"] == 30 and last < 0.9 * first, (first, last)
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == record["draft_vocab_size"] == 200
+    assert config["spectune"]["settings"]["ttt_steps"] == 4
+    assert "EAGLE-3 head" in (out / "README.md").read_text()
+    pair = tiny_pair("related")                  # the same seeded tiny target as --models tiny
+    head = load_head(str(out), pair.target)
+    assert isinstance(head, Eagle3Head) and int(head.t2d.sum()) == 200
+    expected = vanilla(pair, [3, 4, 5, 6], 16)
+    assert generate(build_method("eagle3", pair, head=str(out)), [3, 4, 5, 6], 16).tokens == \
+        expected
