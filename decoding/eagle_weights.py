@@ -267,8 +267,11 @@ def place(head: AnyHead, target: nn.Module) -> AnyHead:
 
 def head_version(reference: str) -> int:
     """3 for a shipped or local EAGLE-3 head directory, else 2 (random and hub heads: unknown
-    before download, reported as 2)."""
-    raw = read_config(reference) if is_file_reference(reference) else None
+    before download, reported as 2; a directory that is not a head: 2, its own check reports)."""
+    try:
+        raw = read_config(reference) if is_file_reference(reference) else None
+    except (OSError, ValueError):
+        return 2
     return 3 if raw is not None and is_eagle3({}, raw) else 2
 
 

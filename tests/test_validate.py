@@ -123,6 +123,13 @@ CASES = [
      "576 (head) vs 64 (target); vocabulary 49152 (head) vs 256 (target)"),
     (["method=eagle", "method.params.head=auto"],
      "method.params.head='auto' is invalid in a study: name the head"),
+    (["method=eagle3", "method.params.head=smollm2-135m-instruct"],
+     "method.params.head='smollm2-135m-instruct' is an EAGLE-1/2 head: method=eagle3 runs EAGLE-3 "
+     "heads (run this one with method=eagle)"),
+    (["method=eagle3", "engine.compile=true"],
+     "method=eagle3 with an EAGLE-3 head cannot run with engine.compile=true"),
+    (["method=eagle3", "method.params.num_draft_tokens=1"],
+     "method.params.num_draft_tokens=1 is outside its search space (allowed: 2 to 64)"),
     (["method=prompt_lookup", "method.params.min_ngram=3"],
      "method.params.min_ngram=3 is outside its search space (allowed: 1 to 2)"),
     (["storage=sqlite:////nonexistent/dir/x.db"],

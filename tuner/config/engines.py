@@ -91,7 +91,7 @@ def check_engine(cfg: DictConfig) -> None:
         if levels != [1]:
             raise ConfigError(f"budget.concurrency={levels} needs an engine server: engine=hf "
                               f"measures one request at a time; allowed is [1], or {SERVERS}")
-        _check_compile(engine, method_choice(cfg))
+        _check_compile(engine, method_choice(cfg), plain(cfg.method), plain(cfg.models))
         return
     if cfg.get("baseline") != "per_trial":
         raise ConfigError(f"baseline={cfg.get('baseline')!r} is invalid with engine={kind}: "
@@ -120,9 +120,11 @@ def check_engine(cfg: DictConfig) -> None:
                           "are levels up to 64 (one server slot each)")
 
 
-def _check_compile(engine: Mapping[str, Any], choice: str) -> None:
+def _check_compile(engine: Mapping[str, Any], choice: str, method: Mapping[str, Any],
+                   models: Mapping[str, Any]) -> None:
     """engine.compile is a boolean; its buckets are ascending positive integers; lookahead (its
-    own loop) cannot run compiled."""
+    own loop) and EAGLE-3 heads (they read middle layers the compiled decoder does not return)
+    cannot run compiled."""
     compile_ = engine.get("compile", False)
     if not isinstance(compile_, bool):
         raise ConfigError(f"engine.compile={compile_!r} is invalid: allowed are true and false")
@@ -137,6 +139,12 @@ def _check_compile(engine: Mapping[str, Any], choice: str) -> None:
         raise ConfigError("method=lookahead keeps its own decoding loop and cannot run with "
                           "engine.compile=true: allowed are every other method, or "
                           "engine.compile=false")
+    head = str((method.get("params") or {}).get("head") or "")
+    from decoding.eagle_weights import head_version
+    if choice == "eagle3" or (choice == "eagle" and head and head_version(head) == 3):
+        raise ConfigError(f"method={choice} with an EAGLE-3 head cannot run with "
+                          "engine.compile=true: the head reads target layers the compiled "
+                          "decoder does not return; allowed is engine.compile=false")
 
 
 def _check_objectives(objectives: list[str], levels: list[int], kind: str) -> None:

@@ -59,12 +59,14 @@ def check_models(models: Mapping[str, Any], needs_draft: bool) -> None:
 
 
 def check_head(method: Mapping[str, Any], models: Mapping[str, Any]) -> None:
-    """method=eagle: the head reference is usable and, where knowable unloaded, fits the target."""
+    """method=eagle/eagle3: the head reference is usable and, where knowable unloaded, fits the
+    target (and is an EAGLE-3 head for method=eagle3)."""
     params = method.get("params") or {}
     if "head" not in params:
         return
-    from decoding.eagle_weights import SHIPPED, fit_problems, read_config
+    from decoding.eagle_weights import SHIPPED, fit_problems, is_eagle3, read_config
     from decoding.models import target_dims
+    from tuner.config.methods import method_class
     head = params["head"]
     allowed = (f"a shipped head {sorted(SHIPPED)}, 'random[:seed]', a local head directory or a "
                "hub id[@revision]")
@@ -73,13 +75,17 @@ def check_head(method: Mapping[str, Any], models: Mapping[str, Any]) -> None:
                           "models.eagle_head / models.eagle3_head set the default)")
     if head == "auto":      # the library's convenience; a study must say which weights it measured
         raise ConfigError(f"method.params.head='auto' is invalid in a study: name the head "
-                          f"(models.eagle_head, models.eagle3_head or method.params.head; allowed: {allowed}) so the "
-                          "study records which weights it measured")
+                          f"(models.eagle_head, models.eagle3_head or method.params.head; "
+                          f"allowed: {allowed}) so the study records which weights it measured")
     try:
         raw = read_config(head)
     except ValueError as err:
         raise ConfigError(f"method.params.{err} (allowed: {allowed}; models.eagle_head sets the "
                           "default)") from None
+    if raw is not None and getattr(method_class(method), "head_version", None) == 3 \
+            and not is_eagle3({}, raw):
+        raise ConfigError(f"method.params.head={head!r} is an EAGLE-1/2 head: method=eagle3 runs "
+                          "EAGLE-3 heads (run this one with method=eagle)")
     dims = target_dims(models["target"]) if raw else None
     if dims:
         bad = fit_problems(raw.get("hidden_size"), raw.get("vocab_size"), *dims)
