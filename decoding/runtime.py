@@ -68,10 +68,18 @@ def forward_logits(model: nn.Module, input_ids: torch.Tensor, cache: DynamicCach
     Positions are passed explicitly so the model does not re-derive them from the cache, and only
     the last ``num_logits`` rows go through the LM head. Returns [num_logits, V] logits.
     """
+    return forward_states(model, input_ids, cache, start, num_logits, False)[0]
+
+
+def forward_states(model: nn.Module, input_ids: torch.Tensor, cache: DynamicCache, start: int,
+                   num_logits: int, hidden: bool | Sequence[int]
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``forward_logits`` plus the states ``hidden`` asks for (``hidden_rows``; False: None)."""
     positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
-    return model(input_ids=input_ids, **cache_argument(model, cache), use_cache=True,
-                 position_ids=positions[None], cache_position=positions,
-                 logits_to_keep=num_logits).logits[0]
+    out = model(input_ids=input_ids, **cache_argument(model, cache), use_cache=True,
+                position_ids=positions[None], cache_position=positions,
+                logits_to_keep=num_logits, output_hidden_states=bool(hidden))
+    return out.logits[0], (hidden_rows(out.hidden_states, hidden) if hidden else None)
 
 
 def hidden_rows(hidden_states: Sequence[torch.Tensor], layers: bool | Sequence[int]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
-from decoding.runtime import cache_argument, crop_cache, hidden_rows, new_cache
+from decoding.runtime import crop_cache, forward_states, new_cache
 from decoding.tree import keep_cache_rows, tree_forward_states
 
 if TYPE_CHECKING:
@@ -61,11 +61,7 @@ class EagerTargetCache:
 
     def chain(self, input_ids: torch.Tensor, start: int, num_logits: int, hidden: Hidden
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        positions = torch.arange(start, start + input_ids.shape[0], device=input_ids.device)
-        out = self.model(input_ids=input_ids[None], **cache_argument(self.model, self.cache),
-                         use_cache=True, position_ids=positions[None], cache_position=positions,
-                         logits_to_keep=num_logits, output_hidden_states=bool(hidden))
-        return out.logits[0], (hidden_rows(out.hidden_states, hidden) if hidden else None)
+        return forward_states(self.model, input_ids[None], self.cache, start, num_logits, hidden)
 
     def tree(self, tokens: Sequence[int], parents: Sequence[int], rows: Sequence[int],
              hidden: Hidden) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -47,6 +47,7 @@ class HFEvaluator:
         self.prompts = {p.id: p for p in settings.tuning + settings.held_out}
         self.meter = EnergyMeter(settings.device)
         self.threads = 0
+        self.compiled: CompiledTarget | None = None    # engine.compile=true: set by ``open``
         self._log_probs: dict[tuple, float] = {}       # (prompt id, tokens) -> mean log p
         self._vanilla_quality: dict[tuple, dict] = {}  # vanilla's outputs repeat (fixed seed)
 
@@ -92,7 +93,7 @@ class HFEvaluator:
         info = {"engine": "hf", "threads": str(self.threads), "torch": torch.__version__,
                 "energy": self.meter.reason or "nvml",
                 "transformers": transformers.__version__, "compiled": "no"}
-        if getattr(self, "compiled", None) is not None:
+        if self.compiled is not None:
             c = self.compiled
             info["compiled"] = (f"buckets {list(c.buckets)}, capacity {c.capacity}, mode "
                                 f"{c.mode or 'default'}, compile "
@@ -115,7 +116,7 @@ class HFEvaluator:
                                   self.settings.seed)
         except (ValueError, TypeError) as err:
             raise ParametersRefused(f"{type(err).__name__}: {err}") from err
-        if getattr(self, "compiled", None) is not None:
+        if self.compiled is not None:
             method.use_compiled(self.compiled)
         return method
 
