@@ -17,7 +17,8 @@ from decoding.compiled import CompiledTarget
 from tests.conftest import tiny_pair
 from tests.test_methods import ALL, CONFIGS, PROMPTS, method
 
-COMPILABLE = [name for name in ALL if name != "lookahead"]
+# lookahead keeps its own loop; EAGLE-3 heads read middle layers (refused: tests/test_eagle3.py)
+COMPILABLE = [name for name in ALL if name not in ("lookahead", "eagle3")]
 BUCKETS = (1, 2, 4, 8, 16)
 
 

@@ -152,6 +152,19 @@ def test_random_eagle3_head_equals_vanilla_on_the_default_model(default_pair, gs
     assert generate(m, prompt, 64).tokens == vanilla(default_pair, prompt, 64)
 
 
+@pytest.mark.real_model
+def test_shipped_eagle3_head_on_the_default_model(default_pair, gsm8k_questions):
+    from decoding import encode_prompt
+    from decoding.eagle_weights import SHIPPED
+    assert SHIPPED["smollm2-135m-instruct-eagle3"].is_dir(), "the trained head ships with the repo"
+    prompt = encode_prompt(default_pair.tokenizer, gsm8k_questions[1])
+    m = build_method("eagle3", default_pair, head="auto")       # auto: the shipped EAGLE-3 head
+    assert isinstance(m.head, Eagle3Head) and m.head.config.draft_vocab_size == 8192
+    out = generate(m, prompt, 64)
+    assert out.tokens == vanilla(default_pair, prompt, 64)
+    assert out.stats.mean_accepted_tokens > 1.25           # a trained head (random: ~1.0)
+
+
 # ----------------------------------------------------------------------------------------------
 # Sampled trees: the target's exact two-token law, and the power to see a wrong rule
 
