@@ -39,8 +39,6 @@ from decoding.tree import additive_mask, ancestor_slots, extend_mask
 if TYPE_CHECKING:
     from torch import nn
 
-    from decoding.compiled import CompiledTarget
-
 
 class EagleSource:
     """An EAGLE head as a tree's source of next-token logits (``TreeDrafter``'s source interface).
@@ -156,10 +154,3 @@ class EagleDecoding(DraftVerifyLoop):
         self.drafter = EagleDrafter(EagleSource(head), self.sampling, shape, siblings, width,
                                     depth, total_tokens, float(confidence_threshold))
         self.drafter.hidden_layers = getattr(head, "layer_ids", None)
-
-    def use_compiled(self, compiled: CompiledTarget | None) -> None:
-        if compiled is not None and self.drafter.hidden_layers is not None:
-            raise ValueError(f"an EAGLE-3 head reads target layers "
-                             f"{list(self.drafter.hidden_layers)}, which the compiled target does "
-                             "not return: run it eagerly (engine.compile=false)")
-        super().use_compiled(compiled)

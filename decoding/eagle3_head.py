@@ -35,7 +35,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from decoding.eagle_head import HeadAttention, HeadCache, HeadMLP, RMSNorm, Rotary, _rope
+from decoding.eagle_head import (HeadAttention, HeadCache, HeadMLP, RMSNorm, Rotary, llama_json,
+                                 llama_shape)
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -69,28 +70,18 @@ class Eagle3Config:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Eagle3Config:
-        if raw.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"EAGLE-3 head hidden_act={raw.get('hidden_act')!r} is not "
-                             "supported (allowed: silu)")
+        shape = llama_shape(raw, "EAGLE-3 head")
         layers = int(raw.get("num_hidden_layers", 1))
         if layers != 1:
             raise ValueError(f"EAGLE-3 head num_hidden_layers={layers} is not supported "
                              "(allowed: 1, the published heads' single midlayer)")
-        heads = int(raw["num_attention_heads"])
-        theta, factor = _rope(raw)
         ids = (raw.get("eagle_aux_hidden_state_layer_ids")
                or (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
-        return cls(hidden_size=int(raw["hidden_size"]),
-                   intermediate_size=int(raw["intermediate_size"]),
-                   num_attention_heads=heads,
-                   num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-                   head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
-                   vocab_size=int(raw["vocab_size"]),
-                   draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
-                   target_hidden_size=int(raw.get("target_hidden_size") or raw["hidden_size"]),
-                   layer_ids=tuple(int(i) for i in ids) if ids else None,
-                   rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-                   rope_linear_factor=factor, qkv_bias=bool(raw.get("qkv_bias", False)))
+        return cls(**shape,
+                   draft_vocab_size=int(raw.get("draft_vocab_size") or shape["vocab_size"]),
+                   target_hidden_size=int(raw.get("target_hidden_size")
+                                          or shape["hidden_size"]),
+                   layer_ids=tuple(int(i) for i in ids) if ids else None)
 
     @classmethod
     def for_target(cls, config: Any, draft_vocab_size: int | None = None,
@@ -105,21 +96,12 @@ class Eagle3Config:
 
     def to_json(self) -> dict[str, Any]:
         """The published ``config.json`` (what the authors' code, vLLM and SGLang read)."""
-        raw = {"architectures": [ARCHITECTURE], "model_type": "llama",
-               "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
-               "num_attention_heads": self.num_attention_heads,
-               "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
-               "num_hidden_layers": 1, "vocab_size": self.vocab_size,
+        raw = {"architectures": [ARCHITECTURE], **llama_json(self), "num_hidden_layers": 1,
                "draft_vocab_size": self.draft_vocab_size,
-               "target_hidden_size": self.target_hidden_size,
-               "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
-               "hidden_act": self.hidden_act, "qkv_bias": self.qkv_bias,
-               "max_position_embeddings": 8192, "tie_word_embeddings": False}
+               "target_hidden_size": self.target_hidden_size}
         if self.layer_ids is not None:
             raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.layer_ids),
                                    "use_aux_hidden_state": True}
-        if self.rope_linear_factor != 1.0:
-            raw["rope_scaling"] = {"type": "linear", "factor": self.rope_linear_factor}
         return raw
 
 
@@ -167,6 +149,10 @@ class Eagle3Head(Rotary, nn.Module):
         identity = cfg.draft_vocab_size == cfg.vocab_size
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.full((cfg.vocab_size,), identity, dtype=torch.bool))
+        # [Vd] the target id of every draft id (arange + d2t), kept in step with d2t: set by
+        # ``set_vocabulary`` and after every ``load_state_dict``; not saved (d2t is)
+        self.register_buffer("target_ids", torch.arange(cfg.draft_vocab_size), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._map_vocabulary())
         self.shared = (embed_tokens,)                  # a tuple: not registered as a submodule
         self._inv_freq = None
 
@@ -179,7 +165,10 @@ class Eagle3Head(Rotary, nn.Module):
 
     def draft_to_target(self) -> torch.Tensor:
         """[Vd] the target id of every draft id."""
-        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+        return self.target_ids
+
+    def _map_vocabulary(self) -> None:
+        self.target_ids.copy_(torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t)
 
     def set_vocabulary(self, target_ids: Sequence[int] | torch.Tensor) -> None:
         """Make the draft vocabulary the ascending target ids given ([Vd]); writes d2t and t2d."""
@@ -189,6 +178,7 @@ class Eagle3Head(Rotary, nn.Module):
         self.d2t.copy_(ids - torch.arange(ids.shape[0], device=ids.device))
         self.t2d.zero_()
         self.t2d[ids] = True
+        self._map_vocabulary()
 
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """Fuse the target's concatenated states [..., k·H_t] into input features [..., H]."""
@@ -225,7 +215,7 @@ class Eagle3Head(Rotary, nn.Module):
         if self.config.draft_vocab_size == self.config.vocab_size:
             return draft
         full = draft.new_full(draft.shape[:-1] + (self.config.vocab_size,), float("-inf"))
-        return full.index_copy_(-1, self.draft_to_target(), draft)
+        return full.index_copy_(-1, self.target_ids, draft)
 
 
 def parameter_count(head: Eagle3Head) -> int:

@@ -49,21 +49,9 @@ class HeadConfig:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> HeadConfig:
-        if raw.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"EAGLE head hidden_act={raw.get('hidden_act')!r} is not supported "
-                             "(allowed: silu)")
-        heads = int(raw["num_attention_heads"])
-        theta, factor = _rope(raw)
-        return cls(hidden_size=int(raw["hidden_size"]),
-                   intermediate_size=int(raw["intermediate_size"]),
-                   num_attention_heads=heads,
-                   num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-                   head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+        return cls(**llama_shape(raw, "EAGLE head"),
                    num_layers=int(raw.get("num_hidden_layers", 1)),
-                   vocab_size=int(raw["vocab_size"]),
-                   rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-                   rope_linear_factor=factor, fc_bias=bool(raw.get("bias", True)),
-                   qkv_bias=bool(raw.get("qkv_bias", False)))
+                   fc_bias=bool(raw.get("bias", True)))
 
     @classmethod
     def for_target(cls, config: Any, num_layers: int = 1) -> HeadConfig:
@@ -74,17 +62,40 @@ class HeadConfig:
 
     def to_json(self) -> dict[str, Any]:
         """The published ``config.json`` (a LlamaConfig EAGLE's own loader reads too)."""
-        raw = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-               "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
-               "num_attention_heads": self.num_attention_heads,
-               "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
-               "num_hidden_layers": self.num_layers, "vocab_size": self.vocab_size,
-               "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
-               "hidden_act": self.hidden_act, "bias": self.fc_bias, "qkv_bias": self.qkv_bias,
-               "max_position_embeddings": 8192, "tie_word_embeddings": False}
-        if self.rope_linear_factor != 1.0:
-            raw["rope_scaling"] = {"type": "linear", "factor": self.rope_linear_factor}
-        return raw
+        return {"architectures": ["LlamaForCausalLM"], **llama_json(self),
+                "num_hidden_layers": self.num_layers, "bias": self.fc_bias}
+
+
+def llama_shape(raw: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """The Llama-layer fields every head config shares, from a published ``config.json``;
+    ``label`` names the head kind in the one-line refusal of an unsupported activation."""
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{label} hidden_act={raw.get('hidden_act')!r} is not supported "
+                         "(allowed: silu)")
+    heads = int(raw["num_attention_heads"])
+    theta, factor = _rope(raw)
+    return {"hidden_size": int(raw["hidden_size"]),
+            "intermediate_size": int(raw["intermediate_size"]),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(raw.get("num_key_value_heads") or heads),
+            "head_dim": int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+            "vocab_size": int(raw["vocab_size"]),
+            "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)), "rope_theta": theta,
+            "rope_linear_factor": factor, "qkv_bias": bool(raw.get("qkv_bias", False))}
+
+
+def llama_json(cfg: Any) -> dict[str, Any]:
+    """``llama_shape``'s fields of ``cfg`` (a head config) under their published keys."""
+    raw = {"model_type": "llama", "hidden_size": cfg.hidden_size,
+           "intermediate_size": cfg.intermediate_size,
+           "num_attention_heads": cfg.num_attention_heads,
+           "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+           "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps,
+           "rope_theta": cfg.rope_theta, "hidden_act": cfg.hidden_act, "qkv_bias": cfg.qkv_bias,
+           "max_position_embeddings": 8192, "tie_word_embeddings": False}
+    if cfg.rope_linear_factor != 1.0:
+        raw["rope_scaling"] = {"type": "linear", "factor": cfg.rope_linear_factor}
+    return raw
 
 
 def _rope(raw: Mapping[str, Any]) -> tuple[float, float]:

@@ -35,6 +35,7 @@ from decoding.verify import greedy_match, greedy_tree, token_verify, tree_verify
 if TYPE_CHECKING:
     from decoding.base import Drafter
     from decoding.clock import PhaseClock
+    from decoding.compiled import CompiledTarget
     from decoding.target_cache import Hidden, TargetCache
 
 Scored = Tuple[Verdict, torch.Tensor, Optional[torch.Tensor], Optional[List[int]]]
@@ -53,6 +54,14 @@ class DraftVerifyLoop(DecodingMethod):
     drafter: Drafter
     supports_compiled = True
     verify_rule: VerifyRule = staticmethod(token_verify)
+
+    def use_compiled(self, compiled: CompiledTarget | None) -> None:
+        """As ``DecodingMethod.use_compiled``; refused at once when the drafter reads target
+        layers the compiled target does not return (an EAGLE-3 head's)."""
+        if compiled is not None and self.drafter.hidden_layers is not None:
+            from decoding.compiled import check_last_layer_only
+            check_last_layer_only(self.drafter.hidden_layers)
+        super().use_compiled(compiled)
 
     @torch.inference_mode()
     def stream(self, prompt_ids: torch.Tensor, max_new_tokens: int,

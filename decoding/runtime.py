@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
     from decoding.clock import PhaseClock
 
+# Which target states a forward returns: False none, True the last layer's, else those layer ids
+# side by side (``hidden_rows``; EAGLE-3's low/middle/high states).
+Hidden = bool | tuple[int, ...]
+
 
 def check_request(model: nn.Module, prompt_ids: torch.Tensor | Sequence[int],
                   max_new_tokens: int) -> torch.Tensor:
@@ -72,7 +76,7 @@ def forward_logits(model: nn.Module, input_ids: torch.Tensor, cache: DynamicCach
 
 
 def forward_states(model: nn.Module, input_ids: torch.Tensor, cache: DynamicCache, start: int,
-                   num_logits: int, hidden: bool | Sequence[int]
+                   num_logits: int, hidden: Hidden
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``forward_logits`` plus the states ``hidden`` asks for (``hidden_rows``; False: None)."""
     positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
@@ -82,7 +86,7 @@ def forward_states(model: nn.Module, input_ids: torch.Tensor, cache: DynamicCach
     return out.logits[0], (hidden_rows(out.hidden_states, hidden) if hidden else None)
 
 
-def hidden_rows(hidden_states: Sequence[torch.Tensor], layers: bool | Sequence[int]
+def hidden_rows(hidden_states: Sequence[torch.Tensor], layers: Hidden
                 ) -> torch.Tensor:
     """A drafter's view of a forward's ``hidden_states`` (batch 1): the last entry [n, H] (what
     the LM head reads) for ``layers=True``, else the given entries side by side [n, k·H]

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
-from decoding.runtime import crop_cache, forward_states, new_cache
+from decoding.runtime import Hidden, crop_cache, forward_states, new_cache
 from decoding.tree import keep_cache_rows, tree_forward_states
 
 if TYPE_CHECKING:
     from torch import nn
 
-Hidden = bool | tuple[int, ...]     # which target states a forward returns (see ``chain``)
+__all__ = ["EagerTargetCache", "Hidden", "TargetCache"]
 
 
 class TargetCache(Protocol):

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
-from decoding.runtime import cache_argument, hidden_rows
+from decoding.runtime import Hidden, cache_argument, hidden_rows
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -85,7 +85,7 @@ def tree_forward(model: torch.nn.Module, tokens: Sequence[int], parents: Sequenc
 
 
 def tree_forward_states(model: torch.nn.Module, tokens: Sequence[int], parents: Sequence[int],
-                        cache: DynamicCache, rows: Sequence[int], hidden: bool | tuple[int, ...]
+                        cache: DynamicCache, rows: Sequence[int], hidden: Hidden
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``tree_forward`` plus, when ``hidden``, every node's states: the last layer's [q, H]
     (True) or the given layers' side by side [q, k·H] (``decoding.runtime.hidden_rows``)."""

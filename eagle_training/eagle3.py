@@ -23,49 +23,18 @@
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from tqdm import tqdm
 
 from decoding.eagle3_head import Eagle3Config, Eagle3Head, default_layer_ids
 from decoding.eagle_head import rotate_half
+from eagle_training.train import Example
+
+MIN_LENGTH = 4     # tokens a training sequence needs (``train.extract``'s ``min_length``)
 
 
-@dataclass(frozen=True)
-class Example3:
-    """One sequence and what the target computed on it."""
-
-    tokens: torch.Tensor      # [T] int64
-    states: torch.Tensor      # [T, k·H] fp16 the states entering the head's layers
-    top_ids: torch.Tensor     # [T, k] int64 target's most likely next tokens after position i
-    top_probs: torch.Tensor   # [T, k] fp16 their probabilities
-
-
-@torch.inference_mode()
-def extract(target: torch.nn.Module, sequences: list[list[int]], layer_ids: tuple[int, ...],
-            topk: int, deadline: float) -> list[Example3]:
-    """Target multi-layer states and top-k next-token distributions, until ``deadline``."""
-    examples = []
-    device = next(target.parameters()).device
-    for ids in tqdm(sequences, desc="target states", unit="seq", mininterval=5):
-        if time.perf_counter() > deadline:
-            break
-        if len(ids) < 4:
-            continue
-        tokens = torch.tensor(ids, device=device)
-        out = target(input_ids=tokens[None], output_hidden_states=True)
-        states = torch.cat([out.hidden_states[j][0] for j in layer_ids], dim=-1)
-        top = torch.topk(torch.softmax(out.logits[0].float(), dim=-1), topk)
-        examples.append(Example3(tokens.cpu(), states.half().cpu(), top.indices.cpu(),
-                                 top.values.half().cpu()))
-    return examples
-
-
-def draft_vocabulary(examples: list[Example3], size: int, vocab: int) -> tuple[torch.Tensor,
+def draft_vocabulary(examples: list[Example], size: int, vocab: int) -> tuple[torch.Tensor,
                                                                                 float]:
     """The ``size`` most frequent ids among the text's tokens and the target's top-1 predictions
     (ascending), and the share of top-1 predictions they cover."""
@@ -97,14 +66,14 @@ def new_head(target: torch.nn.Module, vocabulary: torch.Tensor, seed: int) -> Ea
     return head.to(target.dtype)
 
 
-def unrolled(head: Eagle3Head, example: Example3, steps: int) -> list[torch.Tensor]:
+def unrolled(head: Eagle3Head, example: Example, steps: int) -> list[torch.Tensor]:
     """The head unrolled ``steps`` steps over one sequence (training-time test): [T, H] outputs
     of every step (rows whose input token runs past the text carry padding)."""
     attn, layer = head.midlayer.self_attn, head.midlayer
     dtype, device = head.fc.weight.dtype, head.fc.weight.device
     tokens = example.tokens.to(device)
     length = int(tokens.shape[0])
-    x = head.features(example.states.to(device))[None]                          # [1, T, H]
+    x = head.features(example.features.to(device))[None]                          # [1, T, H]
     group, scale = attn.heads // attn.kv_heads, 1.0 / math.sqrt(attn.dim)
     causal = torch.full((length, length), float("-inf"), device=device).triu(1).to(dtype)
     keys: list[torch.Tensor] = []
@@ -135,7 +104,7 @@ def unrolled(head: Eagle3Head, example: Example3, steps: int) -> list[torch.Tens
     return outputs
 
 
-def ttt_loss(head: Eagle3Head, example: Example3, remap: torch.Tensor, steps: int,
+def ttt_loss(head: Eagle3Head, example: Example, remap: torch.Tensor, steps: int,
              decay: float) -> tuple[torch.Tensor, dict[str, float]]:
     """Σ_k decay^k · CE(target restricted to the draft vocabulary, head) over valid rows.
 
@@ -166,7 +135,7 @@ def ttt_loss(head: Eagle3Head, example: Example3, remap: torch.Tensor, steps: in
 
 
 @torch.inference_mode()
-def top1_agreement(head: Eagle3Head, examples: list[Example3]) -> float:
+def top1_agreement(head: Eagle3Head, examples: list[Example]) -> float:
     """Teacher-forced top-1 agreement with the target over the full vocabulary (EAGLE's 0-α):
     step 0 on the true features, the head's best draft-vocabulary token mapped to its target id."""
     hits = total = 0
@@ -178,7 +147,7 @@ def top1_agreement(head: Eagle3Head, examples: list[Example3]) -> float:
     return hits / max(total, 1)
 
 
-def train(target: torch.nn.Module, examples: list[Example3], settings: Any, deadline: float,
+def train(target: torch.nn.Module, examples: list[Example], settings: Any, deadline: float,
           optimise) -> tuple[Eagle3Head, list[dict[str, float]], dict[str, Any]]:
     """A fresh EAGLE-3 head trained until ``deadline`` or ``settings.steps`` (``optimise``: the
     shared loop of ``eagle_training.train``); returns it, per-step logs and the vocabulary's

@@ -41,6 +41,7 @@ from tqdm import tqdm
 
 from decoding.eagle_head import EagleHead, HeadConfig, parameter_count
 from decoding.eagle_weights import save_head
+from decoding.runtime import Hidden, hidden_rows
 
 SHIPPED_NAMES = {("smollm2", 2): "smollm2-135m-instruct",
                  ("smollm2", 3): "smollm2-135m-instruct-eagle3"}
@@ -73,7 +74,8 @@ class Example:
     """One sequence and what the target computed on it."""
 
     tokens: torch.Tensor      # [T] int64
-    features: torch.Tensor    # [T, H] fp16 target features f_i
+    features: torch.Tensor    # [T, H] fp16 target features f_i (EAGLE-1/2: the last layer's),
+    #                           or [T, k·H] the states entering an EAGLE-3 head's k layers
     top_ids: torch.Tensor     # [T, k] int64 target's most likely next tokens after position i
     top_probs: torch.Tensor   # [T, k] fp16 their probabilities
 
@@ -83,20 +85,22 @@ class Example:
 
 
 @torch.inference_mode()
-def extract(target: torch.nn.Module, sequences: list[list[int]], topk: int, deadline: float
-            ) -> list[Example]:
-    """Target features and top-k next-token distributions, until ``deadline`` (perf_counter)."""
+def extract(target: torch.nn.Module, sequences: list[list[int]], topk: int, deadline: float,
+            layers: Hidden = True, min_length: int = 3) -> list[Example]:
+    """Target states (``layers`` as ``decoding.runtime.hidden_rows``: True the last layer's,
+    else those layer ids side by side) and top-k next-token distributions, one forward per
+    sequence of at least ``min_length`` tokens, until ``deadline`` (perf_counter)."""
     examples = []
     device = next(target.parameters()).device
-    for ids in tqdm(sequences, desc="target features", unit="seq", mininterval=5):
+    for ids in tqdm(sequences, desc="target states", unit="seq", mininterval=5):
         if time.perf_counter() > deadline:
             break
-        if len(ids) < 3:
+        if len(ids) < min_length:
             continue
         tokens = torch.tensor(ids, device=device)
         out = target(input_ids=tokens[None], output_hidden_states=True)
         top = torch.topk(torch.softmax(out.logits[0].float(), dim=-1), topk)
-        examples.append(Example(tokens.cpu(), out.hidden_states[-1][0].half().cpu(),
+        examples.append(Example(tokens.cpu(), hidden_rows(out.hidden_states, layers).half().cpu(),
                                 top.indices.cpu(), top.values.half().cpu()))
     return examples
 
@@ -309,12 +313,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if settings.version == 3:
         from eagle_training import eagle3
         layer_ids = eagle3.default_layer_ids(int(target.config.num_hidden_layers))
-        examples = eagle3.extract(target, sequences, layer_ids, settings.topk,
-                                  began + settings.extract_fraction * budget)
+        examples = extract(target, sequences, settings.topk,
+                           began + settings.extract_fraction * budget, layer_ids, eagle3.MIN_LENGTH)
         extracted = time.perf_counter()
         head, history, extra = eagle3.train(target, examples, settings, began + budget, optimise)
         trained = time.perf_counter()
-        held = eagle3.extract(target, held_text, layer_ids, settings.topk, float("inf"))
+        held = extract(target, held_text, settings.topk, float("inf"), layer_ids,
+                       eagle3.MIN_LENGTH)
         agreement = eagle3.top1_agreement(head, held)
     else:
         examples = extract(target, sequences, settings.topk,

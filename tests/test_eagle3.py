@@ -318,9 +318,12 @@ def test_the_compiled_target_is_refused_for_eagle3(tiny_pairs):
     pair = tiny_pairs["related"]
     m = build_method("eagle3", pair, head="random")
     compiled = CompiledTarget(pair.target, capacity=128, buckets=(1, 8))
-    with pytest.raises(ValueError, match=r"an EAGLE-3 head reads target layers \[0, 1, 2\], "
-                                         "which the compiled target does not return"):
+    with pytest.raises(ValueError, match=r"the compiled target returns only the last layer's "
+                                         r"states, not layers \[0, 1, 2\] \(an EAGLE-3 head's\)"):
         m.use_compiled(compiled)
+    assert m.compiled is None
+    with pytest.raises(ValueError, match=r"not layers \[0, 1, 2\]"):       # the cache's contract
+        compiled.start(16).chain(torch.tensor([1, 2]), 0, 1, (0, 1, 2))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,14 +334,15 @@ def test_training_time_test_equals_the_head_drafting_a_chain(tiny_pairs):
     """Step k of the unrolled training forward at row j = the head at inference: rows 0..j fed
     from the target's states, then a chain of k draft steps on its own outputs."""
     from decoding.tree import additive_mask
-    from eagle_training.eagle3 import Example3, unrolled
+    from eagle_training.eagle3 import unrolled
+    from eagle_training.train import Example
     pair = tiny_pairs["related"]
     head = eagle3_head(pair.target, 8)
     tokens = torch.tensor([3, 17, 9, 40, 41, 5, 77, 12, 8, 30])
     with torch.no_grad():
         hidden = pair.target(tokens[None], output_hidden_states=True).hidden_states
         states = torch.cat([hidden[j][0] for j in head.layer_ids], dim=-1)
-        example = Example3(tokens, states, torch.zeros(10, 1, dtype=torch.long),
+        example = Example(tokens, states, torch.zeros(10, 1, dtype=torch.long),
                            torch.ones(10, 1))
         steps = unrolled(head, example, 4)                                  # 4 × [T, H]
         for row in (0, 3, 5):
