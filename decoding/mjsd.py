@@ -137,7 +137,7 @@ class BeamDrafter(Drafter):
         flat, vocab = scores.reshape(-1), scores.shape[1]
         if self.sampling.greedy:
             count = min(self.num_beams, int(torch.isfinite(flat).sum()))
-            picked = best_first(flat, count)
+            picked = best_first(scores, count)
         else:
             probs = torch.softmax(flat, dim=0)          # ∝ Q(beam)·q̃(token | beam)
             count = min(self.num_beams, int((probs > 0).sum()))
@@ -147,15 +147,21 @@ class BeamDrafter(Drafter):
 
 
 def best_first(values: torch.Tensor, count: int) -> torch.Tensor:
-    """Indices of the ``count`` largest of ``values`` ([N]), largest first, ties by index: the
-    first ``count`` of a stable descending sort, without sorting all N (B·V) entries.
+    """Flat indices of the ``count`` largest of ``values`` ([N] or [B, V], read flat), largest
+    first, ties by index: the first ``count`` of a stable descending sort, without sorting all N
+    (B·V) entries.
 
-    Every entry at least the count-th largest is a candidate (``nonzero`` lists them in index
-    order, boundary ties included), and only those are sorted stably.
+    The count-th largest value is found among each row's ``count`` largest (a row-wise topk, about
+    twice as fast on B·V entries as one over the flat tensor); every entry at least that large is a
+    candidate (``nonzero`` lists them in index order, boundary ties included), and only those are
+    sorted stably.
     """
-    kth = torch.topk(values, count, sorted=False).values.min()
-    candidates = torch.nonzero(values >= kth).squeeze(1)                           # ascending
-    order = torch.sort(values[candidates], descending=True, stable=True).indices
+    rows = values.reshape(-1, values.shape[-1])                                    # [B, V]
+    row_best = torch.topk(rows, min(count, rows.shape[1]), dim=1, sorted=False).values
+    kth = torch.topk(row_best.reshape(-1), count, sorted=False).values.min()
+    flat = values.reshape(-1)
+    candidates = torch.nonzero(flat >= kth).squeeze(1)                             # ascending
+    order = torch.sort(flat[candidates], descending=True, stable=True).indices
     return candidates[order[:count]]
 
 

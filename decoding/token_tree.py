@@ -155,9 +155,8 @@ class TreeDrafter(Drafter):
                   ) -> tuple[list[int], torch.Tensor | None, list[float]]:
         """``count`` sibling tokens after one node, their q (None: point masses), log-scores."""
         if self.siblings == "topk":
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            top = torch.topk(logp, min(count, logp.shape[-1]))
-            return top.indices.tolist(), None, top.values.tolist()
+            picked, logq = top_children(logits[None], count)
+            return picked[0], None, logq[0]
         q = logits_to_probs(logits, self.sampling)                                 # [V]
         if self.siblings == "without":
             count = min(count, int((q > 0).sum()))
@@ -217,9 +216,9 @@ class TreeDrafter(Drafter):
             logits = self.source.extend(frontier, tokens, parents, depths)   # [k, V]
             forwards += 1
             created = []
+            kid_tokens, kid_logq = top_children(logits, self.width)    # k × width, all at once
             for i, node in enumerate(frontier):
-                kid_tokens, _, kid_logq = self._children(logits[i], self.width, None)
-                for token, lq in zip(kid_tokens, kid_logq):
+                for token, lq in zip(kid_tokens[i], kid_logq[i]):
                     created.append(len(tokens))
                     tokens.append(token)
                     parents.append(node)
@@ -231,6 +230,14 @@ class TreeDrafter(Drafter):
         index = {node: i for i, node in enumerate(keep)}
         return ([tokens[n] for n in keep], [index.get(parents[n], -1) for n in keep], None,
                 forwards)
+
+
+def top_children(logits: torch.Tensor, count: int) -> tuple[list[list[int]], list[list[float]]]:
+    """The ``count`` most likely tokens after each of k nodes ([k, V] logits) and their log
+    probabilities, best first: k rows in one log-softmax and one topk (two host syncs)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)                                  # [k, V]
+    top = torch.topk(logp, min(count, logp.shape[-1]), dim=-1)
+    return top.indices.tolist(), top.values.tolist()
 
 
 def check_tree_settings(siblings: str, width: int, depth: int, total_tokens: int,

@@ -328,7 +328,8 @@ def test_mjsd_on_the_default_model_is_greedy_at_temperature_zero(default_pair, g
 
 @pytest.mark.parametrize("seed", range(20))
 def test_best_first_equals_the_first_entries_of_a_stable_sort(seed):
-    """The greedy beam pick without a full sort: same indices, same order, ties included."""
+    """The greedy beam pick without a full sort: same indices, same order, ties included, read
+    flat or as [B, V] joint scores (rows shorter than ``count`` included)."""
     from decoding.mjsd import best_first
     g = torch.Generator().manual_seed(seed)
     values = torch.randint(-4, 4, (300,), generator=g).float()        # many ties at every level
@@ -336,4 +337,5 @@ def test_best_first_equals_the_first_entries_of_a_stable_sort(seed):
     finite = int(torch.isfinite(values).sum())
     for count in (1, 2, 7, 8, 50, finite):
         expected = torch.sort(values, descending=True, stable=True).indices[:count]
-        assert best_first(values, count).tolist() == expected.tolist()
+        for shape in ((300,), (3, 100), (12, 25), (300, 1)):
+            assert best_first(values.view(shape), count).tolist() == expected.tolist()

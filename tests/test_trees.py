@@ -343,6 +343,46 @@ def test_dynamic_tree_structure_and_statistics(tiny_pairs):
     assert stats.accepted_per_position[0] >= stats.accepted_per_position[-1]
 
 
+def eagle2_tree_node_by_node(source, context, width: int, depth: int, total_tokens: int):
+    """EAGLE-2's dynamic tree computed one node at a time: every level expands the ``width``
+    frontier nodes of best joint log-probability (ties: older node first) into their ``width``
+    most likely children each, and the tree keeps the ``total_tokens`` best nodes."""
+    def children(logits):
+        top = torch.topk(torch.log_softmax(logits.float(), dim=-1), width)
+        return top.indices.tolist(), top.values.tolist()
+
+    tokens, score = children(source.root(context))
+    parents, depths, frontier = [-1] * width, [1] * width, list(range(width))
+    for level in range(2, depth + 1):
+        logits = source.extend(frontier, tokens, parents, depths)
+        created = []
+        for i, node in enumerate(frontier):
+            for token, logq in zip(*children(logits[i])):
+                created.append(len(tokens))
+                tokens.append(token), parents.append(node), depths.append(level)
+                score.append(score[node] + logq)
+        frontier = sorted(created, key=lambda n: (-score[n], n))[:width]
+    source.finish()
+    keep = sorted(sorted(range(len(tokens)), key=lambda n: (-score[n], n))[:total_tokens])
+    index = {node: i for i, node in enumerate(keep)}
+    return [tokens[n] for n in keep], [index.get(parents[n], -1) for n in keep]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_dynamic_tree_expands_every_frontier_node_by_its_own_logits(tiny_pairs, prompt):
+    """The drafter scores a whole frontier in one batched topk: the tree must be the one built
+    node by node (a wrong row per node would still verify losslessly, so only this catches it)."""
+    from decoding.base import DraftContext
+    m = build_method("tree", tiny_pairs["unrelated"], width=3, depth=4, total_tokens=9)
+    context = DraftContext(torch.tensor(prompt), budget=8, generator=None)
+    m.drafter.reset()
+    draft = m.drafter.propose(context)
+    m.drafter.reset()
+    tokens, parents = eagle2_tree_node_by_node(m.drafter.source, context, 3, 4, 9)
+    assert len(set(zip(tokens, parents))) == 9                          # a real tree, no repeats
+    assert (draft.tokens.tolist(), draft.parents.tolist()) == (tokens, parents)
+
+
 def test_confidence_threshold_stops_growing(tiny_pairs):
     pair = tiny_pairs["related"]
     free = generate(build_method("tree", pair, shape="2-2-1-1"), PROMPTS[1], 20).stats
