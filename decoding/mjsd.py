@@ -207,7 +207,8 @@ class MJSD(DraftVerifyLoop):
         """One beam (a chain): logits [γ+1, V]."""
         target = logits_to_probs(logits, self.sampling)[None]                     # [1, γ+1, V]
         probs = None if draft.probs is None else draft.probs[None]
-        return joint_verify(draft.tokens[None], probs, target, self.tau, generator)[1]
+        return joint_verify(draft.tokens[None], probs, target, self.tau, generator,
+                            self.sampling.greedy)[1]
 
     def _verify_tree(self, draft: Draft, tokens: list[int], parents: list[int],
                      slot_of: list[int], logits: torch.Tensor,
@@ -220,5 +221,5 @@ class MJSD(DraftVerifyLoop):
         target = logits_to_probs(logits, self.sampling)[rows]                      # [W, γ+1, V]
         probs = None if draft.probs is None else draft.probs.view(count, gamma, -1)
         beam, verdict = joint_verify(draft.tokens.view(count, gamma), probs, target, self.tau,
-                                     generator)
+                                     generator, self.sampling.greedy)
         return replace(verdict, path=tuple(range(beam * gamma, beam * gamma + verdict.accepted)))

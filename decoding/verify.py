@@ -337,15 +337,18 @@ def longest_joint_prefix(log_ratios: torch.Tensor, tau: float) -> tuple[int, int
 
 
 def joint_verify(beam_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
-                 target_probs: torch.Tensor, tau: float, generator: torch.Generator | None
-                 ) -> tuple[int, Verdict]:
+                 target_probs: torch.Tensor, tau: float, generator: torch.Generator | None,
+                 greedy: bool = False) -> tuple[int, Verdict]:
     """MJSD verification (arXiv 2407.09722 Alg. 1, over several beams as the authors' code does).
 
-    Args: as ``joint_log_ratios``, plus τ and the generator of the single draw.
+    Args: as ``joint_log_ratios``, plus τ and the generator of the single draw; ``greedy``: the
+        target rows are one-hot (temperature 0), so the draw is the row's argmax (what a draw
+        from a one-hot row gives, without a multinomial's one exponential per vocabulary entry).
 
     Returns:
         (the accepted beam, Verdict(n, y)) with y ~ target_probs[beam, n] (the bonus row if n = γ).
     """
     beam, n = longest_joint_prefix(joint_log_ratios(beam_tokens, draft_probs, target_probs), tau)
-    token = torch.multinomial(target_probs[beam, n], 1, generator=generator)
+    row = target_probs[beam, n]                                                     # [V]
+    token = row.argmax() if greedy else torch.multinomial(row, 1, generator=generator)
     return beam, Verdict(accepted=n, next_token=int(token))

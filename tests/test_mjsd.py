@@ -85,7 +85,8 @@ def test_the_accepted_prefix_is_the_longest_with_p_over_q_at_least_tau(sparse):
     assert differs_from_first_failure > 0
 
 
-def test_the_next_token_is_drawn_from_the_target_row_after_the_accepted_prefix():
+@pytest.mark.parametrize("greedy", [False, True])      # True: the argmax of the one-hot row
+def test_the_next_token_is_drawn_from_the_target_row_after_the_accepted_prefix(greedy):
     vocab, gamma = 12, 3
     target = torch.zeros(2, gamma + 1, vocab)
     for w, d in itertools.product(range(2), range(gamma + 1)):
@@ -93,15 +94,15 @@ def test_the_next_token_is_drawn_from_the_target_row_after_the_accepted_prefix()
     generator = torch.Generator().manual_seed(0)
     # beam 0 matches for 2 tokens, beam 1 for all 3: beam 1 wins, bonus row (1, 3)
     beam, verdict = joint_verify(torch.tensor([[0, 1, 9], [4, 5, 6]]), None, target, 0.5,
-                                 generator)
+                                 generator, greedy)
     assert (beam, verdict.accepted, verdict.next_token) == (1, 3, 7)
     # beam 1 now fails at its second token (P = 0) but beam 0 still passes 2: row (0, 2)
     beam, verdict = joint_verify(torch.tensor([[0, 1, 9], [4, 9, 6]]), None, target, 0.5,
-                                 generator)
+                                 generator, greedy)
     assert (beam, verdict.accepted, verdict.next_token) == (0, 2, 2)
     # nothing passes: the plain target row after the committed prefix (beam 0, row 0)
     beam, verdict = joint_verify(torch.tensor([[9, 1, 2], [9, 5, 6]]), None, target, 0.5,
-                                 generator)
+                                 generator, greedy)
     assert (beam, verdict.accepted, verdict.next_token) == (0, 0, 0)
 
 
