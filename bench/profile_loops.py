@@ -44,7 +44,7 @@ from tuner.config.identity import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["vanilla", "speculative", "block", "tree", "specinfer", "ouroboros", "lookahead",
-           "eagle", "prompt_lookup", "mjsd"]
+           "eagle", "eagle3", "prompt_lookup", "mjsd"]
 FORWARD = "model forward"          # the record_function range around every hooked forward
 HOST_SYNC = "aten::_local_scalar_dense"
 
@@ -95,7 +95,7 @@ class ForwardHooks:
 
 def method_defaults(name: str, models: str) -> dict:
     params = yaml.safe_load((ROOT / "conf" / "method" / f"{name}.yaml").read_text())["params"]
-    if name == "eagle":                 # the shipped SmolLM2 head, or a random one on tiny models
+    if name in ("eagle", "eagle3"):     # the shipped SmolLM2 head, or a random one on tiny models
         params["head"] = "auto" if models == "smollm2" else "random"
     return params
 
@@ -104,7 +104,12 @@ def hooked_modules(method, pair: ModelPair) -> list[torch.nn.Module]:
     modules = [pair.target] + ([pair.draft] if pair.draft is not None else [])
     head = getattr(method, "head", None)
     if isinstance(head, torch.nn.Module):
-        modules += [head, pair.target.get_output_embeddings()]    # the head borrows the LM head
+        # an EAGLE-1/2 head borrows the target's LM head; an EAGLE-3 head runs its own ``fc``
+        # (fusing the target's layers) and ``norm`` + ``lm_head`` (draft vocabulary) outside
+        # its forward
+        parts = [getattr(head, name, None) for name in ("fc", "norm", "lm_head")]
+        modules += [head, pair.target.get_output_embeddings(),
+                    *(part for part in parts if isinstance(part, torch.nn.Module))]
     return modules
 
 

@@ -14,7 +14,7 @@ import profile_loops  # noqa: E402
 
 
 def test_the_profile_script_writes_one_row_per_method(tmp_path):
-    methods = ["vanilla", "speculative", "eagle", "prompt_lookup"]
+    methods = ["vanilla", "speculative", "eagle", "eagle3", "prompt_lookup"]
     profile_loops.main(["--models", "tiny", "--prompts", "2", "--max-new-tokens", "12",
                         "--methods", *methods, "--threads", "1",
                         "--out", str(tmp_path / "t.md"), "--json", str(tmp_path / "t.json")])
@@ -32,6 +32,7 @@ def test_the_profile_script_writes_one_row_per_method(tmp_path):
     assert rows["speculative"]["forwards_per_step"] > 2.0
     assert rows["prompt_lookup"]["forwards_per_step"] == 1.0
     assert rows["eagle"]["forwards_per_step"] > 2.0             # the head's forwards and LM head
+    assert rows["eagle3"]["forwards_per_step"] > 2.0
 
 
 def test_nested_forwards_are_counted_once():
