@@ -1,14 +1,19 @@
 """Benchmark: our decoding loops vs transformers' own, side by side in one process.
 
     python bench/decoding_vs_hf.py [--prompts 10] [--max-new-tokens 64] [--gamma 4] [--repeats 2]
+                                   [--methods block tree eagle eagle3]
 
 On the embedded default pair (SmolLM2-135M-Instruct fp32 target, int8-dynamic self-draft), greedy:
   * our ``vanilla`` vs ``model.generate`` (tokens/s ratio, token identity);
   * our ``speculative`` vs HF assisted generation (``assistant_model=``, same draft, same γ,
-    ``num_assistant_tokens_schedule="constant"``, ``assistant_confidence_threshold=0``).
-Runs are interleaved per prompt (ours, theirs, ours, theirs, ...) after one warm-up prompt, so
-machine drift hits both sides alike; ratios are total-tokens/total-time and the geometric mean
-of per-prompt time ratios.
+    ``num_assistant_tokens_schedule="constant"``, ``assistant_confidence_threshold=0``);
+  * each of ``--methods`` (block verification, a token tree, EAGLE with the shipped EAGLE-2 and
+    EAGLE-3 heads, each at its ``conf/method`` default) vs our own ``vanilla``: transformers has
+    no counterpart for them, so the judge is the method's speedup over plain decoding in the same
+    loop.
+Runs are interleaved per prompt (A, B, A, B, ...) after one warm-up prompt, so machine drift hits
+both sides alike; ratios are total-tokens/total-time and the geometric mean of per-prompt time
+ratios.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import transformers
 from decoding import build_method, encode_prompt, generate, load_pair
 
 ROOT = Path(__file__).resolve().parents[1]
+# rows against our own vanilla: label -> method (each at its conf/method default, shipped heads)
+OWN_ROWS = {"block": "block", "tree": "tree", "eagle": "eagle", "eagle3": "eagle3"}
 
 
 def gsm8k_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -47,7 +54,7 @@ def hf_generate(model, prompt, max_new_tokens, **kwargs) -> tuple[int, ...]:
     return tuple(out[0, ids.shape[1]:].tolist())
 
 
-def compare(name, ours, theirs, prompts, repeats) -> dict:
+def compare(name, ours, theirs, prompts, repeats, against="HF") -> dict:
     ours(prompts[0]), theirs(prompts[0])                           # warm-up
     t_ours = t_theirs = 0.0
     n_ours = n_theirs = identical = 0
@@ -60,11 +67,13 @@ def compare(name, ours, theirs, prompts, repeats) -> dict:
             n_ours, n_theirs = n_ours + len(a), n_theirs + len(b)
             identical += a == b
             log_ratio.append(math.log(tb / ta))
-    row = {"comparison": name, "ours_tok_s": n_ours / t_ours, "hf_tok_s": n_theirs / t_theirs,
+    row = {"comparison": name, "ours_tok_s": n_ours / t_ours, "baseline": against,
+           "baseline_tok_s": n_theirs / t_theirs,
            "ratio": (n_ours / t_ours) / (n_theirs / t_theirs),
            "geomean_time_ratio": math.exp(sum(log_ratio) / len(log_ratio)),
            "identical": f"{identical}/{len(prompts) * repeats}"}
-    print(f"{name:<34} ours {row['ours_tok_s']:6.2f} tok/s   HF {row['hf_tok_s']:6.2f} tok/s   "
+    print(f"{name:<34} ours {row['ours_tok_s']:6.2f} tok/s   {against} "
+          f"{row['baseline_tok_s']:6.2f} tok/s   "
           f"ratio {row['ratio']:.3f} (per-prompt geomean {row['geomean_time_ratio']:.3f})   "
           f"identical {row['identical']}", flush=True)
     return row
@@ -77,6 +86,8 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--methods", nargs="*", default=list(OWN_ROWS), choices=list(OWN_ROWS),
+                        help="methods compared with our own vanilla (none: skip those rows)")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -105,6 +116,12 @@ def main() -> None:
                                       assistant_confidence_threshold=0.0),
                 prompts, args.repeats),
     ]
+    from profile_loops import method_defaults    # bench/profile_loops.py: conf/method defaults
+    for label in args.methods:
+        method = build_method(OWN_ROWS[label], pair, **method_defaults(OWN_ROWS[label], "smollm2"))
+        rows.append(compare(f"{label} vs our vanilla", lambda p, m=method: generate(m, p, n).tokens,
+                            lambda p: generate(vanilla, p, n).tokens, prompts, args.repeats,
+                            against="vanilla"))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2))
 
