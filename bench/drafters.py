@@ -33,7 +33,7 @@ import transformers
 from decoding import build_method, load_pair
 from decoding.eagle_weights import SHIPPED
 
-from decoding.eagle_weights import head_folder, head_version
+from decoding.eagle_weights import head_version, read_config
 
 BASELINES = [("vanilla", "vanilla", {}), ("speculative int8 γ=4", "speculative",
                                          {"num_draft_tokens": 4})]
@@ -49,19 +49,16 @@ def head_configs(heads: dict[str, str]) -> list[tuple[str, str, dict]]:
     """A dynamic tree (8 draft tokens, depth 4, top-k 4) and a chain of 4 per head."""
     out = []
     for label, reference in heads.items():
-        if head_version(reference) == 3:
-            tree = {"num_draft_tokens": 9, "steps": 4, "topk": 4}
-            out += [(f"{label} dynamic 8/4/4", "eagle3", {"head": reference, **tree}),
-                    (f"{label} chain4", "eagle3", {"head": reference, "shape": "chain4"})]
-        else:
-            tree = {"total_tokens": 8, "depth": 4, "width": 4}
-            out += [(f"{label} dynamic 8/4/4", "eagle", {"head": reference, **tree}),
-                    (f"{label} chain4", "eagle", {"head": reference, "shape": "chain4"})]
+        method, tree = (("eagle3", {"num_draft_tokens": 9, "steps": 4, "topk": 4})
+                        if head_version(reference) == 3 else
+                        ("eagle", {"total_tokens": 8, "depth": 4, "width": 4}))
+        out += [(f"{label} dynamic 8/4/4", method, {"head": reference, **tree}),
+                (f"{label} chain4", method, {"head": reference, "shape": "chain4"})]
     return out
 
 
 def head_record(reference: str) -> dict:
-    return json.loads((head_folder(reference) / "config.json").read_text()).get("spectune", {})
+    return (read_config(reference) or {}).get("spectune", {})
 
 
 def timed(method, prompt: list[int], max_new_tokens: int) -> dict:

@@ -163,10 +163,6 @@ class Eagle3Head(Rotary, nn.Module):
     def new_cache(self) -> HeadCache:
         return HeadCache(1)
 
-    def draft_to_target(self) -> torch.Tensor:
-        """[Vd] the target id of every draft id."""
-        return self.target_ids
-
     def _map_vocabulary(self) -> None:
         self.target_ids.copy_(torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t)
 

@@ -73,7 +73,7 @@ def unrolled(head: Eagle3Head, example: Example, steps: int) -> list[torch.Tenso
     dtype, device = head.fc.weight.dtype, head.fc.weight.device
     tokens = example.tokens.to(device)
     length = int(tokens.shape[0])
-    x = head.features(example.features.to(device))[None]                          # [1, T, H]
+    x = head.features(example.features.to(device))[None]                        # [1, T, H]
     group, scale = attn.heads // attn.kv_heads, 1.0 / math.sqrt(attn.dim)
     causal = torch.full((length, length), float("-inf"), device=device).triu(1).to(dtype)
     keys: list[torch.Tensor] = []
@@ -141,7 +141,7 @@ def top1_agreement(head: Eagle3Head, examples: list[Example]) -> float:
     hits = total = 0
     for e in examples:
         out = unrolled(head, e, 1)[0][:-2]                                       # [T−2, H]
-        predicted = head.draft_to_target()[head.draft_logits(out).argmax(-1)]
+        predicted = head.target_ids[head.draft_logits(out).argmax(-1)]
         hits += int((predicted.cpu() == e.top_ids[1:-1, 0]).sum())
         total += int(out.shape[0])
     return hits / max(total, 1)
@@ -159,7 +159,7 @@ def train(target: torch.nn.Module, examples: list[Example], settings: Any, deadl
     target.requires_grad_(False)
     head = new_head(target, vocabulary, settings.seed)
     remap = torch.full((vocab,), -1, dtype=torch.long, device=head.fc.weight.device)
-    remap[head.draft_to_target()] = torch.arange(vocabulary.shape[0], device=remap.device)
+    remap[head.target_ids] = torch.arange(vocabulary.shape[0], device=remap.device)
     generator = torch.Generator().manual_seed(settings.seed)
     history = optimise(head, examples, lambda e: ttt_loss(head, e, remap, settings.ttt_steps,
                                                           settings.ttt_decay),

@@ -343,7 +343,7 @@ def test_training_time_test_equals_the_head_drafting_a_chain(tiny_pairs):
         hidden = pair.target(tokens[None], output_hidden_states=True).hidden_states
         states = torch.cat([hidden[j][0] for j in head.layer_ids], dim=-1)
         example = Example(tokens, states, torch.zeros(10, 1, dtype=torch.long),
-                           torch.ones(10, 1))
+                          torch.ones(10, 1))
         steps = unrolled(head, example, 4)                                  # 4 × [T, H]
         for row in (0, 3, 5):
             cache = head.new_cache()
