@@ -25,6 +25,10 @@ from decoding.runtime import stop_ids
 from decoding.sampling import SamplingConfig
 from decoding.target_cache import EagerTargetCache
 
+# Cache rows reserved past a generation's length for the drafts its last verification may feed
+# beyond max_new_tokens; a larger tree grows the storage instead (``decoding.reserved_cache``).
+RESERVE_SLACK = 64
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -191,7 +195,7 @@ class DecodingMethod:
         """The target with a fresh cache for a generation of ``total_len`` positions."""
         if self.compiled is not None:
             return self.compiled.start(total_len)
-        return EagerTargetCache(self.target)
+        return EagerTargetCache(self.target, total_len + RESERVE_SLACK)
 
 
 class Method(Protocol):

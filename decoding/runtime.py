@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, ContextManager, Sequence
 import torch
 from transformers import DynamicCache
 
+from decoding.reserved_cache import reserved_cache
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -49,8 +51,10 @@ def stop_ids(model: nn.Module, eos_token_ids: Sequence[int] | None) -> frozenset
     return frozenset(eos_token_ids if eos_token_ids is not None else declared(model))
 
 
-def new_cache(model: nn.Module) -> DynamicCache:
-    return DynamicCache(config=model.config)
+def new_cache(model: nn.Module, capacity: int = 0) -> DynamicCache:
+    """An empty KV cache for ``model`` whose layers write in place into reserved storage
+    (``decoding.reserved_cache``; ``capacity``: rows to reserve, 0 = grow as needed)."""
+    return reserved_cache(model, capacity)
 
 
 def cache_argument(model: nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:

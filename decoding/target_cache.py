@@ -3,8 +3,9 @@
 ``DraftVerifyLoop`` and ``Vanilla`` score tokens with the target and then keep part of what they
 fed. ``TargetCache`` is that contract; two implementations exist:
 
-  * ``EagerTargetCache`` (the default): a ``DynamicCache`` that grows with every forward, the
-    model called eagerly at whatever shape the step has, rejected rows cropped away;
+  * ``EagerTargetCache`` (the default): a ``DynamicCache`` whose layers write every forward's rows
+    in place into storage reserved for the generation (``decoding.reserved_cache``), the model
+    called eagerly at whatever shape the step has, rejected rows cropped away;
   * ``decoding.compiled.CompiledTarget``: a preallocated static cache and the target's decoder
     compiled once per shape bucket (opt-in, ``compiled=`` on a method).
 
@@ -55,9 +56,9 @@ class TargetCache(Protocol):
 class EagerTargetCache:
     """``TargetCache`` over a ``DynamicCache``: the model at every step's own shape."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, capacity: int = 0) -> None:
         self.model = model
-        self.cache = new_cache(model)
+        self.cache = new_cache(model, capacity)
 
     def chain(self, input_ids: torch.Tensor, start: int, num_logits: int, hidden: Hidden
               ) -> tuple[torch.Tensor, torch.Tensor | None]:

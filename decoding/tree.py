@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
+from decoding.reserved_cache import ReservedLayer
 from decoding.runtime import Hidden, cache_argument, hidden_rows
 
 
@@ -132,6 +133,9 @@ def keep_cache_rows(cache: DynamicCache, prefix: int, extra: Sequence[int]) -> N
     extra = list(extra)
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
+            continue
+        if isinstance(layer, ReservedLayer):
+            layer.keep(prefix, extra)
             continue
         keys, values = layer.keys[..., :prefix, :], layer.values[..., :prefix, :]
         if extra:

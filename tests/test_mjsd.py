@@ -285,7 +285,7 @@ def test_beams_sharing_a_prefix_are_one_tree_and_the_cache_keeps_the_accepted_pa
     from decoding.runtime import cache_argument, new_cache
     pair = tiny_pair("related")
     caches = []
-    monkeypatch.setattr(loop, "new_cache", lambda model: caches.append(new_cache(model))
+    monkeypatch.setattr(loop, "new_cache", lambda model, *a: caches.append(new_cache(model, *a))
                         or caches[-1])
     m = build_method("mjsd", pair, num_beams=6, width=4, num_draft_tokens=3, tau=0.3,
                      eos_token_ids=[], **PAPER)

@@ -22,6 +22,7 @@ from scipy.stats import chisquare
 from decoding import build_method, generate
 from decoding.base import Drafter
 from decoding.models import load_pair
+from decoding.reserved_cache import ReservedLayer
 from decoding.runtime import cache_argument, new_cache
 from decoding.token_tree import SHAPES, shape_paths
 from decoding.tree import merge_duplicates
@@ -307,7 +308,7 @@ def test_target_cache_equals_a_reencoded_prefix(monkeypatch, name, kw, temperatu
     import decoding.target_cache as loop   # where the eager target cache is made
     pair = tiny_pair("related")
     caches = []
-    monkeypatch.setattr(loop, "new_cache", lambda model: caches.append(new_cache(model))
+    monkeypatch.setattr(loop, "new_cache", lambda model, *a: caches.append(new_cache(model, *a))
                         or caches[-1])
     m = build_method(name, pair, temperature=temperature, eos_token_ids=[], **kw)
     committed = list(PROMPTS[1])
@@ -322,6 +323,7 @@ def test_target_cache_equals_a_reencoded_prefix(monkeypatch, name, kw, temperatu
         with torch.no_grad():
             pair.target(torch.tensor([committed[:-1]]), **cache_argument(pair.target, fresh), use_cache=True)
         for mine, ref in zip(cache.layers, fresh.layers):
+            assert isinstance(mine, ReservedLayer)      # rows kept in place in reserved storage
             assert torch.allclose(mine.keys, ref.keys, atol=1e-5)
             assert torch.allclose(mine.values, ref.values, atol=1e-5)
     assert accepted > 0
