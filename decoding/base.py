@@ -18,16 +18,14 @@ forward and keeps its own loop (see ``decoding.lookahead``); it still yields ``S
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from decoding.reserved_cache import RESERVE_SLACK
 from decoding.runtime import stop_ids
 from decoding.sampling import SamplingConfig
 from decoding.target_cache import EagerTargetCache
-
-# Cache rows reserved past a generation's length for the drafts its last verification may feed
-# beyond max_new_tokens; a larger tree grows the storage instead (``decoding.reserved_cache``).
-RESERVE_SLACK = 64
 
 if TYPE_CHECKING:
     import torch

@@ -15,7 +15,8 @@ see the comments there.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,15 +32,17 @@ class CachedModel:
 
     Args:
         model: the causal LM (Hugging Face ``PreTrainedModel``).
+        capacity: cache rows to reserve per sequence (0: twice the first forward's rows, growing
+            as needed; ``decoding.reserved_cache``).
     """
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, capacity: int = 0) -> None:
+        self.model, self.capacity = model, capacity
         self.reset()
 
     def reset(self) -> None:
         """An empty cache (a new sequence)."""
-        self.cache = new_cache(self.model)
+        self.cache = new_cache(self.model, self.capacity)
         self.length = 0                     # positions of the committed path held in ``cache``
         self.slot: dict[int, int] = {}      # tree node -> cache slot of its scratch row
 

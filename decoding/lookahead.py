@@ -25,16 +25,23 @@ the same ``Step``s. Ouroboros, whose draft model runs this engine, does use the 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from decoding.base import DecodingMethod, Step, Verdict
 from decoding.cached_model import CachedModel
 from decoding.phrases import PhrasePool
-from decoding.runtime import (check_positive_int, check_request, make_generator, phase,
-                              truncate_at_eos)
+from decoding.reserved_cache import RESERVE_SLACK
+from decoding.runtime import (
+    check_positive_int,
+    check_request,
+    make_generator,
+    phase,
+    truncate_at_eos,
+)
 from decoding.sampling import SamplingConfig, logits_to_probs
 from decoding.tree import Forest
 from decoding.verify import greedy_tree, tree_verify
@@ -79,11 +86,13 @@ class LookaheadEngine:
         pool: the n-gram pool (shared with Ouroboros' target-side phrase logic when given).
         guess_set: G, the most pool n-grams verified per step (0 disables the verification branch).
         seed: seeds the private RNG that fills the initial window from prompt tokens.
+        capacity: KV-cache rows to reserve (0: grow as needed; ``decoding.reserved_cache``).
     """
 
     def __init__(self, model: nn.Module, window: int, ngram: int, pool: PhrasePool,
-                 guess_set: int, seed: int = 0) -> None:
-        self.model, self.window, self.ngram, self.pool = CachedModel(model), window, ngram, pool
+                 guess_set: int, seed: int = 0, capacity: int = 0) -> None:
+        self.model, self.window, self.ngram = CachedModel(model, capacity), window, ngram
+        self.pool = pool
         self.guess_set, self.seed = guess_set, seed
         self.reset()
 
@@ -180,7 +189,7 @@ class LookaheadDecoding(DecodingMethod):
         generator = make_generator(self.seed, prompt.device)
         pool = PhrasePool(self.guess_set)                      # per generation, as LADE
         engine = LookaheadEngine(self.target, self.window, self.ngram, pool, self.guess_set,
-                                 self.seed)
+                                 self.seed, len(prompt) + max_new_tokens + RESERVE_SLACK)
         seq, produced = prompt.tolist(), 0
         while produced < max_new_tokens:
             with phase(clock, "verify"):

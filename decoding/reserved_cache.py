@@ -5,12 +5,14 @@ step copies the whole cache of every layer (2 × layers copies of a growing tens
 and a rollback (``crop``) leaves a view that the next ``cat`` copies again. ``ReservedLayer`` is a
 ``DynamicLayer`` that reserves storage for the generation and writes the new rows into it: a step
 copies only its own rows, a rollback only moves the length back, and the model attends over a
-view of the first ``length`` rows, exactly the tensor a ``DynamicLayer`` would hold. The loops'
-tokens do not change (``tests/test_reserved_cache.py``); the time saved is measured in
-``docs/performance.md``.
+view of the first ``length`` rows: the same values a ``DynamicLayer`` would hold, in a strided
+view instead of a contiguous tensor. ``tests/test_reserved_cache.py`` checks the values against a
+``DynamicLayer``; the time saved is measured in ``docs/performance.md``.
 
 Storage grows (doubling, one copy of the valid rows) if a generation needs more than was reserved,
-so the reservation is a hint, never a limit.
+so the reservation is a hint, never a limit. The storage is allocated in the grad mode of the first
+update (under ``torch.inference_mode()`` in every loop), so a cache is updated in that mode only;
+each generation makes a fresh one.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from transformers import DynamicCache, DynamicLayer
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["ReservedLayer", "reserved_cache"]
+__all__ = ["RESERVE_SLACK", "ReservedLayer", "reserved_cache"]
 
 MIN_RESERVATION = 128      # rows reserved at least when the caller gives no hint
+# Rows reserved past a generation's length for the drafts its last verification may feed beyond
+# max_new_tokens; a larger tree or window grows the storage instead.
+RESERVE_SLACK = 64
 
 
 class ReservedLayer(DynamicLayer):
@@ -83,16 +88,23 @@ class ReservedLayer(DynamicLayer):
         self.length = max(0, self.length + tokens_to_remove)
         self._expose()
 
-    def keep(self, prefix: int, rows: Sequence[int]) -> None:
-        """Keep rows [0, prefix) followed by ``rows`` (ascending, each ≥ prefix), in place."""
+    def keep(self, prefix: int, rows: Sequence[int], index: torch.Tensor | None = None) -> None:
+        """Keep rows [0, prefix) followed by ``rows`` (ascending, in [prefix, length)), in place.
+
+        ``index``: ``rows`` as a long tensor on the cache's device, if the caller has it already.
+        """
         if not self.is_initialized:
             return
-        if rows:
-            index = torch.tensor(list(rows), dtype=torch.long, device=self.key_storage.device)
-            kept_keys = self.key_storage.index_select(-2, index)        # a copy: safe to write back
+        if prefix > self.length or (rows and (rows[0] < prefix or rows[-1] >= self.length)):
+            raise ValueError(f"keep(prefix={prefix}, rows={list(rows)}) is invalid: allowed is a "
+                             f"prefix <= {self.length} and rows in [prefix, {self.length})")
+        if rows and list(rows) != list(range(prefix, prefix + len(rows))):   # else already there
+            if index is None:
+                index = torch.tensor(list(rows), dtype=torch.long, device=self.key_storage.device)
+            kept_keys = self.key_storage.index_select(-2, index)   # [B, H_kv, k, D], a copy
             kept_values = self.value_storage.index_select(-2, index)
-            self.key_storage[..., prefix:prefix + len(index), :].copy_(kept_keys)
-            self.value_storage[..., prefix:prefix + len(index), :].copy_(kept_values)
+            self.key_storage[..., prefix:prefix + len(rows), :].copy_(kept_keys)
+            self.value_storage[..., prefix:prefix + len(rows), :].copy_(kept_values)
         self.length = prefix + len(rows)
         self._expose()
 
@@ -102,15 +114,28 @@ class ReservedLayer(DynamicLayer):
         super().reset()
 
     def _grow(self, capacity: int) -> None:
-        for name in ("key_storage", "value_storage"):
-            old = getattr(self, name)
-            new = old.new_empty(old.shape[:-2] + (capacity,) + old.shape[-1:])
-            new[..., :self.length, :].copy_(old[..., :self.length, :])
-            setattr(self, name, new)
+        self.key_storage = self._moved(self.key_storage, capacity)
+        self.value_storage = self._moved(self.value_storage, capacity)
+
+    def _moved(self, storage: torch.Tensor, capacity: int) -> torch.Tensor:
+        """New storage of ``capacity`` rows holding the valid rows of ``storage``."""
+        new = storage.new_empty(storage.shape[:-2] + (capacity,) + storage.shape[-1:])
+        new[..., :self.length, :].copy_(storage[..., :self.length, :])
+        return new
 
     def _expose(self) -> None:
         self.keys = self.key_storage[..., :self.length, :]
         self.values = self.value_storage[..., :self.length, :]
+
+
+    def _unsupported(self, *args, **kwargs) -> None:
+        raise NotImplementedError("a ReservedLayer holds one sequence for a decoding loop: beam "
+                                  "reordering, batch edits and offloading are not supported "
+                                  "(use transformers' DynamicCache)")
+
+    # Inherited, these would replace ``keys``/``values`` without the storage behind them.
+    reorder_cache = batch_repeat_interleave = batch_select_indices = _unsupported
+    offload = prefetch = _unsupported
 
 
 def reserved_cache(model: nn.Module, capacity: int = 0) -> DynamicCache:

@@ -15,8 +15,8 @@ every draw. Verification rules live in ``decoding.verify``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -131,15 +131,17 @@ def extend_forward(model: torch.nn.Module, cache: DynamicCache, prefix_len: int,
 def keep_cache_rows(cache: DynamicCache, prefix: int, extra: Sequence[int]) -> None:
     """Keep cache positions [0, prefix) followed by the positions in ``extra`` (ascending)."""
     extra = list(extra)
+    index = None                          # [len(extra)] on the cache's device, made once
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
             continue
+        if extra and index is None:
+            index = torch.tensor(extra, dtype=torch.long, device=layer.keys.device)
         if isinstance(layer, ReservedLayer):
-            layer.keep(prefix, extra)
+            layer.keep(prefix, extra, index)
             continue
         keys, values = layer.keys[..., :prefix, :], layer.values[..., :prefix, :]
         if extra:
-            index = torch.tensor(extra, dtype=torch.long, device=layer.keys.device)
             keys = torch.cat([keys, layer.keys.index_select(-2, index)], dim=-2)
             values = torch.cat([values, layer.values.index_select(-2, index)], dim=-2)
         layer.keys, layer.values = keys, values

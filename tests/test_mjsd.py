@@ -13,6 +13,7 @@ import itertools
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from decoding import build_method, generate
 from decoding.base import Drafter
@@ -294,7 +295,7 @@ def test_beams_sharing_a_prefix_are_one_tree_and_the_cache_keeps_the_accepted_pa
         committed += step.tokens
         if step.level_sizes is not None:               # W beams as a tree: shared prefixes merged
             shared += sum(step.level_sizes) < step.extras["tree_draws"]
-        fresh = new_cache(pair.target)
+        fresh = DynamicCache(config=pair.target.config)      # transformers' own cache
         with torch.no_grad():
             pair.target(torch.tensor([committed[:-1]]), **cache_argument(pair.target, fresh), use_cache=True)
         assert caches[0].get_seq_length() == len(committed) - 1

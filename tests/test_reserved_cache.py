@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import DynamicCache, DynamicLayer, MistralConfig
+from transformers import DynamicCache, DynamicLayer, MistralConfig, Qwen2Config
 
 from decoding.reserved_cache import MIN_RESERVATION, ReservedLayer, reserved_cache
 from decoding.runtime import crop_cache, forward_logits, new_cache
@@ -89,6 +89,33 @@ def test_crop_takes_dynamic_layers_sign_convention():
     assert layer.get_seq_length() == 0 and layer.keys.shape[-2] == 0
 
 
+def test_keep_refuses_rows_it_does_not_hold_and_beam_edits_are_refused():
+    layer = ReservedLayer(16)
+    layer.update(*rows(6, torch.Generator().manual_seed(0)))
+    for prefix, extra in ((7, []), (3, [2, 4]), (3, [4, 6])):
+        with pytest.raises(ValueError, match=rf"keep\(prefix={prefix}, rows=.*\) is invalid: "
+                                             r"allowed is a prefix <= 6 and rows in \[prefix, 6\)"):
+            layer.keep(prefix, extra)
+    assert layer.get_seq_length() == 6
+    for edit in (lambda: layer.reorder_cache(torch.tensor([0])),
+                 lambda: layer.batch_select_indices(torch.tensor([0])),
+                 lambda: layer.batch_repeat_interleave(2), layer.offload):
+        with pytest.raises(NotImplementedError, match="beam reordering, batch edits and "
+                                                      "offloading are not supported"):
+            edit()
+
+
+def test_mixed_layer_kinds_keep_their_sliding_window_layers():
+    config = Qwen2Config(num_hidden_layers=3, hidden_size=16, intermediate_size=32,
+                         num_attention_heads=2, num_key_value_heads=1, vocab_size=32,
+                         use_sliding_window=True, sliding_window=8,
+                         layer_types=["full_attention", "sliding_attention", "full_attention"])
+    kinds = [type(layer) for layer in reserved_cache(SimpleNamespace(config=config), 32).layers]
+    plain = [type(layer) for layer in DynamicCache(config=config).layers]
+    assert plain[1] is not DynamicLayer
+    assert kinds == [ReservedLayer, plain[1], ReservedLayer]
+
+
 def test_only_full_attention_layers_are_reserved():
     config = MistralConfig(num_hidden_layers=3, hidden_size=16, intermediate_size=32,
                            num_attention_heads=2, num_key_value_heads=1, vocab_size=32,
@@ -109,8 +136,8 @@ def test_model_logits_equal_those_over_a_dynamic_cache():
     ours, theirs = new_cache(model, len(prompt) + 4), DynamicCache(config=model.config)
     assert all(isinstance(layer, ReservedLayer) for layer in ours.layers)
     with torch.inference_mode():
-        for cache_ in (ours, theirs):
-            forward_logits(model, prompt[None], cache_, 0, 1)
+        for cache in (ours, theirs):
+            forward_logits(model, prompt[None], cache, 0, 1)
         length = len(prompt)
         for step in range(12):                              # feed 3, keep 1 or 2 of them
             fed = torch.tensor([(7 * step + j) % 200 + 5 for j in range(3)])
