@@ -57,7 +57,6 @@ class ReservedLayer(DynamicLayer):
                                                 + key_states.shape[-1:])
         self.value_storage = value_states.new_empty(value_states.shape[:-2] + (capacity,)
                                                     + value_states.shape[-1:])
-        self.length = 0
         self.is_initialized = True
         self._expose()
 
@@ -98,7 +97,7 @@ class ReservedLayer(DynamicLayer):
         if prefix > self.length or (rows and (rows[0] < prefix or rows[-1] >= self.length)):
             raise ValueError(f"keep(prefix={prefix}, rows={list(rows)}) is invalid: allowed is a "
                              f"prefix <= {self.length} and rows in [prefix, {self.length})")
-        if rows and list(rows) != list(range(prefix, prefix + len(rows))):   # else already there
+        if rows and (rows[0] != prefix or rows[-1] != prefix + len(rows) - 1):  # else in place
             if index is None:
                 index = torch.tensor(list(rows), dtype=torch.long, device=self.key_storage.device)
             kept_keys = self.key_storage.index_select(-2, index)   # [B, H_kv, k, D], a copy
@@ -126,7 +125,6 @@ class ReservedLayer(DynamicLayer):
     def _expose(self) -> None:
         self.keys = self.key_storage[..., :self.length, :]
         self.values = self.value_storage[..., :self.length, :]
-
 
     def _unsupported(self, *args, **kwargs) -> None:
         raise NotImplementedError("a ReservedLayer holds one sequence for a decoding loop: beam "
