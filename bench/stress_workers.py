@@ -4,8 +4,8 @@
                                    [--backends journal postgresql]
                                    [--old-checkout /path/to/an/older/tree] [--jitter 0.3]
 
-Runs tests/stress.py's repetition (K production workers started together on a fresh study, the
-claim/enqueue windows widened by tests/jitter.py) R times per K and backend, and prints, per
+Runs bench/stress.py's repetition (K production workers started together on a fresh study, the
+claim/enqueue windows widened by bench/jitter.py) R times per K and backend, and prints, per
 repetition, the completed points, duplicates, lost points, trial-0 runs and wall time, then the
 failure rate. ``--old-checkout`` runs an older tree's tuner the same way (the before/after figure).
 PostgreSQL needs the services (scripts/services.sh ensure).
@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.services import PG_URL  # noqa: E402
-from tests.stress import ROOT as CODE, repetition  # noqa: E402
+from bench.services import PG_URL  # noqa: E402
+from bench.stress import ROOT as CODE, repetition  # noqa: E402
 
 
 def main() -> None:

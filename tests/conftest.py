@@ -102,7 +102,7 @@ def gsm8k_questions() -> list[str]:
 @pytest.fixture(scope="session")
 def mlflow_url(tmp_path_factory):
     """One ``mlflow server`` (PostgreSQL backend, 1 worker) per test session: starts in 6-12 s."""
-    from tests.services import require_postgres
+    from tests.helpers.services import require_postgres
     from tuner.tracking import server as mlflow_server
     require_postgres()
     settings = mlflow_server.ServerSettings(

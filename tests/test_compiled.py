@@ -15,7 +15,7 @@ import torch._dynamo
 from decoding import build_method, encode_prompt, generate
 from decoding.compiled import CompiledTarget
 from tests.conftest import tiny_pair
-from tests.test_methods import ALL, CONFIGS, PROMPTS, method
+from tests.helpers.methods import ALL, CONFIGS, PROMPTS, method
 
 # lookahead keeps its own loop; EAGLE-3 heads read middle layers (refused: tests/test_eagle3.py)
 COMPILABLE = [name for name in ALL if name not in ("lookahead", "eagle3")]

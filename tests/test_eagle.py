@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
-from transformers import DynamicCache
 
 from decoding import build_method, generate
 from decoding.base import DraftContext
@@ -24,62 +23,13 @@ from decoding.eagle import EagleSource, additive_mask
 from decoding.eagle_head import HeadConfig
 from decoding.eagle_weights import (SHIPPED, head_identity, load_head, random_head, random_seed,
                                     save_head)
-from decoding.runtime import cache_argument
 from decoding.sampling import SamplingConfig, logits_to_probs
 from tests.conftest import tiny_pair, vanilla
-from tests.laws import pair_pvalue, two_token_law
+from tests.helpers.eagle import PROMPT, OracleHead
+from tests.helpers.laws import pair_pvalue, two_token_law
 
-PROMPT = [3, 4, 5, 6, 7]
 SHAPES = [{}, {"shape": "3-2-1"}, {"shape": (1, 1, 1, 1)},
           {"width": 3, "depth": 5, "total_tokens": 12, "confidence_threshold": 0.05}]
-
-
-class OracleCache:
-    """The target's own cache, holding the prompt's first token before the head's rows."""
-
-    def __init__(self, target: torch.nn.Module, first: int) -> None:
-        self.inner = DynamicCache(config=target.config)
-        with torch.no_grad():
-            target(input_ids=torch.tensor([[first]]), **cache_argument(target, self.inner), use_cache=True)
-
-    @property
-    def length(self) -> int:
-        return self.inner.get_seq_length() - 1
-
-    def crop(self, length: int) -> None:
-        excess = self.inner.get_seq_length() - (length + 1)
-        if excess > 0:
-            self.inner.crop(-excess)
-
-
-class OracleHead:
-    """The head interface answered by the target itself: head row i (input t_{i+1}) is the
-    target's row at position i + 1, so the 'predicted' feature is the true one. A drafter that
-    aligns features, shifted tokens, positions and tree masks correctly is then always right."""
-
-    def __init__(self, target: torch.nn.Module, first: int) -> None:
-        self.target, self.first = target, first
-
-    def new_cache(self) -> OracleCache:
-        return OracleCache(self.target, self.first)
-
-    def parameters(self):
-        return self.target.parameters()
-
-    def features(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden
-
-    def logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.target.get_output_embeddings()(features)
-
-    def __call__(self, features, tokens, positions, mask, cache):
-        start = cache.inner.get_seq_length()
-        first = torch.zeros(mask.shape[:-1] + (1,), dtype=mask.dtype)       # t_0: seen by all
-        out = self.target(input_ids=tokens, position_ids=(positions + 1)[None],
-                          attention_mask=torch.cat([first, mask], dim=-1),
-                          **cache_argument(self.target, cache.inner), use_cache=True, output_hidden_states=True,
-                          cache_position=torch.arange(start, start + tokens.shape[1]))
-        return out.hidden_states[-1]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from decoding.eagle3_head import Eagle3Config, Eagle3Head, default_layer_ids
 from decoding.eagle_weights import load_head, random_head, save_head
 from decoding.sampling import SamplingConfig
 from tests.conftest import tiny_pair, vanilla
-from tests.laws import pair_pvalue, two_token_law
-from tests.test_eagle import PROMPT, OracleHead
+from tests.helpers.eagle import PROMPT, OracleHead
+from tests.helpers.laws import pair_pvalue, two_token_law
 
 SMALL_VOCAB = dict(vocab_size=6, initializer_range=0.3)
 
@@ -86,7 +86,7 @@ def test_the_head_reads_the_targets_states_of_its_layers_row_by_row(family, kw):
 
 
 class Oracle3Head(OracleHead):
-    """``tests.test_eagle.OracleHead`` as an EAGLE-3 head: it declares layer ids (so the loop
+    """``tests.helpers.eagle.OracleHead`` as an EAGLE-3 head: it declares layer ids (so the loop
     hands it fused states) and drafts over a draft vocabulary (−inf elsewhere)."""
 
     def __init__(self, target, first, draft_ids) -> None:

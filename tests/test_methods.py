@@ -11,32 +11,17 @@ acceptance extremes. Each YAML's ``test_params`` is its small CPU setting for th
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from omegaconf import OmegaConf
 
 from decoding import METHODS, build_method, generate
 from decoding.speculative import SpeculativeDecoding
 from tests.conftest import tiny_pair
 from tests.conftest import vanilla as vanilla_tokens
-from tests.laws import pair_pvalue, two_token_law
+from tests.helpers.laws import pair_pvalue, two_token_law
+from tests.helpers.methods import ALL, CONFIGS, DEFAULTS, PROMPTS, method
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
-TINY_MODELS = yaml.safe_load((CONF.parent / "models" / "tiny.yaml").read_text())
-
-
-def resolved(path: Path) -> dict:
-    """A method YAML with its interpolations resolved as under ``models=tiny`` (EAGLE's head)."""
-    cfg = OmegaConf.create({"models": TINY_MODELS, "method": yaml.safe_load(path.read_text())})
-    return OmegaConf.to_container(cfg, resolve=True)["method"]
-
-
-CONFIGS = {p.stem: resolved(p) for p in sorted(CONF.glob("*.yaml"))}
-DEFAULTS = {name: cfg["params"] for name, cfg in CONFIGS.items()}
-ALL = sorted(DEFAULTS)
 # chain drafts from a draft model, γ tokens
 DRAFT_METHODS = [n for n in ALL if n in METHODS and issubclass(METHODS[n], SpeculativeDecoding)]
 # methods that take γ (eagle3's num_draft_tokens is SGLang's verify budget: tests/test_eagle3.py)
@@ -54,14 +39,9 @@ LAW_CASES = [(name, sid) for name in LOSSLESS if name != "vanilla"
 GAMMAS = [1, 2, 4, 8, 16]
 
 
-def method(name, pair, **kw):
-    return build_method(name, pair, **{**DEFAULTS[name], **kw})
-
-
 def test_every_registered_method_has_a_config():
     assert sorted(METHODS) == ALL
     assert all(isinstance(cfg.get("lossless"), bool) for cfg in CONFIGS.values())
-PROMPTS = [list(range(3, 3 + n)) for n in (1, 2, 5, 9)] + [[7, 7, 7, 7, 7, 7], [200, 13, 99]]
 
 
 @pytest.mark.parametrize("method", DRAFT_METHODS)

@@ -21,7 +21,7 @@ from decoding.mjsd import BeamDrafter
 from decoding.sampling import SamplingConfig, logits_to_probs
 from decoding.verify import joint_log_ratios, joint_verify, longest_joint_prefix
 from tests.conftest import tiny_pair
-from tests.toy import ToyModel
+from tests.helpers.toy import ToyModel
 
 PAPER = dict(temperature=1.0, top_k=20, top_p=0.9)       # App. D warping
 PROMPT = [3, 4, 5, 6, 7]

@@ -15,7 +15,7 @@ from decoding import build_method, generate
 from decoding.prompt_lookup import find_continuations
 from decoding.sampling import SamplingConfig
 from tests.conftest import tiny_pair, vanilla
-from tests.laws import pair_pvalue, two_token_law
+from tests.helpers.laws import pair_pvalue, two_token_law
 
 SETTINGS = [{}, {"num_matches": 3}, {"max_ngram": 1, "num_draft_tokens": 3},
             {"max_ngram": 4, "min_ngram": 2, "num_draft_tokens": 16}]

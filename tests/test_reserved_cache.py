@@ -14,7 +14,7 @@ from decoding.reserved_cache import MIN_RESERVATION, ReservedLayer, reserved_cac
 from decoding.runtime import crop_cache, forward_logits, new_cache
 from decoding.tree import keep_cache_rows
 from tests.conftest import tiny_pair
-from tests.test_methods import PROMPTS
+from tests.helpers.methods import PROMPTS
 
 HEADS, DIM = 2, 4
 

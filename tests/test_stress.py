@@ -1,4 +1,4 @@
-"""Several workers on one study, under stress (tests/stress.py): every planned point is completed
+"""Several workers on one study, under stress (bench/stress.py): every planned point is completed
 exactly once, trial 0's default point included, none is lost — on a journal file and on
 PostgreSQL. Measured with bench/stress_workers.py on the code before the fix (0e521a8: a trial's
 point was read from ``trial.params``, empty while an enqueued trial is WAITING and between ``ask``
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.services import PG_URL, require_postgres
-from tests.stress import PLANNED, repetition
+from bench.stress import PLANNED, repetition
+from tests.helpers.services import PG_URL, require_postgres
 
 REPETITIONS, WORKERS = 3, 4
 

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tests.conftest import ENV
-from tests.services import PG_URL, require_postgres, require_slurm, wait_for
+from tests.helpers.services import PG_URL, require_postgres, require_slurm, wait_for
 from tuner.cluster import slurm
 from tuner.study.storage import make_storage
 from tuner.study.trials import failure_reason

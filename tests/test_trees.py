@@ -30,7 +30,7 @@ from decoding.tree import merge_duplicates
 from decoding.verify import sibling_round, tree_verify
 from tests.conftest import tiny_pair
 from tests.conftest import vanilla as vanilla_tokens
-from tests.toy import ToyModel, complete, target_joint
+from tests.helpers.toy import ToyModel, complete, target_joint
 
 # ----------------------------------------------------------------------------------------------
 # Exact law of one tree step

@@ -19,7 +19,7 @@ import torch
 from scipy.stats import chisquare
 
 from decoding.base import Verdict
-from tests.toy import ToyModel, complete, target_joint
+from tests.helpers.toy import ToyModel, complete, target_joint
 from decoding.verify import (block_verify, bv_log_weights, bv_residuals, bv_thresholds,
                              draft_distribution, greedy_match, token_acceptance, token_residuals,
                              token_verify)

@@ -1,6 +1,6 @@
 """Widen the race windows of several workers on one study (a test hook, never imported by the
-tuner itself): ``runpy.run_path("tests/jitter.py")`` before
-``runpy.run_module("tuner", run_name="__main__")`` (tests/stress.py).
+tuner itself): ``runpy.run_path("bench/jitter.py")`` before
+``runpy.run_module("tuner", run_name="__main__")`` (bench/stress.py).
 
 Before and after every ``Study.enqueue_trial`` and ``Study.ask`` (Optuna's public calls the workers
 use to claim points) the worker sleeps a random 0..``SPECTUNE_JITTER_S`` seconds (default 0.3),

@@ -1,9 +1,10 @@
 """K workers started together on one study, repeated R times on fresh studies: does any point run
 twice, or get lost? (tests/test_stress.py runs a short version; bench/stress_workers.py the long
-one, also against an older checkout.)
+one, also against an older checkout.) It lives in bench/, not tests/, so that stress_workers.py
+imports no test code; the tests import it from here.
 
 Each worker is the production CLI (``python -m tuner ... phase=work`` after one ``phase=prepare``,
-or ``phase=all`` for all of them) on the tiny models, with ``tests/jitter.py`` widening the claim
+or ``phase=all`` for all of them) on the tiny models, with ``bench/jitter.py`` widening the claim
 and enqueue windows. A repetition reports the completed points, the duplicates (a point completed
 more than once, trial 0's default point included) and the lost points (planned, never completed).
 """
@@ -29,8 +30,9 @@ GRID = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=1",
 CURRENT = ("contention=warn",)     # settings an older checkout does not know
 PLANNED = [1, 2, 3, 4, 5]
 # the CLI as `python -m tuner` runs it (Hydra finds conf/ from the module's file), jitter first
-# (read by path: an older checkout's own tests/ package may come first on the path)
-RUN = (f"import runpy; runpy.run_path({str(ROOT / 'tests' / 'jitter.py')!r}); "
+# (read by path from this checkout: an older checkout may have no bench/jitter.py, and its own
+# packages come first on the path)
+RUN = (f"import runpy; runpy.run_path({str(ROOT / 'bench' / 'jitter.py')!r}); "
        "runpy.run_module('tuner', run_name='__main__', alter_sys=True)")
 
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-PG_URL = os.environ.get("SPECTUNE_PG_URL",
-                        "postgresql+psycopg://spectune:spectune@127.0.0.1:5432/spectune")
+from bench.services import PG_URL
+
 IN_CI = os.environ.get("CI") == "true"
 
 
@@ -62,8 +62,8 @@ def require_postgres(url: str = PG_URL) -> None:
 
 def require_llama_server() -> str:
     """The cached llama-server (scripts/engines.sh); skip when not built (fail under CI)."""
-    from tuner.config.engines import cached_build
-    found = cached_build()
+    from tuner.engines.servers import cached_build
+    found = cached_build("llamacpp")
     if found is None:
         _absent("llama-server is not built for this CPU", "build it with `make engines`")
     return str(found / "llama-server")
@@ -83,7 +83,7 @@ def wait_for(cond, timeout: float = 60.0, every: float = 0.3, what: str = ""):
 def require_vllm() -> str:
     """The cached vLLM install's ``vllm`` (scripts/engines.sh vllm); skip when not installed
     (fail under CI)."""
-    from tuner.config.engines import cached_build
+    from tuner.engines.servers import cached_build
     found = cached_build("vllm")
     if found is None:
         _absent("vLLM is not installed", "install it with `make engines-vllm`")
