@@ -221,7 +221,7 @@ def top1_agreement(head: EagleHead, examples: list[Example]) -> float:
 
 def load_target(models: str) -> tuple[torch.nn.Module, Any, str]:
     from decoding.models import load_pair
-    from tuner.config.build import ByteTokenizer
+    from decoding.tokenizers import ByteTokenizer
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pair = load_pair(models, {"kind": "none"})
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     from decoding.eagle_weights import HEADS_DIR
     from eagle_training.data import held_out_sequences, training_corpus
-    from tuner.config.identity import hardware
+    from decoding.hardware import hardware
     shipped = SHIPPED_NAMES.get((args.models, args.version))
     out = args.out or (HEADS_DIR / shipped if shipped
                        else parser.error("--out is required for this --models"))

@@ -18,9 +18,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.services import require_slurm, wait_for
-from tuner.cluster import liveness
+from tests.helpers.services import require_slurm, wait_for
 from tuner.cluster import slurm
+from tuner.study import liveness
 from tuner.cluster.slurm import SlurmSettings
 
 PY = sys.executable
@@ -243,7 +243,7 @@ def test_fail_dead_workers_on_journal_storage(cluster, tmp_path):
         trial.suggest_int("k", 1, 8)
         trial.set_user_attr("slurm_job_id", job)
     local = study.ask()   # no slurm_job_id: never touched
-    assert liveness.reap(study) == [1]
+    assert liveness.reap(study, job_alive=slurm.job_alive_or_none) == [1]
     states = [t.state for t in study.get_trials()]
     assert states[:3] == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL,
                           optuna.trial.TrialState.RUNNING]
@@ -272,7 +272,8 @@ def test_no_answer_from_slurm_is_not_death(tmp_path, monkeypatch):
     study = optuna.create_study()
     trial = study.ask()
     trial.set_user_attr("slurm_job_id", "12_3")
-    assert liveness.reap(study) == []
+    assert slurm.job_alive_or_none("12_3") is None
+    assert liveness.reap(study, job_alive=slurm.job_alive_or_none) == []
     assert study.get_trials()[0].state == optuna.trial.TrialState.RUNNING
 
 
@@ -280,7 +281,7 @@ def test_worker_identity(monkeypatch):
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "12")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    ident = slurm.worker_identity()
+    ident = liveness.worker_identity()
     assert ident["slurm_job_id"] == "12_3" and ident["gpu"] == "1" and ident["host"]
 
 
@@ -291,7 +292,7 @@ def test_killed_array_task_trial_fails_and_its_point_is_rerun(cluster, tmp_path,
     survivor reaps the trial (heartbeat on PostgreSQL, job id on journal storage) to FAIL and
     evaluates the same point again."""
     from tests.conftest import ENV
-    from tests.services import PG_URL, require_postgres
+    from tests.helpers.services import PG_URL, require_postgres
     from tuner.study.storage import make_storage
 
     name = f"kill-{uuid.uuid4().hex[:8]}"

@@ -18,9 +18,9 @@ import uuid
 import optuna
 import pytest
 
-from tests.services import PG_URL, require_postgres
-from tests.services import wait_for as poll
-from tuner.cluster import liveness
+from tests.helpers.services import PG_URL, require_postgres
+from tests.helpers.services import wait_for as poll
+from tuner.study import liveness
 from tuner.tracking import server as mlflow_server
 
 PY = sys.executable
@@ -65,7 +65,7 @@ def test_two_workers_share_a_study_on_postgresql_psycopg(pg):
 
 HEARTBEAT_WORKER = """
 import sys, time, warnings, optuna
-from tuner.cluster import liveness
+from tuner.study import liveness
 warnings.simplefilter("ignore")
 storage = liveness.heartbeat_storage(sys.argv[1], interval=1, grace=2)
 study = optuna.load_study(study_name=sys.argv[2], storage=storage)

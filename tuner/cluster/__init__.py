@@ -1,1 +1,2 @@
-"""Many workers on one study: Slurm fan-out, heartbeats and reaping dead workers."""
+"""Slurm fan-out of a study. It sits above ``tuner.study`` (which never imports it); worker
+liveness (heartbeats, reaping dead workers) is ``tuner.study.liveness``."""

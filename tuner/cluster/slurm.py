@@ -16,21 +16,24 @@ scheduled script first submits its own successor with ``sbatch --begin=<next tim
 
 Liveness: ``job_state`` asks ``squeue`` then ``scontrol show job`` (``sacct`` needs accounting,
 which a single-node install does not run). It raises ``SlurmError`` when the controller cannot be
-reached, so a caller never mistakes "no answer" for "dead".
+reached, so a caller never mistakes "no answer" for "dead". ``job_alive_or_none`` is the check the
+study's reaper is given (``tuner.study.liveness.JobAlive``: None for "no answer"); the study never
+imports this module, and what a worker records about itself (host, GPU, Slurm job id from the
+environment) is ``tuner.study.liveness.worker_identity``.
 """
 
 from __future__ import annotations
 
-import os
+import logging
 import re
 import shlex
-import socket
 import subprocess
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+log = logging.getLogger(__name__)
 ALIVE_STATES = frozenset({
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
     "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "STOPPED",
@@ -345,20 +348,11 @@ def job_alive(job_id: str) -> bool:
     return job_state(job_id) in ALIVE_STATES
 
 
-def current_job_id() -> str | None:
-    """This process's Slurm id: ``<array job>_<task>`` in an array, else ``SLURM_JOB_ID``."""
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array and task:
-        return f"{array}_{task}"
-    return os.environ.get("SLURM_JOB_ID")
-
-
-def worker_identity() -> dict[str, str]:
-    """User attrs to put on every trial: host, GPU(s) and Slurm job id (``slurm_job_id``)."""
-    ident = {"host": socket.gethostname(),     # as the reaper compares it (liveness.gone)
-             "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")
-             or os.environ.get("SLURM_JOB_GPUS") or "none"}
-    job = current_job_id()
-    if job:
-        ident["slurm_job_id"] = job
-    return ident
+def job_alive_or_none(job_id: str) -> bool | None:
+    """``job_alive``, or None (logged) when Slurm does not answer: the check the study's reaper is
+    given (``tuner.study.liveness.JobAlive``), which must never take "no answer" for "dead"."""
+    try:
+        return job_alive(job_id)
+    except SlurmError as e:
+        log.warning("cannot tell whether Slurm job %s is alive: %s", job_id, e)
+        return None

@@ -10,21 +10,10 @@ from typing import Any, Mapping
 
 from decoding.api import instantiate
 from decoding.models import ModelPair, load_pair
+from decoding.tokenizers import ByteTokenizer   # its home is the library; re-exported here
 from tuner.config.validate import method_class, plain
 
 __all__ = ["ByteTokenizer", "build_method", "load_models", "method_class", "plain"]
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as tokens, for tiny random models (vocab ≥ 256) that have no tokenizer."""
-
-    chat_template = None
-
-    def __call__(self, text: str) -> dict[str, list[int]]:
-        return {"input_ids": list(text.encode("utf-8"))}
-
-    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
-        return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="replace")
 
 
 def load_models(models_cfg: Mapping[str, Any], needs_draft: bool) -> tuple[ModelPair, Any]:

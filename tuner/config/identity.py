@@ -10,25 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 from typing import Any, Mapping
 
 import torch
 
+from decoding.hardware import hardware   # the machine description; re-exported for the tuner
 from tuner.config.errors import StudyMismatch
-
-
-def hardware(device: torch.device) -> str:
-    """The GPU's name, or the CPU's model name (speed depends on it)."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return "cpu: " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu: " + (platform.processor() or platform.machine())
 
 
 def _canonical(value: Any) -> str:

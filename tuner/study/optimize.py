@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from optuna.trial import TrialState
 
-from tuner.cluster import liveness
-from tuner.cluster.slurm import worker_identity
 from tuner.config.identity import hardware
 from tuner.measure.evaluator import ParametersRefused
 from tuner.measure.lossless import LosslessViolation
+from tuner.study import liveness
 from tuner.study.objective import Pruned
 from tuner.study.points import RETRY, Claim, Points
 from tuner.study.trials import spent
@@ -45,11 +44,16 @@ POLL_S = 2.0          # how often a worker waiting for other workers' results lo
 
 
 def optimize(settings: StudySettings, study: optuna.Study, points: Points, objective: Objective,
-             callbacks: Callback, say: Callable[[str], None]) -> None:
-    """Run trials until the plan is done, the trial budget is spent or the timeout passes."""
+             callbacks: Callback, say: Callable[[str], None],
+             job_alive: liveness.JobAlive | None = None) -> None:
+    """Run trials until the plan is done, the trial budget is spent or the timeout passes.
+
+    ``job_alive`` tells the reaper whether another worker's Slurm job is alive (``tuner.run``
+    passes ``tuner.cluster.slurm.job_alive_or_none``; the study never imports the launcher).
+    """
     began, timeout = time.monotonic(), settings.search.get("timeout")
     while True:
-        liveness.reap(study, say)
+        liveness.reap(study, say, job_alive)
         running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
         used, limit = spent(study), points.limit()
         if used >= limit:
@@ -113,7 +117,7 @@ def fail(study: optuna.Study, trial: optuna.Trial, callbacks: Callback, message:
 
 def stamp(settings: StudySettings, params: dict[str, Any]) -> dict[str, Any]:
     """Who measures this trial, where, with what: enough to reproduce it or to reap it."""
-    identity = {**worker_identity(), "pid": os.getpid(), "run_token": liveness.RUN_TOKEN,
+    identity = {**liveness.worker_identity(), "pid": os.getpid(), "run_token": liveness.RUN_TOKEN,
                 "params": json.dumps(params), "sampling": json.dumps(settings.sampling),
                 "hardware": hardware(settings.device), "threads": torch.get_num_threads()}
     return {k: v for k, v in identity.items() if v is not None}

@@ -5,7 +5,8 @@
 ``point`` at enqueue time, so a WAITING trial (whose parameters Optuna keeps as fixed params, not
 in ``params``) and a RUNNING trial that has not suggested yet hold their point as visibly as a
 COMPLETE one. ``held_point`` reads it (``params`` for trials that never had it: samplers' trials,
-studies made before this).
+studies made before this); it and ``enqueue`` live in ``tuner.study.holding``, below this module
+and ``liveness`` (which re-queues a dead worker's point), and can be imported from here too.
 
 With a plan (heuristic, grid), ``next_claim`` asks the plan for a point nobody holds, enqueues it,
 asks Optuna for a trial, and keeps it only if no earlier trial holds the same point; otherwise the
@@ -15,16 +16,16 @@ a point always wins, so two workers that enqueue the same point at the same mome
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, point_key
 from tuner.search.space import suggest
+from tuner.study.holding import enqueue, held_point
 from tuner.study.trials import counts, dead_trials
 
 if TYPE_CHECKING:
@@ -41,17 +42,6 @@ class Claim:
     trial: optuna.Trial
     values: dict[str, Any]     # searched parameters (fixed ones are added by the objective)
     stage: str                 # default | the plan's stage | the search kind
-
-
-def held_point(trial: FrozenTrial) -> dict[str, Any]:
-    """The point ``trial`` holds, in any state (see the module docstring)."""
-    point = trial.user_attrs.get("point")
-    return json.loads(point) if point else dict(trial.params)
-
-
-def enqueue(study: optuna.Study, point: Mapping[str, Any], **attrs: Any) -> None:
-    """Queue ``point`` as a WAITING trial that holds it from now on."""
-    study.enqueue_trial(dict(point), user_attrs={**attrs, "point": json.dumps(dict(point))})
 
 
 def make_plan(settings: StudySettings, say: Callable[[str], None]):

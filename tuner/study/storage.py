@@ -21,8 +21,8 @@ from optuna.exceptions import DuplicatedStudyError
 
 from tuner.config.errors import ConfigError
 from tuner.config.identity import check_resume
-from tuner.cluster.liveness import heartbeat_storage
-from tuner.study.points import enqueue
+from tuner.study.holding import enqueue
+from tuner.study.liveness import heartbeat_storage
 
 RDB_SCHEMES = ("postgresql", "mysql", "sqlite", "mariadb", "oracle", "mssql")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.cluster.liveness import RUN_TOKEN, orphans
+from tuner.study.liveness import RUN_TOKEN, orphans
 
 if TYPE_CHECKING:
     from tuner.study.settings import StudySettings

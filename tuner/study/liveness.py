@@ -10,12 +10,19 @@ ask/tell, so:
     while the trial runs (a no-op for storages without heartbeat support, e.g. journal files).
   * ``fail_stale(study)`` fails RUNNING trials whose heartbeat is older than the grace period
     (``optuna.storages.fail_stale_trials``, public but experimental) and returns their numbers.
-  * ``reap(study)``: the one reaper, called by every worker before it claims a point: stale
-    heartbeats (RDB), Slurm jobs that ended (user attr ``slurm_job_id``, ``1234_2``) and dead
-    processes on this host (``host``, ``pid``, ``run_token``) are marked ``orphaned: ...``,
-    failed, and their points re-queued by ``Requeue``.
+  * ``reap(study, job_alive=...)``: the one reaper, called by every worker before it claims a
+    point: stale heartbeats (RDB), Slurm jobs that ended (user attr ``slurm_job_id``, ``1234_2``)
+    and dead processes on this host (``host``, ``pid``, ``run_token``) are marked
+    ``orphaned: ...``, failed, and their points re-queued by ``Requeue``.
   * ``orphans(study)``: the numbers of trials failed this way (not failed evaluations), so that
     they count neither as failed points nor against the trial budget.
+  * ``worker_identity()``: who this worker is (host, GPU(s), Slurm job id), read from the
+    environment; with the pid and ``RUN_TOKEN`` it is what ``gone`` judges a trial's worker by.
+
+Worker liveness belongs to the study; the Slurm launcher (``tuner.cluster``) sits above it and is
+never imported here. Whether a Slurm job is still alive is asked through a ``JobAlive`` callable
+that the caller passes in (``tuner.run`` passes ``tuner.cluster.slurm.job_alive_or_none``);
+without one, a trial stamped with a Slurm job id is judged by its heartbeat only.
 
 ``study.ask()`` on a heartbeat storage warns "Heartbeat of storage is supposed to be used with
 Study.optimize"; that is expected here (``Heartbeat`` is the ask/tell replacement).
@@ -35,6 +42,8 @@ import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.study.holding import enqueue, held_point
+
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
 
@@ -42,6 +51,29 @@ log = logging.getLogger(__name__)
 RUN_TOKEN = uuid.uuid4().hex          # this process's identity in trial attributes (pids repeat)
 ORPHANED = "orphaned"   # prefix of the ``error`` user attr of a trial whose worker died
 _IDENTITY = ("host", "pid", "gpu", "slurm_job_id", "error", "retry_of", "retries")   # not copied
+
+JobAlive = Callable[[str], bool | None]
+"""Is the scheduler job ``slurm_job_id`` (``1234`` / ``1234_2``) still alive? True or False, or
+None when the scheduler does not answer ("no answer" is never "dead"); it does not raise then."""
+
+
+def current_job_id() -> str | None:
+    """This process's Slurm id: ``<array job>_<task>`` in an array, else ``SLURM_JOB_ID``."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def worker_identity() -> dict[str, str]:
+    """User attrs to put on every trial: host, GPU(s) and Slurm job id (``slurm_job_id``)."""
+    ident = {"host": socket.gethostname(),     # as the reaper compares it (``gone``)
+             "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")
+             or os.environ.get("SLURM_JOB_GPUS") or "none"}
+    job = current_job_id()
+    if job:
+        ident["slurm_job_id"] = job
+    return ident
 
 
 class Requeue:
@@ -60,7 +92,6 @@ class Requeue:
         retries = int(trial.user_attrs.get("retries", 0)) + 1
         if self.max_retry is not None and retries > self.max_retry:
             return
-        from tuner.study.points import enqueue, held_point
         attrs = {k: v for k, v in trial.user_attrs.items() if k not in (*_IDENTITY, "point")}
         enqueue(study, held_point(trial), **{**attrs, "retry_of": trial.number,
                                               "retries": retries})
@@ -166,24 +197,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def gone(trial: FrozenTrial, job_alive: Callable[[str], bool] | None = None) -> str | None:
+def gone(trial: FrozenTrial, job_alive: JobAlive | None = None) -> str | None:
     """Why ``trial``'s worker is gone (its Slurm job ended, or its process on this host), or None.
 
-    A Slurm worker is judged by its job id (``job_alive``; "no answer" from Slurm is not "dead"),
-    a local one by its pid on this host; a pid equal to ours belongs to an earlier process (pids
-    repeat across container restarts) unless the trial carries this process's run token. A trial
-    not stamped yet (no pid: its worker writes the identity one attribute at a time) is not judged.
+    A Slurm worker is judged by its job id (``job_alive``; None, "no answer" from Slurm, is not
+    "dead"; without ``job_alive`` it is left to its heartbeat), a local one by its pid on this
+    host; a pid equal to ours belongs to an earlier process (pids repeat across container
+    restarts) unless the trial carries this process's run token. A trial not stamped yet (no pid:
+    its worker writes the identity one attribute at a time) is not judged.
     """
     attrs = trial.user_attrs
     job = attrs.get("slurm_job_id")
     if job:
-        from tuner.cluster.slurm import SlurmError, job_alive as slurm_alive
-        try:
-            return None if (job_alive or slurm_alive)(str(job)) else \
-                f"Slurm job {job} is gone"
-        except SlurmError as e:
-            log.warning("cannot tell whether Slurm job %s is alive: %s", job, e)
-            return None
+        alive = None if job_alive is None else job_alive(str(job))
+        return None if alive is None or alive else f"Slurm job {job} is gone"
     if attrs.get("host") != socket.gethostname() or "pid" not in attrs:
         return None         # another host's, or its worker is still stamping it (host before pid)
     pid = int(attrs["pid"])
@@ -194,13 +221,14 @@ def gone(trial: FrozenTrial, job_alive: Callable[[str], bool] | None = None) -> 
 
 
 def reap(study: optuna.Study, say: Callable[[str], None] = log.info,
-         job_alive: Callable[[str], bool] | None = None, max_retry: int | None = 1) -> list[int]:
+         job_alive: JobAlive | None = None, max_retry: int | None = 1) -> list[int]:
     """Fail every RUNNING trial whose worker is gone and queue its point again; their numbers.
 
     One reaper for every storage: a stale heartbeat (RDB storages, ``fail_stale``: their
-    callback re-queues), a Slurm job that ended, a process on this host that died. The reason is
-    recorded as the study attribute ``trial_<n>_error`` ("orphaned: ..."), the point comes back as
-    a WAITING trial (``Requeue``: ``retry_of``, ``retries``), at most ``max_retry`` times.
+    callback re-queues), a Slurm job that ended (asked through ``job_alive``, see ``JobAlive``),
+    a process on this host that died. The reason is recorded as the study attribute
+    ``trial_<n>_error`` ("orphaned: ..."), the point comes back as a WAITING trial (``Requeue``:
+    ``retry_of``, ``retries``), at most ``max_retry`` times.
     """
     failed = fail_stale(study) if _heartbeat_interval(study._storage) is not None else []
     requeue = Requeue(max_retry) if max_retry != 0 else None
