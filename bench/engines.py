@@ -66,17 +66,8 @@ def study(overrides: list[str]) -> dict:
 
 def held_out(overrides: list[str], params: dict) -> dict:
     """``params`` vs the engine's baseline on the held-out prompts (every level)."""
-    from tuner.engines import make_evaluator
-    from tuner.measure.timing import time_generation
-    from tuner.study.finish import held_out_record, measure
-    from tuner.study.settings import StudySettings
-    settings = StudySettings.from_config(compose(overrides))
-    evaluator = make_evaluator(settings, time_generation, lambda line: None)
-    evaluator.open()
-    try:
-        return held_out_record(settings, measure(settings, evaluator, params, settings.held_out))
-    finally:
-        evaluator.close()
+    from tuner.run import measure_held_out
+    return measure_held_out(compose(overrides), params)
 
 
 def levels(record: dict, prefix: str = "held_out_") -> dict:
@@ -128,8 +119,8 @@ def part_b(base: list[str], task: list[str], name: str) -> dict:
               f"budget.concurrency={list(LEVELS)}", "search.objectives=[throughput_ratio]",
               "search=heuristic"]
     tuned = study([*engine, f"study_name=bench-b-{name}"])
-    from tuner.config.engines import effective_method
-    defaults = effective_method(compose(engine))["params"]
+    from tuner.run import default_params
+    defaults = default_params(compose(engine))
     default = held_out(engine, defaults)
     ours = study([*base, *task, "method=prompt_lookup", "search=heuristic",
                   f"study_name=bench-b-{name}-hf"])
@@ -159,8 +150,8 @@ def part_c(base: list[str], tasks) -> dict:
                  f"budget.concurrency={list(LEVELS)}", "search.objectives=[throughput_ratio]",
                  "search=heuristic"]
         tuned = study([*ngram, f"study_name=bench-c-{name}"])
-        from tuner.config.engines import effective_method
-        defaults = effective_method(compose(ngram))["params"]
+        from tuner.run import default_params
+        defaults = default_params(compose(ngram))
         out[f"ngram_{name}"] = {
             "vllm_tuned": {"params": tuned["params"], "held_out": levels(tuned),
                            "trials": tuned["trials"], "seconds": tuned["study_seconds"]},

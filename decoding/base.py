@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from decoding.reserved_cache import RESERVE_SLACK
 from decoding.runtime import stop_ids
@@ -166,6 +166,20 @@ class DecodingMethod:
     # the loop drives the target through ``decoding.target_cache.TargetCache`` (so it can run on
     # a ``decoding.compiled.CompiledTarget``); lookahead keeps its own cache arithmetic
     supports_compiled: ClassVar[bool] = False
+    # EAGLE heads: the head format the method runs (3: EAGLE-3 heads only; None: no head, or
+    # either format)
+    head_version: ClassVar[int | None] = None
+
+    @classmethod
+    def compiled_refusal(cls, params: Mapping[str, Any]) -> str | None:
+        """Why a method built from ``params`` cannot run on a compiled target, or None.
+
+        The reason names the method by ``{method}`` and the setting that asks for compiling by
+        ``{compile}``, so a caller can refuse in its own words before any model loads."""
+        if cls.supports_compiled:
+            return None
+        return ("{method} keeps its own decoding loop and cannot run with {compile}: allowed "
+                "are every other method, or {off}")
 
     def __init__(self, target: nn.Module, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0,

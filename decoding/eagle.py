@@ -24,7 +24,7 @@ the next context).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -32,6 +32,7 @@ from decoding.base import DraftContext
 from decoding.eagle3_head import Eagle3Head
 from decoding.eagle_head import EagleHead
 from decoding.eagle_weights import check_fits, load_head, place, target_name
+from decoding.eagle_weights import head_version as file_head_version
 from decoding.loop import DraftVerifyLoop
 from decoding.token_tree import Shape, TreeDrafter, check_tree_settings
 from decoding.tree import additive_mask, ancestor_slots, extend_mask
@@ -126,8 +127,20 @@ class EagleDecoding(DraftVerifyLoop):
     """
 
     name = "eagle"
-    head_version: int | None = None     # the head format "random"/"auto" make (None: EAGLE-1/2;
-                                        # files of either format load)
+    head_version: ClassVar[int | None] = None   # the head format "random"/"auto" make (None:
+                                                # EAGLE-1/2; files of either format load)
+
+    @classmethod
+    def compiled_refusal(cls, params: Mapping[str, Any]) -> str | None:
+        """An EAGLE-3 head (``head_version`` 3, or a head file in that format) reads middle
+        target layers the compiled decoder does not return (see ``use_compiled``)."""
+        head = params.get("head")
+        version = cls.head_version or (file_head_version(head) if isinstance(head, str) and head
+                                       else None)
+        if version != 3:
+            return super().compiled_refusal(params)
+        return ("{method} with an EAGLE-3 head cannot run with {compile}: the head reads target "
+                "layers the compiled decoder does not return; allowed is {off}")
 
     def __init__(self, target: nn.Module, *, head: str | EagleHead = "auto",
                  shape: Shape = "dynamic", siblings: str = "topk", width: int = 4,

@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ENV, compose_cfg, load_study, run_study
-from tests.services import require_llama_server
+from tests.helpers.services import require_llama_server
 from tuner.config.errors import ConfigError
 
 # Q4_1 as shipped (fast), a Q4_0 self-draft; short GSM8K prompts; grid over one knob
@@ -64,7 +64,7 @@ def evaluator(tmp_path, *overrides):
     from tuner.engines.llamacpp import LlamaCppEvaluator
     from tuner.study.settings import StudySettings
     settings = StudySettings.from_config(compose_cfg(tmp_path, *ENGINE, *overrides))
-    return settings, LlamaCppEvaluator(settings, say=lambda line: None)
+    return settings, LlamaCppEvaluator(settings.measuring, say=lambda line: None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,6 +159,7 @@ def test_a_divergence_is_excused_only_where_the_engine_varies_by_itself(tmp_path
     the baseline repeats itself it is a violation."""
     from dataclasses import replace as with_
     from tuner.measure.lossless import LosslessViolation
+    from tuner.measure.paired import check
     settings, ev = evaluator(tmp_path, *LOOKUP, "budget.concurrency=[1,4]",
                              "task.max_new_tokens=16")
     ev.open()
@@ -169,15 +170,15 @@ def test_a_divergence_is_excused_only_where_the_engine_varies_by_itself(tmp_path
         unlikely = min(probs, key=probs.get)            # far from a tie with ref.tokens[5]
         got = with_(ref, tokens=ref.tokens[:5] + (unlikely,) + ref.tokens[6:])
         with pytest.raises(LosslessViolation, match="position 5"):
-            ev._check(got, ref, prompt, lambda: [ref.tokens] * 3)       # the baseline repeats
+            check(ev, got, ref, prompt, lambda: [ref.tokens] * 3)       # the baseline repeats
         later = ref.tokens[:8] + (unlikely,) + ref.tokens[9:]
         with pytest.raises(LosslessViolation, match="position 5"):      # varies only after it
-            ev._check(got, ref, prompt, lambda: [ref.tokens, later])
+            check(ev, got, ref, prompt, lambda: [ref.tokens, later])
         earlier = ref.tokens[:3] + (unlikely,) + ref.tokens[4:]
-        checked = ev._check(got, ref, prompt, lambda: [ref.tokens, earlier])
+        checked = check(ev, got, ref, prompt, lambda: [ref.tokens, earlier])
         assert checked.engine_varies and checked.matches_vanilla is False
         with pytest.raises(LosslessViolation):          # one request in flight: never excused
-            ev._check(with_(got, concurrency=1), ref, prompt, lambda: [earlier])
+            check(ev, with_(got, concurrency=1), ref, prompt, lambda: [earlier])
     finally:
         ev.close()
 

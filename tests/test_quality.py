@@ -62,7 +62,7 @@ def test_quality_record_and_bound():
 def rigged(monkeypatch):
     """τ = 0 looks 10x faster but accepts the unrelated draft's tokens: perplexity 20 where
     vanilla's greedy output (and every τ > 0 output, identical at T = 0) has 10."""
-    import tuner.measure.hf as run_module
+    import tuner.engines.inprocess as run_module
     vanilla_outputs: dict[tuple, tuple] = {}
 
     def fake_log_prob(model, prompt_ids, tokens):
@@ -138,7 +138,7 @@ def test_tpe_gets_the_constraints_and_pareto_runs_speed_against_perplexity(tmp_p
 
 
 def test_energy_against_vanilla_is_per_token_and_needs_nvml():
-    from tuner.measure.hf import energy_versus as _energy_versus
+    from tuner.measure.paired import energy_versus as _energy_versus
 
     def m(tokens, joules):
         return Measurement("p", "", (1,) * tokens, "", 1.0, 1, 0, 0, 0.0, 0.0, (), (),

@@ -63,7 +63,7 @@ def test_an_ablation_switch_reaches_the_method_mlflow_and_the_best_yaml(tmp_path
 
 
 def test_an_unknown_parameter_is_refused_before_models_load(tmp_path, monkeypatch):
-    import tuner.measure.hf as hf
+    import tuner.engines.inprocess as hf
     monkeypatch.setattr(hf, "load_models", lambda *a, **k: pytest.fail("models loaded"))
     with pytest.raises(ConfigError, match=r"method.params.bogus=1 is not a parameter of "
                                           r"decoding.speculative.SpeculativeDecoding"):
@@ -92,7 +92,7 @@ def test_prompts_longer_than_the_context_are_refused_before_any_trial(tmp_path):
 def test_changed_settings_never_resume_a_study(tmp_path, change, key, monkeypatch):
     run(tmp_path, "method=speculative", *TINY, "search=tpe", "search.n_trials=1",
         "tracking=none")
-    import tuner.measure.hf as hf
+    import tuner.engines.inprocess as hf
     monkeypatch.setattr(hf, "load_models", lambda *a, **k: pytest.fail("models loaded"))
     with pytest.raises(StudyMismatch, match=rf"study 't' was measured under other settings "
                                             rf"\({key}: .*resume=force"):
@@ -193,7 +193,7 @@ def test_speedup_is_per_generated_token():
 
 
 def test_text_is_decoded_outside_the_timed_window(tmp_path):
-    from tuner.measure.hf import HFEvaluator
+    from tuner.engines.inprocess import HFEvaluator
     from tuner.study.settings import StudySettings
     seen = []
 
@@ -203,7 +203,7 @@ def test_text_is_decoded_outside_the_timed_window(tmp_path):
         return out, 1.0
 
     settings = StudySettings.from_config(compose_cfg(tmp_path, *TINY, "warmup_prompts=0"))
-    evaluator = HFEvaluator(settings, timer)
+    evaluator = HFEvaluator(settings.measuring, timer)
     evaluator.open()
     pair, = evaluator.measure(settings.default, [(0, settings.tuning[0])], parity=1)
     assert seen == [None, None]                  # vanilla and the method: ids only in the window
@@ -314,7 +314,7 @@ def test_a_torn_journal_is_reported_and_left_untouched(tmp_path):
 
 def test_an_orphan_check_does_not_trust_its_own_pid():
     from optuna.trial import create_trial
-    from tuner.cluster.liveness import RUN_TOKEN, gone
+    from tuner.study.liveness import RUN_TOKEN, gone
     import socket
     mine = {"host": socket.gethostname(), "pid": os.getpid()}
     earlier = create_trial(state=TrialState.RUNNING, user_attrs={**mine, "run_token": "old"})
@@ -329,13 +329,36 @@ def test_a_trial_being_stamped_is_not_reaped():
     import socket
 
     from optuna.trial import create_trial
-    from tuner.cluster.liveness import gone
+    from tuner.study.liveness import gone
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     half = create_trial(state=TrialState.RUNNING, user_attrs={"host": socket.gethostname()})
     ended = create_trial(state=TrialState.RUNNING,
                          user_attrs={"host": socket.gethostname(), "pid": dead.pid})
     assert gone(half) is None and "ended before it finished" in gone(ended)
+
+
+def test_a_slurm_trial_is_judged_by_the_job_check_it_is_given():
+    """The study never imports the Slurm layer: whether a trial's Slurm job is alive is asked
+    through the ``job_alive`` it is handed (None: no answer, never death); without one, only a
+    heartbeat can reap it. ``reap`` fails and re-queues it like any dead worker's trial."""
+    import optuna
+    from optuna.trial import create_trial
+    from tuner.study.liveness import gone, orphans, reap
+    slurm_trial = create_trial(state=TrialState.RUNNING, user_attrs={"slurm_job_id": "12_3"})
+    asked = []
+    assert gone(slurm_trial) is None
+    assert gone(slurm_trial, lambda job: asked.append(job)) is None and asked == ["12_3"]
+    assert gone(slurm_trial, lambda job: True) is None
+    assert gone(slurm_trial, lambda job: False) == "Slurm job 12_3 is gone"
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.suggest_int("k", 1, 8)
+    trial.set_user_attr("slurm_job_id", "12_3")
+    assert reap(study) == [] and reap(study, job_alive=lambda job: None) == []
+    assert reap(study, job_alive=lambda job: False) == [0] and orphans(study) == {0}
+    retry = study.get_trials()[1]
+    assert retry.state == TrialState.WAITING and retry.user_attrs["retry_of"] == 0
 
 
 # -- small correctness fixes ------------------------------------------------------------------
@@ -387,7 +410,7 @@ def test_the_sandbox_fails_a_program_that_exits_early():
 
 
 def test_prepare_work_finish_phases(tmp_path, monkeypatch):
-    import tuner.measure.hf as run_module
+    import tuner.engines.inprocess as run_module
     common = ["method=speculative", *TINY, "search=grid", "search.ranges=full",
               "method.space.num_draft_tokens.high=3", "method.params.num_draft_tokens=2",
               "tracking.experiment=ph"]

@@ -309,7 +309,7 @@ def test_study_end_to_end_with_mlflow(tmp_path, capsys):
 
 
 def test_a_raising_trial_does_not_stop_the_study(tmp_path, monkeypatch):
-    from tuner.measure.hf import HFEvaluator
+    from tuner.engines.inprocess import HFEvaluator
     real = HFEvaluator.measure
 
     def flaky(self, params, prompts, parity, store=None):
@@ -349,7 +349,7 @@ def test_a_lossless_violation_fails_the_trial(tmp_path, monkeypatch):
 
 
 def test_always_failing_trials_stop_at_the_trial_budget(tmp_path, monkeypatch):
-    from tuner.measure.hf import HFEvaluator
+    from tuner.engines.inprocess import HFEvaluator
 
     def broken(self, params, prompts, parity, store=None):
         raise RuntimeError("always broken")

@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ENV, compose_cfg, load_study, run_study
-from tests.services import require_vllm
+from tests.helpers.services import require_vllm
 from tuner.config.errors import ConfigError
 
 ENGINE = ["engine=vllm", "models=smollm2_early_exit", "task.n_prompts=2", "task.n_held_out=1",
@@ -56,7 +56,7 @@ def evaluator(tmp_path, *overrides):
     from tuner.engines.vllm import VllmEvaluator
     from tuner.study.settings import StudySettings
     settings = StudySettings.from_config(compose_cfg(tmp_path, *ENGINE, *overrides))
-    return settings, VllmEvaluator(settings, say=lambda line: None)
+    return settings, VllmEvaluator(settings.measuring, say=lambda line: None)
 
 
 def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_path):

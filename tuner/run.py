@@ -23,11 +23,11 @@ import optuna
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from tuner.cluster.slurm import job_alive_or_none
 from tuner.config.errors import ConfigError, Interrupted
 from tuner.config.validate import PHASES, plain
-from tuner.engines import make_evaluator
 from tuner.measure.timing import Timer, time_generation
-from tuner.study.finish import confirm
+from tuner.study.finish import confirm, held_out_record, measure
 from tuner.study.finish import finish as finish_study
 from tuner.study.objective import Objective
 from tuner.study.optimize import optimize
@@ -67,7 +67,7 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     points = Points(settings, study, make_plan(settings, say))
     callbacks = Callbacks([ConsoleProgress(say, study, points.limit()),
                            make_tracker(settings.tracking, say)])
-    evaluator = make_evaluator(settings, timer, say)
+    evaluator = settings.engine_object.evaluator(settings.measuring, timer, say)
     say(report.describe(settings, created, points.limit()))
     with sigterm_as_interrupt():
         try:
@@ -78,7 +78,8 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
             evaluator.open()
             if phase in ("all", "work"):
                 objective = Objective(settings, evaluator, study, callbacks.prompt_measured)
-                optimize(settings, study, points, objective, callbacks, say)
+                optimize(settings, study, points, objective, callbacks, say,
+                         job_alive=job_alive_or_none)     # the launcher's check, handed down
             if phase == "work":
                 from tuner.study.trials import spent
                 say(f"worker done: {spent(study)} trial(s) spent in study {settings.name}")
@@ -134,7 +135,7 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     say(f"replay of study {origin['study']} trial {origin['trial']} (recorded held-out speedup "
         f"{recorded}): {settings.default}")
     say(replay_budget_line(settings, origin.get("budget")))
-    evaluator = make_evaluator(settings, timer, say)
+    evaluator = settings.engine_object.evaluator(settings.measuring, timer, say)
     runs = start_replay(settings, origin)      # the MLflow run starts now (real duration)
     try:
         evaluator.open()
@@ -153,6 +154,27 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
         say(f"replay: held-out quality vs vanilla: "
             f"{report.quality_line(report.held_out(confirmed))}")
     return {"params": settings.default, **confirmed}
+
+
+def measure_held_out(cfg: DictConfig, params: dict[str, Any] | None = None,
+                     timer: Timer = time_generation) -> dict[str, float]:
+    """``params`` (default: the config's own defaults) against the engine's own baseline on the
+    config's held-out prompts, at every concurrency level: a fresh paired measurement that
+    touches no study storage and no tracker (benchmarks compare settings with it)."""
+    settings = StudySettings.from_config(cfg)
+    evaluator = settings.engine_object.evaluator(settings.measuring, timer, lambda line: None)
+    evaluator.open()
+    try:
+        return held_out_record(settings, measure(settings, evaluator,
+                                                 settings.default if params is None else params,
+                                                 settings.held_out))
+    finally:
+        evaluator.close()
+
+
+def default_params(cfg: DictConfig) -> dict[str, Any]:
+    """Every parameter's default (trial 0) as the config's engine runs the method."""
+    return StudySettings.from_config(cfg).default
 
 
 def replay_budget_line(settings: StudySettings, recorded: dict | None) -> str:

@@ -39,8 +39,11 @@ def method_class(method_cfg: Mapping[str, Any]) -> type:
         where = f"{cls.__module__}.{cls.__qualname__}" if inspect.isclass(cls) else repr(cls)
         raise ConfigError(f"method._target_={target!r} is not allowed: it resolves to {where}, "
                           "which is not defined in a 'decoding.' module")
-    if not callable(getattr(cls, "stream", None)):
-        raise ConfigError(f"method._target_={target!r} is not a decoding method (no stream())")
+    from decoding.base import DecodingMethod    # declares what a method can do (capabilities)
+    if not issubclass(cls, DecodingMethod):
+        raise ConfigError(f"method._target_={target!r} is not a decoding method: allowed are "
+                          "subclasses of decoding.base.DecodingMethod (they declare their "
+                          "capabilities)")
     return cls
 
 
@@ -52,7 +55,7 @@ def method_arguments(cls: type) -> list[str]:
 
 def check_method(method: Mapping[str, Any]) -> None:
     """The method's class, its parameters and space (an engine server's mapping: no class)."""
-    if "engine" in method:             # engine=llamacpp...: knobs checked by tuner.config.engines
+    if "engine" in method:             # engine=llamacpp...: knobs checked by its engine object (tuner.engines)
         check_space(method.get("params") or {}, method.get("space") or {})
         return
     cls = method_class(method)
@@ -107,3 +110,18 @@ def check_sampling(sampling: Mapping[str, Any], seed: Any) -> None:
     except ValueError as err:
         raise ConfigError(f"sampling.{err}") from None
     integer("seed", seed, 0, "an integer >= 0")
+
+
+def method_choice(cfg: Any) -> str:
+    """The conf/method file chosen (``method=prompt_lookup``), from Hydra's record of choices."""
+    from omegaconf import OmegaConf
+
+    from tuner.config.values import plain
+    chosen = OmegaConf.select(cfg, "hydra.runtime.choices.method", default=None)
+    if chosen is None:
+        from hydra.core.hydra_config import HydraConfig
+        try:
+            chosen = HydraConfig.get().runtime.choices.get("method")
+        except ValueError:                 # composed outside Hydra's app
+            chosen = None
+    return str(chosen or plain(cfg.method)["_target_"].split(".")[-1].lower())

@@ -82,7 +82,7 @@ def check_head(method: Mapping[str, Any], models: Mapping[str, Any]) -> None:
     except ValueError as err:
         raise ConfigError(f"method.params.{err} (allowed: {allowed}; models.eagle_head sets the "
                           "default)") from None
-    if raw is not None and getattr(method_class(method), "head_version", None) == 3 \
+    if raw is not None and method_class(method).head_version == 3 \
             and not is_eagle3({}, raw):
         raise ConfigError(f"method.params.head={head!r} is an EAGLE-1/2 head: method=eagle3 runs "
                           "EAGLE-3 heads (run this one with method=eagle)")
@@ -104,7 +104,7 @@ def check_head_fits(method: Mapping[str, Any], target: Any) -> Any:
         return None
     from decoding.eagle_weights import load_head
     from tuner.config.methods import method_class
-    version = getattr(method_class(method), "head_version", None)   # method=eagle3: 3
+    version = method_class(method).head_version     # method=eagle3: 3
     try:
         return load_head(str(params["head"]), target, version)
     except (ValueError, OSError) as err:

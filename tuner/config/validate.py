@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from omegaconf import DictConfig
 
-from tuner.config.engines import check_engine, effective_method
 from tuner.config.errors import ConfigError
 from tuner.config.methods import (
     SAMPLING_ARGS,
     check_method,
     check_sampling,
     method_arguments,
+    method_choice,
     method_class,
 )
 from tuner.config.models import (
@@ -60,16 +60,29 @@ PHASES = ("all", "prepare", "work", "finish")
 CPU_BUDGET = {"n_prompts": 1, "n_held_out": 0, "max_new_tokens": 1, "n_trials": 1}   # minimums
 
 
-def validate(cfg: DictConfig) -> None:
-    """Every setting the study will use, checked in one pass (cheap; no models, no storage)."""
+class EngineChecks(Protocol):
+    """What validation needs of an engine (``tuner.engines.base.Engine``)."""
+
+    def check(self, cfg: DictConfig, choice: str) -> None: ...
+
+    def method(self, cfg: DictConfig, choice: str) -> dict[str, Any]: ...
+
+
+def validate(cfg: DictConfig, engines: Callable[[DictConfig], EngineChecks]) -> None:
+    """Every setting the study will use, checked in one pass (cheap; no models, no storage).
+
+    ``engines``: the config -> its engine's object (``tuner.engines.engine_of``), whose own
+    checks run here and which says what method config the study runs."""
     try:
         task, models = plain(cfg.task), plain(cfg.models)
         plain(cfg.method)
     except Exception as err:   # noqa: BLE001 - an interpolation error is a config error too
         raise ConfigError(f"the config does not resolve: {err}".splitlines()[0]) from None
     check_choices(cfg)
-    check_engine(cfg)
-    method = effective_method(cfg)
+    choice = method_choice(cfg)
+    checks = engines(cfg)
+    checks.check(cfg, choice)
+    method = checks.method(cfg, choice)
     check_task(task)
     check_method(method)
     check_sampling(plain(cfg.sampling), cfg.seed)

@@ -9,7 +9,7 @@
   final norm and LM head (weights copied from the target's folder: the same model
   ``decoding.models.early_exit_draft`` builds in memory), cached beside the target's.
 Self-drafts that exist only in memory (``int8_dynamic``: torch dynamic quantisation; ``same``) have
-no folder an engine can load and are refused by ``tuner.config.engines``.
+no folder an engine can load and are refused by ``tuner.engines.vllm.VllmEngine``.
 
 EAGLE-1/2 heads for vLLM (``vllm_head``): vLLM's EAGLE Llama head has an ``fc`` without bias, and
 its Llama layer reads the config key ``bias`` — which the published EAGLE layout uses for the fc

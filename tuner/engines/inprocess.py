@@ -1,4 +1,4 @@
-"""``HFEvaluator``: measure a configuration with this project's own decoding loops, in process.
+"""``HFEvaluator``: engine=hf's backend, this project's own decoding loops, in process.
 
 The models load once (``open``); every call builds the method from its parameters, warms it and
 vanilla up on the first tuning prompts (untimed), then per prompt times vanilla and the method
@@ -12,7 +12,6 @@ the machine stayed busy is flagged ``contended``. Quality (task metric, perplexi
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -23,15 +22,21 @@ from decoding.eagle_weights import head_source
 from tuner.config.build import build_method, load_models
 from tuner.config.validate import check_generation_fits, check_head_fits
 from tuner.measure.energy import EnergyMeter, EnergyReading
-from tuner.measure.evaluator import BaselineStore, Evaluation, Paired, ParametersRefused
+from tuner.measure.evaluator import (
+    BaselineStore,
+    Evaluation,
+    MeasureSettings,
+    Paired,
+    ParametersRefused,
+)
 from tuner.measure.hygiene import ContentionGuard, configure_threads
-from tuner.measure.lossless import check_against_vanilla
-from tuner.measure.measurement import Measurement, paired_speedup, summarize
-from tuner.measure.quality import compare, mean_log_prob
+from tuner.measure.lossless import Gap, model_gap
+from tuner.measure.measurement import Measurement
+from tuner.measure.paired import assess, measure_pairs
+from tuner.measure.quality import mean_log_prob
 from tuner.measure.timing import Timer, reset_peak_memory, time_generation
 
 if TYPE_CHECKING:
-    from tuner.study.settings import StudySettings
     from tuner.tasks.task import Prompt
 
 VANILLA = {"_target_": "decoding.vanilla.Vanilla", "needs_draft": False}
@@ -41,7 +46,7 @@ FORWARD_ROOM = 128    # engine.compile: cache positions kept for a forward past 
 class HFEvaluator:
     """The in-process evaluator (transformers models, ``decoding`` loops); see the module doc."""
 
-    def __init__(self, settings: StudySettings, timer: Timer = time_generation,
+    def __init__(self, settings: MeasureSettings, timer: Timer = time_generation,
                  say: Callable[[str], None] = print) -> None:
         self.settings, self.timer, self.say = settings, timer, say
         self.prompts = {p.id: p for p in settings.tuning + settings.held_out}
@@ -49,7 +54,8 @@ class HFEvaluator:
         self.threads = 0
         self.compiled: CompiledTarget | None = None    # engine.compile=true: set by ``open``
         self._log_probs: dict[tuple, float] = {}       # (prompt id, tokens) -> mean log p
-        self._vanilla_quality: dict[tuple, dict] = {}  # vanilla's outputs repeat (fixed seed)
+        self.quality_cache: dict[tuple, dict] = {}     # vanilla's outputs repeat (fixed seed)
+        self.baseline_name = "vanilla"
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -61,7 +67,7 @@ class HFEvaluator:
         # method=eagle: the head loads and fits before any trial; every trial reuses it
         self.head = check_head_fits(s.method, self.pair.target)
         if self.head is not None:          # its weights were hashed once, for the fingerprint
-            identity = json.loads(s.fingerprint["method.head"])
+            identity = json.loads(s.head_identity or "{}")
             self.say(f"EAGLE head {s.default['head']}: {head_source(s.default['head'], identity)}")
         self.ids = {i: s.task.encode(p, self.tokenizer) for i, p in self.prompts.items()}
         longest = max(len(ids) for ids in self.ids.values())
@@ -90,8 +96,8 @@ class HFEvaluator:
         """Nothing to release: the models go with the process."""
 
     def describe(self) -> dict[str, str]:
-        info = {"engine": "hf", "threads": str(self.threads), "torch": torch.__version__,
-                "energy": self.meter.reason or "nvml",
+        info = {"engine": str(self.settings.engine["kind"]), "threads": str(self.threads),
+                "torch": torch.__version__, "energy": self.meter.reason or "nvml",
                 "transformers": transformers.__version__, "compiled": "no"}
         if self.compiled is not None:
             c = self.compiled
@@ -124,22 +130,33 @@ class HFEvaluator:
 
     def measure(self, params: Mapping[str, Any], prompts: Sequence[tuple[int, Prompt]],
                 parity: int, store: BaselineStore | None = None) -> Iterator[Paired]:
+        """The paired protocol (``tuner.measure.paired``) with the method built from
+        ``params``; ``store``: the study's vanilla (``baseline=per_study``)."""
         method = self.build(self.settings.method, params)
         stored, fresh = (None, True) if store is None else self._stored_baseline(store)
-        self._warmup(*([method] if stored else [self.vanilla, method]))
+        yield from measure_pairs(self, method, prompts, parity, stored, fresh)
+
+    # -- the backend (tuner.measure.paired.Backend) ------------------------------------------------
+
+    def warm_up(self, method: Any, baseline: bool) -> None:
+        self._warmup(*([self.vanilla, method] if baseline else [method]))
         reset_peak_memory(self.settings.device)
-        for k, (index, prompt) in enumerate(prompts, 1):
-            load = self.guard.check()
-            if stored is None:
-                vanilla_first = (parity + k) % 2 == 0        # alternate A/B and B/A
-                ref = self._measure(self.vanilla, prompt) if vanilla_first else None
-                got = self._measure(method, prompt)
-                ref = ref or self._measure(self.vanilla, prompt)
-            else:
-                ref, got = stored[prompt.id], self._measure(method, prompt)
-            got = replace(got, speedup=paired_speedup(ref, got), other_load=load.other_busy,
-                          contended=load.contended, waited_s=load.waited_s)
-            yield Paired(index, self._check(got, ref.tokens), ref, fresh)
+
+    def run(self, method: Any | None, batch: Sequence[tuple[int, Prompt]],
+            level: int) -> list[Measurement]:
+        """One request at a time: ``level`` is always 1 here."""
+        return [self._measure(self.vanilla if method is None else method, prompt)
+                for _, prompt in batch]
+
+    def settle(self) -> None:
+        """In process nothing else runs between the sides."""
+
+    def gap(self, prompt: Prompt, prefix: Sequence[int], chosen: int, other: int) -> Gap:
+        return model_gap(self.pair.target, list(self.ids[prompt.id]) + list(prefix), chosen,
+                         other, self.settings.near_tie_ulps)
+
+    def extra_summary(self) -> dict[str, float]:
+        return {}
 
     def _measure(self, method: Any, prompt: Prompt) -> Measurement:
         s = self.settings
@@ -160,12 +177,6 @@ class HFEvaluator:
             for prompt in s.tuning[: s.warmup_prompts]:
                 self.timer(method, self.ids[prompt.id], s.budget["max_new_tokens"], s.device)
             method.reset()                 # warm-up must not seed a method's history (pools)
-
-    def _check(self, m: Measurement, reference: Sequence[int]) -> Measurement:
-        if not (self.settings.greedy and self.settings.lossless):
-            return m
-        return check_against_vanilla(m, reference, self.ids[m.prompt_id], self.pair.target,
-                                     self.settings.near_tie_ulps)
 
     def _stored_baseline(self, store: BaselineStore) -> tuple[dict[str, Measurement], bool]:
         """``baseline=per_study``: vanilla once per study on the tuning prompts (kept in the
@@ -190,49 +201,16 @@ class HFEvaluator:
     # -- after the timed window --------------------------------------------------------------------
 
     def assess(self, pairs: Sequence[Paired]) -> Evaluation:
-        ms = [p.method for p in pairs]
-        refs = [p.baseline for p in pairs]
-        fresh = [p.baseline for p in pairs if p.fresh_baseline]
-        device = self.settings.device
-        summary = summarize(ms, self._energy(ms), device)
-        if fresh:
-            summary["vanilla_tokens_per_s"] = sum(r.new_tokens for r in fresh) / \
-                sum(r.wall_s for r in fresh)
-        summary.update(energy_versus(summary, refs))
-        record, ms, refs = self._quality(ms, refs)
-        summary.update(record)
-        fresh = [r for p, r in zip(pairs, refs) if p.fresh_baseline]
-        baseline = summarize([replace(r, speedup=1.0) for r in fresh], self._energy(fresh),
-                             device) if fresh else {}
-        return Evaluation(summary, tuple(ms), tuple(fresh), baseline)
+        return assess(self, pairs)
 
-    def _quality(self, ms: list[Measurement], refs: list[Measurement]
-                 ) -> tuple[dict[str, float], list[Measurement], list[Measurement]]:
-        """Task quality of the method and of vanilla on the same prompts; perplexities (lossy
-        methods, perplexity objectives), filled into the measurements' ``mean_log_prob``."""
-        prompts = [self.prompts[m.prompt_id] for m in ms]
-        task = self.settings.task
-        method_quality, _ = task.score(prompts, [m.text for m in ms])
-        key = tuple((r.prompt_id, r.tokens) for r in refs)
-        if key not in self._vanilla_quality:
-            self._vanilla_quality[key] = task.score(prompts, [r.text for r in refs])[0]
-        method_lp = vanilla_lp = None
-        if self.settings.scores_perplexity:
-            ms = [replace(m, mean_log_prob=self._log_prob(m)) for m in ms]
-            refs = [replace(r, mean_log_prob=self._log_prob(r)) for r in refs]
-            method_lp = [m.mean_log_prob for m in ms]
-            vanilla_lp = [r.mean_log_prob for r in refs]
-        record = compare(method_quality, self._vanilla_quality[key], method_lp, vanilla_lp)
-        return record, ms, refs
-
-    def _log_prob(self, m: Measurement) -> float:
+    def log_prob(self, m: Measurement) -> float:
         key = (m.prompt_id, tuple(m.tokens))
         if key not in self._log_probs:
             self._log_probs[key] = mean_log_prob(self.pair.target, self.ids[m.prompt_id],
                                                  m.tokens)
         return self._log_probs[key]
 
-    def _energy(self, ms: Sequence[Measurement]) -> EnergyReading:
+    def energy(self, ms: Sequence[Measurement]) -> EnergyReading:
         joules = [m.energy_j for m in ms]
         if not self.meter.available or any(j is None for j in joules):
             return EnergyReading(False, self.meter.reason or "unavailable", None, 0.0)
@@ -249,14 +227,3 @@ def model_name(model: Any, models: Mapping[str, Any]) -> str:
     target = models["target"]
     return str(getattr(model.config, "_name_or_path", "") or target.get("path") or
                target.get("package") or target.get("kind"))
-
-
-def energy_versus(summary: Mapping[str, float], vanilla: Sequence[Measurement]
-                  ) -> dict[str, float]:
-    """Vanilla's J/token on the same prompts and the method's ratio to it (NVML, GPU only)."""
-    joules = [v.energy_j for v in vanilla]
-    if "energy_j_per_token" not in summary or not vanilla or any(j is None for j in joules):
-        return {}
-    per_token = sum(joules) / max(sum(v.new_tokens for v in vanilla), 1)
-    return {"vanilla_energy_j_per_token": per_token,
-            "energy_ratio": summary["energy_j_per_token"] / per_token}

@@ -1,4 +1,5 @@
-"""``LlamaCppEvaluator``: measure a configuration inside llama.cpp's ``llama-server``.
+"""``engine=llamacpp``: llama.cpp's ``llama-server``; its engine object (``LlamaCppEngine``: GGUF
+models only, its program, its identity) and its backend (``LlamaCppEvaluator``).
 
 The protocol (two servers, paired interleaved batches per concurrency level, the lossless check
 with its near-tie rule) is ``tuner.engines.serving``'s; this module says what is llama.cpp's own:
@@ -18,22 +19,63 @@ with its near-tie rule) is ``tuner.engines.serving``'s; this module says what is
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.config.engines import check_binary
+from tuner.config.errors import ConfigError
 from tuner.engines.client import get_text, send_batch
 from tuner.engines.gguf import model_files
 from tuner.engines.server import EngineServer
+from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf
 from tuner.engines.serving import ServerEvaluator
 from tuner.measure.measurement import Measurement
 from tuner.search.space import is_active
 
 if TYPE_CHECKING:
+    from tuner.measure.evaluator import Evaluator, MeasureSettings
     from tuner.tasks.task import Prompt
 
 METRIC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
 METRIC_DRAFTS = "llamacpp:spec_decode_num_drafts_total"
+DRAFT_KINDS = (*GGUF_KINDS, "int8_dynamic")     # int8_dynamic: the target re-typed (self draft)
+
+
+class LlamaCppEngine(ServerEngine):
+    """llama.cpp as an engine object: GGUF models, a ``llama-server`` built by ``make engines``."""
+
+    name, display = "llamacpp", "llama.cpp"
+    counters = ("draft_n", "draft_n_accepted", "accepted per position (/metrics, concurrency 1)",
+                "prefill and decode ms")
+    program = "llama-server"
+    program_allowed = "a llama-server binary, or null for the one `make engines` builds"
+    install_hint = ("llama-server is not built for this CPU: build it with `make engines` "
+                    "(scripts/engines.sh llamacpp, a few minutes), or set "
+                    "engine.binary=/path/to/llama-server")
+
+    def check_models(self, models: Mapping[str, Any], mapping: Mapping[str, Any],
+                     method_params: Mapping[str, Any]) -> None:
+        """GGUF targets; drafts as GGUF files or the target re-typed (int8_dynamic)."""
+        target = models.get("target") or {}
+        if target.get("kind") not in GGUF_KINDS:
+            raise ConfigError(f"models.target.kind={target.get('kind')!r} cannot run in "
+                              f"engine={self.name}: allowed are GGUF models {list(GGUF_KINDS)} "
+                              f"(e.g. models=smollm2, or models.target={{kind: gguf_file, "
+                              f"path: ...}})")
+        check_gguf("models.target", target)
+        if not mapping.get("needs_draft"):
+            return
+        draft = models.get("draft") or {}
+        if isinstance(draft, list) or draft.get("kind") not in DRAFT_KINDS:
+            shown = draft.get("kind") if isinstance(draft, Mapping) else draft
+            raise ConfigError(f"models.draft.kind={shown!r} cannot run in engine={self.name}: "
+                              f"allowed are {list(DRAFT_KINDS)} (int8_dynamic: the target "
+                              "re-typed to engine.self_draft_type)")
+        if draft.get("kind") in GGUF_KINDS:
+            check_gguf("models.draft", draft)
+
+    def evaluator(self, settings: MeasureSettings, timer: Any,
+                  say: Callable[[str], None]) -> Evaluator:
+        return LlamaCppEvaluator(settings, say)
 
 
 class LlamaCppEvaluator(ServerEvaluator):
@@ -43,7 +85,7 @@ class LlamaCppEvaluator(ServerEvaluator):
 
     def prepare_models(self) -> None:
         s = self.settings
-        self.binary = check_binary(self.engine)
+        self.binary = LlamaCppEngine().binary(self.engine)
         self.target, self.draft = model_files(self.engine, s.models, s.method["needs_draft"],
                                               self.binary.parent / "llama-quantize")
 

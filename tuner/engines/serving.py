@@ -1,20 +1,18 @@
-"""``ServerEvaluator``: the measurement protocol every engine server shares (llama.cpp, vLLM).
+"""``ServerEvaluator``: the backend every engine server shares (llama.cpp, vLLM).
 
 Two servers on loopback, started from the same engine and model files: the *baseline* (no
 speculation, started once) and the *method* server (the trial's speculative settings; a trial
 whose settings differ from the running method server restarts it, and the restart time is
 recorded). Both have one slot per request of the largest concurrency level.
 
-Per concurrency level c and per batch of c prompts (cycled so that c requests are really in
-flight), the baseline and the method answer the same batch one after the other (the order
-alternating between batches), the pair after the machine was checked for other load and each
-side after the CPUs went quiet (a server that has just answered may still be busy); every request
-becomes a ``Measurement`` with the client's wall time and the server's own counts. At temperature 0
-the method's tokens must equal the baseline's at the same level; a difference is excused as a
-near-tie only when, in the baseline's own distribution after the same prefix (asked again,
-untimed), the two tokens' log-probabilities — which differ exactly by their logit gap — are within
-``near_tie_ulps`` units of ``engine.near_tie_dtype`` at ``|logit| = 32`` (servers expose
-log-probabilities, not raw logits; the embedded default's logits stay below 32).
+The paired protocol (warm-up, batches per level, alternating order, the contention guard, the
+lossless check with its one near-tie rule, ``assess``) is ``tuner.measure.paired``'s; this
+backend sends a batch to one server (``run``: every request a ``Measurement`` with the client's
+wall time and the server's own counts), waits for quiet CPUs between sides (``settle``), and
+reads the near-tie gap (``gap``): the two tokens' log-probabilities in the baseline's answer
+after the same prefix — which differ exactly by their logit gap — within ``near_tie_ulps`` units
+of ``engine.near_tie_dtype`` at ``|logit| = 32`` (servers expose log-probabilities, not raw
+logits; the embedded default's logits stay below 32).
 
 An engine module subclasses this with what differs between engines: how its models are prepared
 (``prepare_models``), its command line (``argv``) and speculative settings (``spec``), its request
@@ -29,8 +27,6 @@ import json
 import shlex
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,25 +37,23 @@ from tuner.config.errors import ConfigError
 from tuner.config.validate import check_generation_fits
 from tuner.engines.client import send_batch
 from tuner.engines.server import EngineError, EngineServer
-from tuner.measure.evaluator import BaselineStore, Evaluation, Paired
+from tuner.measure.evaluator import BaselineStore, Evaluation, MeasureSettings, Paired
 from tuner.measure.hygiene import (
     ContentionGuard,
     allowed_cpus,
     configure_threads,
     sample_other_load,
 )
-from tuner.measure.levels import level_summary
-from tuner.measure.lossless import LosslessViolation, first_difference, ulp
-from tuner.measure.measurement import Measurement, paired_speedup, summarize
+from tuner.measure.lossless import Gap, ulp
+from tuner.measure.measurement import Measurement
+from tuner.measure.paired import assess, measure_pairs
 
 if TYPE_CHECKING:
-    from tuner.study.settings import StudySettings
     from tuner.tasks.task import Prompt
 
 NEAR_TIE_LOGIT_SCALE = 32.0     # |logit| bound for the near-tie tolerance (see module doc)
 SETTLE_MAX_S = 5.0              # before each timed side: wait at most this long for quiet CPUs
 SETTLE_WINDOW_S = 0.1           # ... sampled in windows of this length
-LEVEL_STRIDE = 100_000          # pruner steps: level index * stride + the prompt's index
 
 Spec = Any                      # an engine's speculative settings (flags, a config), comparable
 
@@ -73,17 +67,19 @@ class ServerEvaluator:
     server_name = "server"      # the engine's program, in messages
     display = "the engine"      # in the lossless message: "differs from <display>'s own ..."
 
-    def __init__(self, settings: StudySettings, say: Callable[[str], None] = print) -> None:
+    def __init__(self, settings: MeasureSettings, say: Callable[[str], None] = print) -> None:
         self.settings, self.say = settings, say
         self.engine = dict(settings.engine)
         self.mapping = dict(settings.method["engine"])
         self.prompts = {p.id: p for p in settings.tuning + settings.held_out}
-        self.log_dir = Path(settings.studies_dir) / settings.name / "engine"
+        self.log_dir = Path(settings.work_dir) / "engine"
         self.baseline: EngineServer | None = None
         self.method_server: EngineServer | None = None
         self.method_spec: Spec = None
         self.restarts: list[float] = []
         self.threads = 0
+        self.baseline_name = f"{self.display}'s own non-speculative output"
+        self.quality_cache: dict[tuple, dict] = {}
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -213,36 +209,25 @@ class ServerEvaluator:
         return {"launch": self.launch_line(params), "request": json.dumps(request),
                 "build": self.build_info()}
 
-    # -- measuring -------------------------------------------------------------------------------
+    # -- measuring: the paired protocol (tuner.measure.paired) on two servers --------------------
 
     def measure(self, params: Mapping[str, Any], prompts: Sequence[tuple[int, Prompt]],
                 parity: int, store: BaselineStore | None = None) -> Iterator[Paired]:
-        server = self._method_server(self.spec(params))
-        self._warmup(server)
-        k = 0
-        for level_index, level in enumerate(self.settings.concurrency):
-            for batch in batches(prompts, level):
-                k += 1
-                self._settle()                      # our own servers first, then everyone else
-                load = self.guard.check()
-                sides = [(self.baseline, False), (server, True)]
-                if (parity + k) % 2:                        # alternate which side goes first
-                    sides.reverse()
-                answers = {}
-                for turn, (srv, method) in enumerate(sides):
-                    if turn:                        # the first side follows the check above
-                        self._settle()
-                    answers[method] = self._send(srv, batch, method, level)
-                again = Rerun(self, batch, level)
-                for slot, ((index, prompt), ref, got) in enumerate(
-                        zip(batch, answers[False], answers[True])):
-                    got = replace(got, speedup=paired_speedup(ref, got),
-                                  other_load=load.other_busy, contended=load.contended,
-                                  waited_s=load.waited_s)
-                    checked = self._check(got, ref, prompt, partial(again.baseline, slot))
-                    yield Paired(level_index * LEVEL_STRIDE + index, checked, ref, True)
+        """The paired protocol with the method server of ``params`` (a server engine always
+        measures its baseline beside it: ``baseline=per_trial``)."""
+        yield from measure_pairs(self, self._method_server(self.spec(params)), prompts, parity)
 
-    def _settle(self) -> None:
+    def warm_up(self, method: EngineServer, baseline: bool) -> None:
+        for srv, is_method in ((self.baseline, False), (method, True)):
+            for prompt in self.settings.tuning[: self.settings.warmup_prompts]:
+                send_batch(srv.url + self.endpoint, [self.payload(prompt, is_method)])
+
+    def run(self, method: EngineServer | None, batch: Sequence[tuple[int, Prompt]],
+            level: int) -> list[Measurement]:
+        return self._send(self.baseline if method is None else method, batch,
+                          method is not None, level)
+
+    def settle(self) -> None:
         """Wait (at most ``SETTLE_MAX_S``) until the CPUs are quiet before a timed side: a server
         that has just answered may keep a core busy for a while (vLLM's processes poll for
         about a second), which would slow the other side of the pair."""
@@ -251,11 +236,6 @@ class ServerEvaluator:
             sample = sample_other_load(self.guard.cpus, SETTLE_WINDOW_S)
             if not self.guard.busy(sample):
                 return
-
-    def _warmup(self, server: EngineServer) -> None:
-        for srv, method in ((self.baseline, False), (server, True)):
-            for prompt in self.settings.tuning[: self.settings.warmup_prompts]:
-                send_batch(srv.url + self.endpoint, [self.payload(prompt, method)])
 
     def _send(self, server: EngineServer, batch: Sequence[tuple[int, Prompt]], method: bool,
               level: int) -> list[Measurement]:
@@ -270,92 +250,34 @@ class ServerEvaluator:
         return [self.measurement(prompt, r.body, r.wall_s, level, wall, counted)
                 for (_, prompt), r in zip(batch, replies)]
 
-    # -- the lossless check ----------------------------------------------------------------------
-
-    def _check(self, got: Measurement, ref: Measurement, prompt: Prompt,
-               reruns: Callable[[], list[tuple[int, ...]]] | None = None) -> Measurement:
-        """Equal to the baseline, or a near-tie, or (several requests in flight) a position where
-        the baseline itself does not repeat its output: else ``LosslessViolation``.
-
-        ``reruns()``: the baseline's tokens for this request when its batch is sent again."""
-        if not (self.settings.greedy and self.settings.lossless):
-            return got
-        position = first_difference(got.tokens, ref.tokens)
-        if position is None:
-            return replace(got, matches_vanilla=True)
-        where = (f"prompt {prompt.id} (concurrency {got.concurrency}) differs from "
-                 f"{self.display}'s own non-speculative output at new-token position {position}")
-        if position >= len(ref.tokens) or position >= len(got.tokens):
-            raise LosslessViolation(f"{where}: one output stops early ({len(got.tokens)} vs "
-                                    f"{len(ref.tokens)} tokens)")
-        chosen, other = ref.tokens[position], got.tokens[position]
-        found = self.logprobs(prompt, ref.tokens[:position], (chosen, other))
-        gap = found[chosen] - found[other] if chosen in found and other in found else None
+    def gap(self, prompt: Prompt, prefix: Sequence[int], chosen: int, other: int) -> Gap:
+        """The two tokens' log-probabilities in the baseline's answer after prompt + prefix
+        (they differ exactly by their logit gap), against ``near_tie_ulps`` units of
+        ``engine.near_tie_dtype`` at ``|logit| = NEAR_TIE_LOGIT_SCALE``."""
+        found = self.logprobs(prompt, prefix, (chosen, other))
+        value = found[chosen] - found[other] if chosen in found and other in found else None
         dtype = getattr(torch, str(self.engine.get("near_tie_dtype", "float16")))
         tolerance = self.settings.near_tie_ulps * ulp(NEAR_TIE_LOGIT_SCALE, dtype)
-        if (gap is None or gap > tolerance) and got.concurrency > 1 and reruns is not None and \
-                any(varies_by(again, ref.tokens, position) for again in reruns()):
-            # the engine's own non-speculative output changes from run to run at or before this
-            # position (continuous batching changes its kernels' numerics, e.g. quantised
-            # weights): a token comparison at this level cannot tell, so it is not judged
-            return replace(got, matches_vanilla=False, engine_varies=True)
-        if gap is None or gap > tolerance:
-            shown = "not reported by the baseline" if gap is None else f"{gap:.4g}"
-            raise LosslessViolation(f"{where}: its token's log-probability trails the "
-                                    f"baseline's by {shown} (near-tie tolerance {tolerance:.3g}: "
-                                    f"near_tie_ulps={self.settings.near_tie_ulps:g} of {dtype})")
-        return replace(got, matches_vanilla=False, near_tie=True)
+        shown = "not reported by the baseline" if value is None else f"{value:.4g}"
+        return Gap(value, tolerance, f"its token's log-probability trails the baseline's by "
+                   f"{shown} (near-tie tolerance {tolerance:.3g}: near_tie_ulps="
+                   f"{self.settings.near_tie_ulps:g} of {dtype})")
 
     # -- after the timed window ------------------------------------------------------------------
 
     def assess(self, pairs: Sequence[Paired]) -> Evaluation:
-        device = torch.device("cpu")
-        ms = [p.method for p in pairs]
-        refs = [p.baseline for p in pairs]
-        summary = summarize(ms, None, device)
-        summary["vanilla_tokens_per_s"] = sum(r.new_tokens for r in refs) / \
-            sum(r.wall_s for r in refs)
-        summary.update(level_summary(pairs))
-        if self.restarts:
-            summary["engine_restart_s"] = self.restarts[-1]
-        method_quality, _ = self.settings.task.score(
-            [self.prompts[m.prompt_id] for m in ms], [m.text for m in ms])
-        summary.update({f"quality_{k}": float(v) for k, v in method_quality.items()})
-        baseline = summarize([replace(r, speedup=1.0) for r in refs], None, device)
-        return Evaluation(summary, tuple(ms), tuple(refs), baseline)
+        return assess(self, pairs)
 
+    def energy(self, ms: Sequence[Measurement]) -> None:
+        """Servers run on this machine's CPU here: no NVML reading (``energy_note``)."""
+        return None
 
-def varies_by(again: Sequence[int], first: Sequence[int], position: int) -> bool:
-    """Whether a second answer leaves the first at or before ``position``."""
-    differs = first_difference(again, first)
-    return differs is not None and differs <= position
+    def log_prob(self, m: Measurement) -> float | None:
+        """Not scored: the server holds the model."""
+        return None
 
-
-class Rerun:
-    """The baseline's answers to one batch sent again (untimed, at most ``RERUNS`` times, only
-    when asked: a divergence at several requests in flight)."""
-
-    RERUNS = 3
-
-    def __init__(self, evaluator: ServerEvaluator, batch: Sequence[tuple[int, Prompt]],
-                 level: int) -> None:
-        self.evaluator, self.batch, self.level = evaluator, batch, level
-        self.answers: list[list[Measurement]] | None = None
-
-    def baseline(self, slot: int) -> list[tuple[int, ...]]:
-        if self.answers is None:
-            ev = self.evaluator
-            self.answers = [ev._send(ev.baseline, self.batch, False, self.level)
-                            for _ in range(self.RERUNS)]
-        return [answer[slot].tokens for answer in self.answers]
-
-
-def batches(prompts: Sequence[tuple[int, Prompt]], level: int
-            ) -> list[list[tuple[int, Prompt]]]:
-    """Batches of ``level`` prompts covering every prompt at least once (cycled when fewer)."""
-    count = -(-len(prompts) // level)
-    return [[prompts[(b * level + j) % len(prompts)] for j in range(level)]
-            for b in range(count)]
+    def extra_summary(self) -> dict[str, float]:
+        return {"engine_restart_s": self.restarts[-1]} if self.restarts else {}
 
 
 def pad(values: Sequence[int], length: int) -> tuple[int, ...]:

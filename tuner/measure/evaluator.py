@@ -2,7 +2,7 @@
 
 An *evaluator* measures one configuration of a method against its baseline on a list of prompts.
 The study (``tuner.study``) decides which configuration and which prompts; the evaluator decides
-how they are run: in this process with transformers (``tuner.measure.hf.HFEvaluator``) or inside
+how they are run: in this process with transformers (``tuner.engines.inprocess.HFEvaluator``) or inside
 an inference engine's server. It knows nothing of Optuna or MLflow, and returns plain records:
 
   * ``measure(...)`` yields one ``Paired`` per prompt as soon as it is measured (so a pruner can
@@ -23,8 +23,55 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
+    import torch
+
     from tuner.measure.measurement import Measurement
-    from tuner.tasks.task import Prompt
+    from tuner.tasks.task import Prompt, Task
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """What an evaluator needs of a study, and nothing else (``StudySettings.measuring`` builds
+    it): the prompts, the budget, the sampling, the models and the method as the engine sees it,
+    and how to time fairly (threads, contention, warm-up, the near-tie tolerance)."""
+
+    task: Task                         # encodes the prompts, scores quality
+    tuning: tuple[Prompt, ...]         # prompts the search measures on
+    held_out: tuple[Prompt, ...]       # prompts only the winner's confirmation sees
+    budget: Mapping[str, int]          # max_new_tokens (and the task's sizes)
+    concurrency: tuple[int, ...]       # requests in flight at once, one measurement per level
+    sampling: Mapping[str, Any]        # temperature, top_k, top_p
+    seed: int
+    models: Mapping[str, Any]          # target/draft specs (decoding.models)
+    method: Mapping[str, Any]          # _target_, lossless, needs_draft, params, space
+    method_choice: str                 # the conf/method file name
+    engine: Mapping[str, Any]          # conf/engine: kind and its settings
+    warmup_prompts: int
+    near_tie_ulps: float
+    device: torch.device
+    threads: Any                       # "auto" or an int (tuner.measure.hygiene)
+    contention: str                    # wait | warn | fail
+    contention_wait_s: float
+    scores_perplexity: bool            # perplexity is scored after the timed window
+    work_dir: str                      # the study's own folder (an engine's server logs)
+    head_identity: str | None = None   # method.head's recorded identity (JSON), if any
+
+    @property
+    def space(self) -> dict[str, dict]:
+        return dict(self.method.get("space") or {})
+
+    @property
+    def default(self) -> dict[str, Any]:
+        """Every parameter's default (trial 0)."""
+        return dict(self.method.get("params") or {})
+
+    @property
+    def lossless(self) -> bool:
+        return bool(self.method.get("lossless", True))
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.sampling["temperature"]) == 0.0
 
 
 class ParametersRefused(ValueError):

@@ -223,7 +223,7 @@ def level_rows(settings: StudySettings, study: optuna.Study,
                confirmed: Mapping[str, float]) -> list[tuple[str, str]]:
     """Per concurrency level: the best trial there, the winner's held-out figure, and whether
     speculation should be on at that level (a per-batch-size schedule)."""
-    if settings.engine.get("kind", "hf") == "hf":
+    if settings.engine_object.max_concurrency == 1:      # one request at a time: no levels
         return []
     rows = []
     for level in settings.concurrency:
@@ -251,7 +251,7 @@ def level_winners(settings: StudySettings, study: optuna.Study
                   ) -> dict[int, dict[str, Any] | None]:
     """Per concurrency level (engine servers, several levels): the parameters of the trial with
     the best tuning throughput there, or None where no trial beat vanilla (speculation off)."""
-    if settings.engine.get("kind", "hf") == "hf" or len(settings.concurrency) < 2:
+    if settings.engine_object.max_concurrency == 1 or len(settings.concurrency) < 2:
         return {}
     out: dict[int, dict[str, Any] | None] = {}
     for level in settings.concurrency:

@@ -17,11 +17,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from decoding.models import resolve_device
-from tuner.config.engines import effective_method, engine_identity, engine_of, method_choice
 from tuner.config.errors import ConfigError
 from tuner.config.identity import fingerprint, short_hash
-from tuner.config.validate import check_journal, plain, validate
+from tuner.config.methods import method_choice
+from tuner.config.validate import check_journal, plain
+from tuner.engines import engine_config, engine_named, validated
+from tuner.engines.base import Engine
 from tuner.measure.energy import EnergyMeter
+from tuner.measure.evaluator import MeasureSettings
 from tuner.measure.quality import QualityBound
 from tuner.search.objectives import ENERGY, PERPLEXITY, better_first, directions
 from tuner.study.storage import journal_path
@@ -45,7 +48,7 @@ class StudySettings:
     models: Mapping[str, Any]          # target/draft specs (decoding.models)
     method: Mapping[str, Any]          # _target_, lossless, needs_draft, params, space
     method_choice: str                 # the conf/method file name (replay commands)
-    engine: Mapping[str, Any]          # conf/engine: kind (hf | llamacpp) and its settings
+    engine: Mapping[str, Any]          # conf/engine: kind and its settings (tuner.engines)
     choices: Mapping[str, str]         # the config groups chosen (models=tiny, engine=..., ...)
     search: Mapping[str, Any]          # kind, sampler, pruner, objectives, bounds, ranges
     objectives: tuple[str, ...]
@@ -105,13 +108,34 @@ class StudySettings:
     def searched(self, params: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in params.items() if k in self.space}
 
+    @property
+    def engine_object(self) -> Engine:
+        """The engine the study measures in (``tuner.engines``): its checks, capabilities,
+        deployable answer and backend."""
+        return engine_named(self.engine["kind"])
+
+    @property
+    def measuring(self) -> MeasureSettings:
+        """What the evaluator needs of this study (nothing else)."""
+        return MeasureSettings(
+            task=self.task, tuning=self.tuning, held_out=self.held_out, budget=self.budget,
+            concurrency=self.concurrency, sampling=self.sampling, seed=self.seed,
+            models=self.models, method=self.method, method_choice=self.method_choice,
+            engine=self.engine, warmup_prompts=self.warmup_prompts,
+            near_tie_ulps=self.near_tie_ulps, device=self.device, threads=self.threads,
+            contention=self.contention, contention_wait_s=self.contention_wait_s,
+            scores_perplexity=self.scores_perplexity,
+            work_dir=str(Path(self.studies_dir) / self.name),
+            head_identity=self.fingerprint.get("method.head"))
+
     # -- building ------------------------------------------------------------------------------
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> StudySettings:
-        validate(cfg)
-        method, task_cfg, search = effective_method(cfg), plain(cfg.task), plain(cfg.search)
-        engine = engine_of(cfg)
+        engine_object = validated(cfg)
+        choice = method_choice(cfg)
+        method = engine_object.method(cfg, choice)
+        task_cfg, search, engine = plain(cfg.task), plain(cfg.search), engine_config(cfg)
         try:
             task = Task(task_cfg)
         except ValueError as err:          # e.g. task.categories that the task does not have
@@ -133,13 +157,12 @@ class StudySettings:
             seed=int(cfg.seed), models=plain(cfg.models), method=dict(method), search=search,
             baseline=str(cfg.baseline), warmup_prompts=int(cfg.warmup_prompts),
             near_tie_ulps=float(cfg.near_tie_ulps), device=device, threads=threads,
-            concurrency=concurrency, engine=engine_identity(engine))
+            concurrency=concurrency, engine=engine_object.identity(engine))
         family = f"{cfg.study_prefix}-{short_hash(print_)}"
         tag = cfg.get("study_tag")
         name = str(cfg.study_name or (f"{family}-{tag}" if tag else family))
         if not cfg.storage:
             check_journal(journal_path(cfg.studies_dir, name))   # a torn last line: refused
-        choice = method_choice(cfg)
         return cls(
             name=name, family=family, fingerprint=print_, task=task, tuning=tuple(tuning),
             held_out=tuple(held_out), budget=budget, concurrency=concurrency,

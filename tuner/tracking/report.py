@@ -12,11 +12,13 @@ from typing import Any, Mapping
 import optuna
 from omegaconf import OmegaConf
 
+from tuner.engines.base import Engine
+
 
 def describe(settings, created: bool, limit: int) -> str:
     """The study's header: what is measured, where, how, and at most how many trials."""
     from tuner.config.identity import hardware
-    engine = settings.engine.get("kind", "hf")
+    engine = settings.engine["kind"]
     levels = "" if settings.concurrency == (1,) else \
         f", concurrency levels {list(settings.concurrency)}"
     return (f"study {settings.name} ({'new' if created else 'resumed'}): task "
@@ -163,9 +165,7 @@ def write_best_yaml(folder: Path, settings: Any, params: Mapping[str, Any],
               f"# Replay (a fresh paired measurement against vanilla on the study's held-out "
               f"prompts and budget):\n#   python -m tuner +task={task} "
               f"method={settings.method_choice} +best={settings.name}\n")
-    engine = settings.engine.get("kind", "hf")
-    where = {"method": {"params": dict(params)}} if engine == "hf" else \
-        {"engine": {"methods": {settings.method_choice: {"params": dict(params)}}}}
+    where = settings.engine_object.best_params(settings.method_choice, params)
     body = {"defaults": [{f"override /{group}": choice}
                          for group, choice in settings.choices.items()
                          if group in REPLAYED_GROUPS and choice],
@@ -256,9 +256,7 @@ def compare_previous(folder: Path, family: str, name: str, params: Mapping[str, 
     if not earlier:
         return None
     previous = yaml.safe_load(earlier[-1].read_text())
-    old_params = (previous.get("method") or {}).get("params") or next(
-        (m.get("params") for m in ((previous.get("engine") or {}).get("methods") or {}).values()),
-        None) or {}
+    old_params = Engine.recorded_params(previous)
     old_speed = (previous.get("replay") or {}).get("held_out_speedup")
     changed = {k: (old_params.get(k), v) for k, v in params.items() if old_params.get(k) != v}
     what = ("best parameters unchanged" if not changed else "best parameters changed: " +

@@ -1,0 +1,103 @@
+"""``Engine``: what one inference engine is to the tuner, in one object.
+
+An engine (``engine.kind`` in ``conf/engine/<kind>.yaml``) owns:
+
+* its config checks (the models it can load, the methods it offers, its knobs and their spaces),
+  run by ``tuner.config.validate`` before anything expensive;
+* the method as it sees it (``method``): the conf/method config itself in process, an engine's
+  knob mapping for a server, in the shape every later stage reads;
+* its part of the study identity (``identity``: its settings and the build that runs);
+* where its program comes from and how it is installed (``program``);
+* its declared capabilities (the class attributes below): the concurrency levels it serves,
+  whether it compiles, whether it takes a per-batch-size schedule;
+* where a winner's parameters live in the best YAML (``best_params`` / ``recorded_params``);
+* its backend (``evaluator``): what generates a batch of prompts under one setting and returns
+  tokens, timings and acceptance counts (``tuner.measure.evaluator.Evaluator``).
+
+Nothing outside ``tuner/engines/`` and ``conf/engine/`` names an engine: the tuner asks the
+object (``tuner.engines.engine_named``). docs/engines.md lists what a new engine provides.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+
+from omegaconf import DictConfig
+
+from tuner.config.errors import ConfigError
+from tuner.config.values import plain
+
+if TYPE_CHECKING:
+    from tuner.measure.evaluator import Evaluator, MeasureSettings
+    from tuner.measure.timing import Timer
+
+SERVERS = "engine=llamacpp | engine=vllm"     # shown where a setting needs an engine server
+
+
+class Engine:
+    """One engine (see the module docstring). Subclasses set the class attributes and override
+    the hooks; an engine object holds no state (one instance per process)."""
+
+    name: ClassVar[str]                 # engine.kind
+    display: ClassVar[str]              # how messages name it ("llama.cpp", "vLLM")
+    max_concurrency: ClassVar[int] = 1  # the largest budget.concurrency level it serves
+    compiles: ClassVar[bool] = False    # engine.compile=true is honoured
+    level_schedule: ClassVar[bool] = False   # takes a per-batch-size speculation schedule
+    counters: ClassVar[tuple[str, ...]] = ()  # acceptance counts its answers carry
+
+    # -- config ------------------------------------------------------------------------------
+
+    def check(self, cfg: DictConfig, choice: str) -> None:
+        """One ``ConfigError`` line for anything this engine cannot run (nothing loaded)."""
+        levels = list(plain(cfg.budget).get("concurrency") or [1])
+        self.check_objectives(list(plain(cfg.search).get("objectives") or []), levels)
+        if max(levels) > self.max_concurrency:
+            self.refuse_levels(levels)
+
+    def refuse_levels(self, levels: list[int]) -> None:
+        raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "
+                          f"allowed are levels up to {self.max_concurrency}")
+
+    def check_objectives(self, objectives: list[str], levels: list[int]) -> None:
+        """Level objectives (``…@c4``) name a measured level; throughput needs several requests
+        in flight, which only an engine that serves levels measures."""
+        for name in objectives:
+            base, _, level = str(name).partition("@c")
+            if level and level.isdigit() and int(level) not in levels:
+                raise ConfigError(f"search.objectives={objectives}: {name} names concurrency "
+                                  f"level {level}, which budget.concurrency={levels} does not "
+                                  "measure")
+            if (level or base == "throughput_ratio") and self.max_concurrency == 1:
+                raise ConfigError(f"search.objectives={objectives}: {name} is measured by "
+                                  f"engine servers only ({SERVERS}); engine={self.name} "
+                                  "measures one request at a time")
+
+    def method(self, cfg: DictConfig, choice: str) -> dict[str, Any]:
+        """The method config the study runs (``_target_``, ``lossless``, ``needs_draft``,
+        ``params``, ``space``): conf/method's unless the engine maps it onto its own knobs."""
+        return plain(cfg.method)
+
+    def identity(self, engine: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What identifies this engine's measurements in the study fingerprint (None: nothing
+        beyond the defaults every older study had)."""
+        return None
+
+    # -- results -----------------------------------------------------------------------------
+
+    def best_params(self, choice: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The best YAML's section that sets ``params`` on replay (``+best=``)."""
+        return {"method": {"params": dict(params)}}
+
+    @staticmethod
+    def recorded_params(best: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters a best YAML written by any engine records."""
+        return dict((best.get("method") or {}).get("params") or next(
+            (m.get("params") for m in ((best.get("engine") or {}).get("methods") or {}).values()),
+            None) or {})
+
+    # -- the backend -------------------------------------------------------------------------
+
+    def evaluator(self, settings: MeasureSettings, timer: Timer,
+                  say: Callable[[str], None]) -> Evaluator:
+        """The backend measuring ``settings`` (``timer``: the in-process clock)."""
+        raise NotImplementedError

@@ -1,0 +1,156 @@
+"""``ServerEngine``: what every engine server shares as an engine object (llama.cpp, vLLM).
+
+A server engine offers some of our methods, each mapped onto its own knobs in
+``conf/engine/<kind>.yaml`` (``methods.<method>``: fixed ``flags`` — llama.cpp's server flags,
+vLLM's speculative-config entries —, ``knobs`` parameter → flag or config key, default ``params``
+= trial 0, and the search ``space``). ``method`` returns that mapping in the shape every later
+stage reads (``_target_``, ``lossless``, ``needs_draft``, ``params``, ``space``), so plans,
+samplers, the fingerprint and the best YAML work unchanged. Its program is a cached build or
+install (``scripts/engines.sh``) or ``engine.binary``. The measurement protocol of the servers is
+``tuner.engines.serving``'s.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+from omegaconf import DictConfig
+
+from tuner.config.errors import ConfigError
+from tuner.config.values import plain
+from tuner.engines import DEFAULT
+from tuner.engines.base import Engine
+
+ROOT = Path(__file__).resolve().parents[2]
+GGUF_KINDS = ("gguf_file", "gguf_package")
+
+
+class ServerEngine(Engine):
+    """An engine that runs as a server the tuner starts (see the module docstring)."""
+
+    max_concurrency = 64                # one server slot per request in flight
+    level_schedule = False
+    program: ClassVar[str]              # the program in the cached install's bin/
+    program_allowed: ClassVar[str]      # what engine.binary may be
+    install_hint: ClassVar[str]         # how to install it when it is missing
+
+    # -- config ------------------------------------------------------------------------------
+
+    def check(self, cfg: DictConfig, choice: str) -> None:
+        super().check(cfg, choice)
+        if cfg.get("baseline") != "per_trial":
+            raise ConfigError(f"baseline={cfg.get('baseline')!r} is invalid with "
+                              f"engine={self.name}: allowed is per_trial (the baseline server "
+                              "answers the same batches in every trial)")
+        engine = plain(cfg.engine)
+        offered = sorted(engine.get("methods") or {})
+        if choice not in offered:
+            raise ConfigError(f"method={choice} is not offered by engine={self.name}: it "
+                              f"offers {offered}")
+        self.no_method_overrides(choice)
+        mapping = engine["methods"][choice]
+        known = set(mapping.get("knobs") or {})
+        for where in ("params", "space"):
+            unknown = sorted(set(mapping.get(where) or {}) - known)
+            if unknown:
+                raise ConfigError(f"engine.methods.{choice}.{where}.{unknown[0]} is not a knob "
+                                  f"of engine={self.name}: allowed are {sorted(known)}")
+        self.binary(engine)
+        self.check_models(plain(cfg.models), mapping, plain(cfg.method).get("params") or {})
+
+    def refuse_levels(self, levels: list[int]) -> None:
+        raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "
+                          f"allowed are levels up to {self.max_concurrency} (one server slot "
+                          "each)")
+
+    def check_models(self, models: Mapping[str, Any], mapping: Mapping[str, Any],
+                     method_params: Mapping[str, Any]) -> None:
+        """One line for a model this engine cannot load (a cheap look, nothing loaded)."""
+        raise NotImplementedError
+
+    def no_method_overrides(self, choice: str) -> None:
+        """``method.params.x=...`` tunes the in-process method; with a server it would be
+        ignored."""
+        from hydra.core.hydra_config import HydraConfig
+        try:
+            given = list(HydraConfig.get().overrides.task)
+        except ValueError:
+            return
+        bad = [o for o in given if re.match(r"^[+~]*method\.(params|space)\.", o)]
+        if bad:
+            name = bad[0].lstrip("+~").split("=")[0]
+            raise ConfigError(f"{bad[0]}: with engine={self.name} the method's knobs are "
+                              f"engine.methods.{choice}.params / .space (see "
+                              f"conf/engine/{self.name}.yaml); {name} applies to "
+                              f"engine={DEFAULT}")
+
+    def method(self, cfg: DictConfig, choice: str) -> dict[str, Any]:
+        method = plain(cfg.method)
+        mapping = (plain(cfg.engine).get("methods") or {})[choice]
+        return {"_target_": method["_target_"], "lossless": True,
+                "needs_draft": bool(mapping.get("needs_draft", False)),
+                "params": dict(mapping.get("params") or {}),
+                "space": dict(mapping.get("space") or {}),
+                "engine": {"flags": dict(mapping.get("flags") or {}),
+                           "knobs": dict(mapping.get("knobs") or {}),
+                           "needs_head": bool(mapping.get("needs_head", False))}}
+
+    def identity(self, engine: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Its settings (the method mappings and the start-up timeout aside) and what
+        identifies the build that runs (``build_identity``)."""
+        keep = {k: v for k, v in engine.items() if k not in ("methods", "startup_timeout_s")}
+        return {**keep, **self.build_identity(self.binary(engine))}
+
+    def build_identity(self, binary: Path) -> dict[str, Any]:
+        """The program's sha256 (an engine whose install has a better record overrides)."""
+        from tuner.engines.gguf import sha256
+        return {"binary_sha256": sha256(binary)}
+
+    # -- the program -------------------------------------------------------------------------
+
+    def binary(self, engine: Mapping[str, Any]) -> Path:
+        """The engine's program: engine.binary, or the cached build / install for this
+        machine."""
+        given = engine.get("binary")
+        if given:
+            path = Path(str(given)).expanduser()
+            if not (path.is_file() and path.stat().st_mode & 0o111):
+                raise ConfigError(f"engine.binary={given!r} is not an executable file: allowed "
+                                  f"is {self.program_allowed}")
+            return path
+        found = cached_build(self.name)
+        if found is None:
+            raise ConfigError(f"engine={self.name}: {self.install_hint}")
+        return found / self.program
+
+    # -- results -----------------------------------------------------------------------------
+
+    def best_params(self, choice: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {"engine": {"methods": {choice: {"params": dict(params)}}}}
+
+
+def cached_build(engine: str) -> Path | None:
+    """``bin/`` of the cached build of ``engine`` for this machine (scripts/engines.sh), or
+    None."""
+    if shutil.which("bash") is None:
+        return None
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "engines.sh"), "path", engine],
+                          capture_output=True, text=True)
+    return Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+
+
+def check_gguf(role: str, spec: Mapping[str, Any]) -> None:
+    """A GGUF file starts with the magic bytes GGUF (a cheap check before any server starts)."""
+    from tuner.engines.gguf import source_gguf
+    try:
+        path = source_gguf(spec)
+    except (OSError, ValueError, ModuleNotFoundError) as err:
+        raise ConfigError(f"{role}: {str(err).splitlines()[0]}") from None
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ConfigError(f"{role}: {path} is not a GGUF file (no GGUF magic): allowed is "
+                              "a model file llama.cpp can load")
