@@ -16,7 +16,7 @@ decoding: 1.49x speed, 1.62x less energy, perplexity 21.2 % lower than BiLD's (t
 "than greedy decoding"); the ICLR 2025 version: -21.2 % perplexity, 1.42x speed, 1.54x less energy.
 
 Result on the development machine (2-core AMD EPYC shared with other jobs, load average 4-6, no
-GPU, fp32), ``--prompts 3 --max-new-tokens 64``, GSM8K, one seed (discussion in README.md):
+GPU, fp32), ``--prompts 3 --max-new-tokens 64``, GSM8K, one seed (discussion in docs/benchmarks.md):
 
 | method (T 1, top-k 20, top-p 0.9) | tok/s | vs vanilla | mean accepted tokens | perplexity | GSM8K accuracy | J/token |
 |---|---|---|---|---|---|---|

@@ -1,4 +1,4 @@
-"""Every ``python -m tuner`` command in the README runs (CPU-runnable ones, shrunk to tiny models
+"""Every ``python -m tuner`` command in the README and docs/*.md runs (CPU-runnable ones, shrunk to tiny models
 and a tiny budget, MLflow tracking on), so an example cannot crash unnoticed. Commands that need
 what this machine may lack are listed with the reason and checked elsewhere."""
 
@@ -10,7 +10,18 @@ import shlex
 import pytest
 
 from tests.conftest import ROOT, compose_cfg
-from tests.services import require_llama_server, require_vllm
+from tests.helpers.services import require_llama_server, require_vllm
+
+# The commands run here are every ``python -m tuner`` line in the bash blocks of README.md and of
+# every docs/*.md page (the README keeps one example per step of its tour; the reference pages hold
+# the rest), each distinct command once.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# the pages the README links to ("Where to look things up"); docs/README.md lists every page
+REFERENCE_PAGES = ["tuning.md", "engines.md", "slurm.md", "decoding.md", "bad-input.md",
+                   "benchmarks.md", "verification.md", "phrase_drafting.md", "mjsd.md",
+                   "performance.md"]
+# the README's first two commands, exactly: CI runs "the README's test command"
+FIRST_COMMANDS = ["make tune", "make test"]
 
 # what makes a README command small: appended after its own overrides, so these win
 TINY = ["models=tiny", "task.n_prompts=1", "task.n_held_out=1", "task.max_new_tokens=4",
@@ -30,26 +41,112 @@ ELSEWHERE = {   # (fragment of the command, why it is not run here)
 }
 
 
+def bash_lines(text: str) -> list[str]:
+    """Every line of a page's bash blocks, continuation lines joined."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        lines += [line.strip() for line in block.replace("\\\n", " ").splitlines()]
+    return lines
+
+
+def page_commands(page) -> list[list[str]]:
+    """The arguments of every ``python -m tuner`` line in a page's bash blocks."""
+    return [shlex.split(line, comments=True)[3:] for line in bash_lines(page.read_text())
+            if line.startswith("python -m tuner ") and "--help" not in line]
+
+
 def readme_commands() -> list[list[str]]:
     """The arguments of every ``python -m tuner`` line in the README's bash blocks."""
-    text = (ROOT / "README.md").read_text()
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.strip()
-            if line.startswith("python -m tuner ") and "--help" not in line:
-                commands.append(shlex.split(line, comments=True)[3:])
+    return page_commands(ROOT / "README.md")
+
+
+def documented_commands() -> dict[tuple[str, ...], str]:
+    """Every distinct ``python -m tuner`` command of the README and docs/*.md -> the first page
+    (README first) that shows it."""
+    commands: dict[tuple[str, ...], str] = {}
+    for page in PAGES:
+        for args in page_commands(page):
+            commands.setdefault(tuple(args), page.relative_to(ROOT).as_posix())
     return commands
 
 
-COMMANDS = readme_commands()
+DOCUMENTED = documented_commands()
+COMMANDS = [list(args) for args in DOCUMENTED]
 
 
 def test_the_readme_has_tuner_examples():
     assert len(COMMANDS) >= 10 and any("engine=llamacpp" in c for c in COMMANDS)
 
 
-@pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(c)[:70] for c in COMMANDS])
+def test_the_readme_starts_with_make_tune_and_make_test():
+    """The first two commands of the README are the set-up-and-tune one and the test one."""
+    first = [line.split("#")[0].strip() for line in bash_lines((ROOT / "README.md").read_text())
+             if line and not line.startswith("#")][:2]
+    assert first == FIRST_COMMANDS, first
+
+
+def test_the_readme_tour_has_one_example_per_step():
+    """Tune, open MLflow, replay a winner, an engine study, a Slurm sweep: each in the README."""
+    readme = readme_commands()
+    lines = bash_lines((ROOT / "README.md").read_text())
+    assert ["+task=gsm8k"] in readme, readme
+    assert any(line.startswith("mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db")
+               for line in lines), lines
+    assert any(any(a.startswith("+best=") for a in c) for c in readme), readme
+    assert any("engine=llamacpp" in c for c in readme), readme
+    assert any("launcher=slurm" in c for c in readme), readme
+    # every README command is also on a reference page, with what it needs explained there
+    docs = {tuple(args) for page in PAGES[1:] for args in page_commands(page)}
+    assert all(tuple(c) in docs for c in readme), [c for c in readme if tuple(c) not in docs]
+
+
+def test_the_readme_reads_in_ten_minutes():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move reference text to docs/"
+
+
+def test_the_readme_and_the_docs_index_link_every_page():
+    readme = (ROOT / "README.md").read_text()
+    index = (ROOT / "docs" / "README.md").read_text()
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert set(REFERENCE_PAGES) <= set(pages), pages
+    assert not [p for p in REFERENCE_PAGES if f"](docs/{p})" not in readme]
+    assert not [p for p in pages if f"]({p})" not in index], "docs/README.md must list every page"
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors for a page's headings (lower case, punctuation dropped, spaces -> '-')."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])
+def test_every_relative_link_resolves(page):
+    """Every relative link of the README and docs/*.md names an existing file (and, with
+    ``#anchor``, a heading of it); no page points outside the repository."""
+    text = page.read_text()
+    assert "../shared/" not in text
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", text, flags=re.S)):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists() or ROOT not in file.parents:
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text()):
+            broken.append(target)
+    assert not broken, f"{page.name}: broken links {broken}"
+
+
+@pytest.mark.parametrize("args", COMMANDS,
+                         ids=[f"{DOCUMENTED[tuple(c)]}: {' '.join(c)}"[:80] for c in COMMANDS])
 def test_a_readme_example_runs(tmp_path, monkeypatch, args):
     line = " ".join(args)
     reason = next((why for part, why in ELSEWHERE.items() if part in line), None)

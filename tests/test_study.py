@@ -7,6 +7,8 @@ window, the sandbox, Table 9's grid)."""
 
 from __future__ import annotations
 
+import json
+
 import functools
 import os
 import signal
@@ -130,6 +132,27 @@ def test_an_unchanged_config_keeps_its_recorded_fingerprint(tmp_path):
 # objective and optimize loop); the hardware key (the CPU's model name) is left out so that the
 # check holds on any machine; on the AMD EPYC it was recorded on the full name is checked too
 RECORDED_WITHOUT_HARDWARE = "d86b0e47"
+
+
+def test_an_unchanged_engine_config_keeps_its_recorded_fingerprint(tmp_path):
+    """The same for an engine=llamacpp study (recorded before its engine became one object in
+    tuner/engines/): the program's path and sha256 and the machine are left out, so the check
+    holds on any machine; every other key, the engine's settings included, must be unchanged."""
+    from tuner.config.identity import short_hash
+    from tuner.study.settings import StudySettings
+    settings = StudySettings.from_config(compose_cfg(tmp_path, base=(
+        "+task=gsm8k", "models=smollm2", "method=prompt_lookup", "engine=llamacpp",
+        "engine.binary=/bin/true", "budget.concurrency=[1,4]")))
+    kept = {k: v for k, v in settings.fingerprint.items() if k != "hardware"}
+    engine = json.loads(kept["engine"])
+    assert engine["kind"] == "llamacpp" and len(engine.pop("binary_sha256")) == 64
+    assert engine.pop("binary") == "/bin/true"
+    kept["engine"] = json.dumps(engine, sort_keys=True)
+    assert short_hash(kept) == RECORDED_LLAMACPP_WITHOUT_HARDWARE
+
+
+# recorded with the code of 86647a6 (engines configured in tuner/config/engines.py)
+RECORDED_LLAMACPP_WITHOUT_HARDWARE = "9240717e"
 
 
 def test_resume_force_continues_a_changed_study(tmp_path):

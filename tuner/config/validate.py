@@ -1,10 +1,11 @@
 """Check a composed config completely before any model, storage or MLflow store is touched.
 
-``validate(cfg)`` raises ``ConfigError`` with one line naming the setting, the value and what is
+``validate(cfg, engines)`` raises ``ConfigError`` with one line naming the setting, the value and what is
 allowed. It reads only small files (the task's shipped data, a GGUF header, a journal's lines),
 imports the method's module to check its real signature, instantiates the Optuna sampler and
-pruner, and sends one short HTTP GET to a tracking server that should already run. The README's
-table of bad-input cases lists every message (each backed by a test in tests/test_validate.py).
+pruner, and sends one short HTTP GET to a tracking server that should already run. The engine's
+own checks run here too (``tuner.engines``: the caller hands its engine objects in).
+docs/bad-input.md lists every message (each backed by a test in tests/test_validate.py).
 
 The checks live by subject: ``task`` (settings and data file), ``methods`` (method, sampling),
 ``models`` (specs, EAGLE head, context length), ``search`` (search, Optuna classes, quality
