@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.measure.quality import feasible
 from tuner.search.objectives import objective_values
-from tuner.study.objective import TRIAL_ATTRS
+from tuner.study.record import FIGURES, TrialRecord
 from tuner.study.trials import completed, counts, failure_reason, ranked, trial_params
 from tuner.tracking import report
 from tuner.tracking.callbacks import Callback, StudyResult
@@ -116,7 +116,9 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     folder = Path(settings.studies_dir) / "best"
     deploy = evaluator.deployment(params, level_winners(settings, study))
     path = report.write_best_yaml(folder, settings, params, best, confirmed, deploy)
-    summary = dict(winner.user_attrs)
+    record = TrialRecord.read(winner)
+    summary = {**record.figures, **({} if record.feasible is None else
+                                    {"feasible": record.feasible})}
     notes = study_notes(settings, study, confirmed, summary)
     since = report.compare_previous(folder, settings.family, settings.name, params, confirmed)
     if since:
@@ -131,13 +133,13 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     files = [("best", path)] + [("plots", plot) for plot in (
         report.plots_png(study, path.with_suffix(".history.png")),
         report.plots_html(study, path.with_suffix(".plots.html"))) if plot]
-    metrics = {**{f"best_{k}": v for k, v in summary.items() if k in TRIAL_ATTRS},
+    metrics = {**{f"best_{k}": v for k, v in summary.items() if k in FIGURES},
                **{f"best_{k}": v for k, v in confirmed.items()}}
     tags = {"best_params": json.dumps(params), "best_trial": str(winner.number),
             **{f"deploy_{key}": value for key, value in deploy.items()}}
     if settings.bound.active:
         tags["best_feasible"] = "true"
-        metrics["infeasible_trials"] = float(sum(t.user_attrs.get("feasible") is False
+        metrics["infeasible_trials"] = float(sum(TrialRecord.read(t).infeasible
                                                  for t in completed(study)))
     callbacks.study_finished(StudyResult(rows, advice, metrics, tags, files, winner.number,
                                          trials_table(settings, study)))
@@ -150,10 +152,11 @@ def choose_winner(settings: StudySettings, study: optuna.Study, evaluator: Evalu
                   say: Callable[[str], None]) -> FrozenTrial | None:
     """The best feasible trial; contended leaders are re-measured first (see module doc)."""
     candidates = ranked(settings, study)
-    if not candidates or not candidates[0].user_attrs.get("contended"):
+    if not candidates or not TrialRecord.read(candidates[0]).contended:
         return candidates[0] if candidates else None
     value = {t.number: settings.sign * t.values[0] for t in candidates}
-    for trial in [t for t in candidates if t.user_attrs.get("contended")][:REMEASURE_AT_MOST]:
+    contended = [t for t in candidates if TrialRecord.read(t).contended]
+    for trial in contended[:REMEASURE_AT_MOST]:
         key = f"remeasured_{trial.number}"
         if key not in study.user_attrs:
             say(f"trial {trial.number} was measured while the machine was busy: re-measuring "
@@ -208,11 +211,12 @@ def trials_table(settings: StudySettings, study: optuna.Study) -> list[dict]:
         if t.state == TrialState.WAITING:
             continue
         value = t.values[0] if t.values else None
+        record = TrialRecord.read(t)
         rows.append({"trial": t.number, "state": t.state.name, **settings.searched(
             trial_params(settings, t)), settings.objectives[0]:
             None if value is None else round(value, 4),
-            "feasible": t.user_attrs.get("feasible", ""), "contended": bool(
-                t.user_attrs.get("contended")), "stage": t.user_attrs.get("stage", "")})
+            "feasible": "" if record.feasible is None else record.feasible,
+            "contended": record.contended, "stage": t.user_attrs.get("stage", "")})
     done = [r for r in rows if r["state"] == "COMPLETE"]
     rest = [r for r in rows if r["state"] != "COMPLETE"]
     key = settings.objectives[0]
@@ -227,12 +231,11 @@ def level_rows(settings: StudySettings, study: optuna.Study,
         return []
     rows = []
     for level in settings.concurrency:
-        key = f"throughput_ratio@c{level}"
-        top = level_best(study, key)
+        top = level_best(study, "throughput_ratio", level)
         if top is None:
             continue
-        ratio = top.user_attrs[key]
-        held = confirmed.get(f"held_out_{key}")
+        ratio = TrialRecord.read(top).at_level("throughput_ratio", level)
+        held = confirmed.get(f"held_out_throughput_ratio@c{level}")
         advice = (f"speculation ON: trial #{top.number} {trial_params(settings, top)}"
                   if ratio > 1.0 else "speculation OFF at this level (vanilla is faster)")
         rows.append((f"concurrency {level}", f"best tuning throughput {ratio:.3f}x vanilla "
@@ -241,10 +244,11 @@ def level_rows(settings: StudySettings, study: optuna.Study,
     return rows
 
 
-def level_best(study: optuna.Study, key: str) -> optuna.trial.FrozenTrial | None:
-    """The completed trial with the highest ``key`` (a per-level figure), or None."""
-    measured = [t for t in completed(study) if key in t.user_attrs]
-    return max(measured, key=lambda t: t.user_attrs[key]) if measured else None
+def level_best(study: optuna.Study, name: str, level: int) -> optuna.trial.FrozenTrial | None:
+    """The completed trial with the highest ``name`` at concurrency ``level``, or None."""
+    figures = {t.number: TrialRecord.read(t).at_level(name, level) for t in completed(study)}
+    measured = [t for t in completed(study) if figures[t.number] is not None]
+    return max(measured, key=lambda t: figures[t.number]) if measured else None
 
 
 def level_winners(settings: StudySettings, study: optuna.Study
@@ -255,10 +259,10 @@ def level_winners(settings: StudySettings, study: optuna.Study
         return {}
     out: dict[int, dict[str, Any] | None] = {}
     for level in settings.concurrency:
-        top = level_best(study, f"throughput_ratio@c{level}")
+        top = level_best(study, "throughput_ratio", level)
         if top is not None:
             out[level] = trial_params(settings, top) \
-                if top.user_attrs[f"throughput_ratio@c{level}"] > 1.0 else None
+                if TrialRecord.read(top).at_level("throughput_ratio", level) > 1.0 else None
     return out
 
 
@@ -283,12 +287,13 @@ def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping
     pruned = [t.number for t in trials if t.state == TrialState.PRUNED]
     if pruned:
         out.append(f"trials {pruned} were pruned (clearly slower on their first prompts)")
+    records = {t.number: TrialRecord.read(t) for t in trials}
     for attr, text in (("vanilla_drift", "vanilla speed drifted beyond drift_threshold"),
                        ("contended", "other processes used this machine's CPUs while measuring")):
-        flagged = [t.number for t in trials if t.user_attrs.get(attr)]
+        flagged = [n for n, r in records.items() if getattr(r, attr)]
         if flagged:
             out.append(f"{text} in trials {flagged}")
-    varies = [t.number for t in trials if t.user_attrs.get("engine_varies")]
+    varies = [n for n, r in records.items() if r.engine_varies]
     if varies:
         out.append(f"trials {varies}: some outputs at concurrency > 1 differed from the engine's "
                    "own non-speculative output where that output itself changed when the same "
@@ -300,7 +305,7 @@ def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping
                    "quality drop are noisy")
     if settings.bound.active:
         done = completed(study)
-        broken = [t.number for t in done if t.user_attrs.get("feasible") is False]
+        broken = [t.number for t in done if TrialRecord.read(t).infeasible]
         out.append(f"quality bound {settings.bound.describe()}: {len(broken)} of {len(done)} "
                    f"trials broke it{f' (trials {broken})' if broken else ''}; they are never "
                    "chosen")
@@ -316,9 +321,9 @@ def no_feasible_trial(settings: StudySettings, study: optuna.Study, callbacks: C
             ("feasible trials", f"0 of {len(done)}"),
             ("best infeasible trial", f"#{fastest.number}: {fastest.params}, "
              f"{settings.objectives[0]} {fastest.values[0]:.3f}, constraint values "
-             f"{fastest.user_attrs.get('constraints')}")]
+             f"{TrialRecord.read(fastest).constraints}")]
     rows += [("note", note) for note in study_notes(settings, study, {},
-                                                    dict(fastest.user_attrs))]
+                                                    dict(TrialRecord.read(fastest).figures))]
     advice = (f"use vanilla decoding: no configuration met the quality bound "
               f"({settings.bound.describe()}); relax search.max_quality_drop / "
               "search.max_perplexity_ratio only if that quality loss is acceptable")

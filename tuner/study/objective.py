@@ -20,17 +20,12 @@ import optuna
 from tuner.config.identity import hardware, short_hash
 from tuner.measure.quality import feasible
 from tuner.search.objectives import objective_values
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Evaluation, Evaluator, Paired
     from tuner.study.settings import StudySettings
 
-# summary keys kept on every trial (the summary table and best_* metrics read them)
-TRIAL_ATTRS = ("speedup", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate",
-               "vanilla_drift_ratio", "perplexity", "vanilla_perplexity", "perplexity_ratio",
-               "quality_drop", "energy_j_per_token", "vanilla_energy_j_per_token", "energy_ratio",
-               "contended_prompts", "other_load_max", "throughput_ratio", "engine_restart_s",
-               "engine_varies")
 
 
 @dataclass(frozen=True)
@@ -91,38 +86,34 @@ class Objective:
                     break
         result = self._record(trial, self.evaluator.assess(pairs))
         if pruned:
-            trial.set_user_attr("pruned_at", len(pairs))
+            TrialRecord(pruned_at=len(pairs)).write(trial)
             raise Pruned(result, len(pairs))
         return result
 
     def _record(self, trial: optuna.Trial, evaluation: Evaluation) -> TrialResult:
-        """Drift, constraints and the summary keys the report reads, set on the trial."""
+        """Drift, constraints and the numbers the report reads, set on the trial as its
+        ``TrialRecord``."""
         summary = evaluation.summary
         summary.update(self._drift(summary))
         described = self.evaluator.describe()
         tags = {"energy": described.get("energy", "nvml")}
         if "compiled" in described:       # engine=hf: eager, or the compiled target's settings
             tags["compiled"] = described["compiled"]
-            trial.set_user_attr("compiled", described["compiled"])
         constraints = self.settings.bound.constraints(summary, self.settings.lossless)
         for key, value in constraints.items():       # Optuna 5: read by TPE, NSGA-II, GP
             trial.set_constraint(key, value)
-        if constraints:
-            ok = feasible(constraints)
+        ok = feasible(constraints) if constraints else None
+        if ok is not None:
             summary["feasible"] = float(ok)
-            trial.set_user_attr("feasible", ok)
-            trial.set_user_attr("constraints", constraints)
             tags["feasible"] = str(ok).lower()
-        for key, value in summary.items():
-            if key in TRIAL_ATTRS or "@c" in key:      # per-level numbers: the schedule reads them
-                trial.set_user_attr(key, value)
         drifted = abs(summary.get("vanilla_drift_ratio", 1.0) - 1) > self.settings.drift_threshold
         tags["vanilla_drift"] = str(drifted).lower()
-        if drifted:
-            trial.set_user_attr("vanilla_drift", True)
-        if summary.get("contended_prompts"):
-            trial.set_user_attr("contended", True)
+        contended = bool(summary.get("contended_prompts"))
+        if contended:
             tags["contended"] = "true"
+        TrialRecord.from_summary(summary, feasible=ok, constraints=constraints or None,
+                                 vanilla_drift=drifted, contended=contended,
+                                 compiled=described.get("compiled")).write(trial)
         values = objective_values(summary, self.settings.objectives)
         return TrialResult(values, evaluation, tags)
 

@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, point_key
 from tuner.search.space import suggest
 from tuner.study.holding import enqueue, held_point
+from tuner.study.record import TrialRecord
 from tuner.study.trials import counts, dead_trials
 
 if TYPE_CHECKING:
@@ -105,8 +106,8 @@ class Points:
         for t in self.study.get_trials(deepcopy=False):
             key = point_key(held_point(t))
             if t.state == TrialState.COMPLETE:
-                results[key] = sign * t.values[0] if t.user_attrs.get("feasible", True) \
-                    else -math.inf
+                results[key] = -math.inf if TrialRecord.read(t).infeasible \
+                    else sign * t.values[0]
             elif t.state == TrialState.PRUNED or (t.state == TrialState.FAIL and
                                                    counts(self.study, t, dead)):
                 results[key] = -math.inf

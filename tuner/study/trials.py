@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study.liveness import RUN_TOKEN, orphans
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     from tuner.study.settings import StudySettings
@@ -62,9 +63,9 @@ def completed(study: optuna.Study) -> list[FrozenTrial]:
 
 def ranked(settings: StudySettings, study: optuna.Study) -> list[FrozenTrial]:
     """Feasible completed trials, best first by the first objective (Pareto front first)."""
-    done = [t for t in completed(study) if t.user_attrs.get("feasible", True)]
+    done = [t for t in completed(study) if not TrialRecord.read(t).infeasible]
     if len(settings.directions) > 1 and done:     # Study.best_trials honours the constraints too
-        front = {t.number for t in study.best_trials if t.user_attrs.get("feasible", True)}
+        front = {t.number for t in study.best_trials if not TrialRecord.read(t).infeasible}
         return sorted(done, key=lambda t: (t.number not in front, -settings.sign * t.values[0]))
     return sorted(done, key=lambda t: -settings.sign * t.values[0])
 

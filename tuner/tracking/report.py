@@ -13,6 +13,7 @@ import optuna
 from omegaconf import OmegaConf
 
 from tuner.engines.base import Engine
+from tuner.study.record import TrialRecord
 
 
 def describe(settings, created: bool, limit: int) -> str:
@@ -216,7 +217,7 @@ def best_so_far(study: optuna.Study) -> tuple[list[int], list[float]]:
     """Best first-objective value so far over feasible trials (speedup: maximised)."""
     numbers, best, top = [], [], float("-inf")
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if t.user_attrs.get("feasible") is False:
+        if TrialRecord.read(t).infeasible:
             continue
         top = max(top, t.values[0])
         numbers.append(t.number)
