@@ -39,6 +39,16 @@ ELSEWHERE = {   # (fragment of the command, why it is not run here)
     "tracking=server": "needs an MLflow server (tests/test_storage_services.py)",
     "+best=": "replays a finished study (tests/test_readme.py::test_the_printed_replay_runs)",
 }
+# engine examples whose whole study another test runs on the same path (engine, method, levels):
+# here their config is validated completely (the engine's own checks, its program and models
+# included) and the study is not measured a second time
+STUDIED = {
+    "method=prompt_lookup engine=vllm budget.concurrency=[1,4]":
+        ("tests/test_vllm.py", "test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_"
+                               "point"),
+    "method=speculative engine=llamacpp":
+        ("tests/test_engines.py", "test_greedy_outputs_equal_the_engines_own"),
+}
 
 
 def bash_lines(text: str) -> list[str]:
@@ -160,6 +170,14 @@ def test_a_readme_example_runs(tmp_path, monkeypatch, args):
         require_llama_server()
     if "engine=vllm" in args:
         require_vllm()
+    studied = next((where for part, where in STUDIED.items() if part in line), None)
+    if studied is not None:
+        from tuner.study.settings import StudySettings
+        settings = StudySettings.from_config(compose_cfg(tmp_path, *args, *small, base=()))
+        assert settings.engine["kind"] in line and settings.default
+        path, test = studied
+        assert f"def {test}" in (ROOT / path).read_text(), f"{path}::{test} is gone"
+        return
     from tuner.run import run
     result = run(compose_cfg(tmp_path, *args, *small, "tracking.experiment=readme", base=()))
     assert result.get("study_name")
