@@ -29,8 +29,34 @@ if TYPE_CHECKING:
     from tuner.tasks.task import Prompt, Task
 
 
+class MethodView:
+    """What a study's method and sampling imply, for any record with ``method`` (``_target_``,
+    ``lossless``, ``params``, ``space``) and ``sampling`` (``MeasureSettings``,
+    ``StudySettings``)."""
+
+    method: Mapping[str, Any]
+    sampling: Mapping[str, Any]
+
+    @property
+    def space(self) -> dict[str, dict]:
+        return dict(self.method.get("space") or {})
+
+    @property
+    def default(self) -> dict[str, Any]:
+        """Every parameter's default (trial 0): searched and fixed ones."""
+        return dict(self.method.get("params") or {})
+
+    @property
+    def lossless(self) -> bool:
+        return bool(self.method.get("lossless", True))
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.sampling["temperature"]) == 0.0
+
+
 @dataclass(frozen=True)
-class MeasureSettings:
+class MeasureSettings(MethodView):
     """What an evaluator needs of a study, and nothing else (``StudySettings.measuring`` builds
     it): the prompts, the budget, the sampling, the models and the method as the engine sees it,
     and how to time fairly (threads, contention, warm-up, the near-tie tolerance)."""
@@ -55,23 +81,6 @@ class MeasureSettings:
     scores_perplexity: bool            # perplexity is scored after the timed window
     work_dir: str                      # the study's own folder (an engine's server logs)
     head_identity: str | None = None   # method.head's recorded identity (JSON), if any
-
-    @property
-    def space(self) -> dict[str, dict]:
-        return dict(self.method.get("space") or {})
-
-    @property
-    def default(self) -> dict[str, Any]:
-        """Every parameter's default (trial 0)."""
-        return dict(self.method.get("params") or {})
-
-    @property
-    def lossless(self) -> bool:
-        return bool(self.method.get("lossless", True))
-
-    @property
-    def greedy(self) -> bool:
-        return float(self.sampling["temperature"]) == 0.0
 
 
 class ParametersRefused(ValueError):

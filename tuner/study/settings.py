@@ -24,7 +24,7 @@ from tuner.config.validate import check_journal, plain
 from tuner.engines import engine_config, engine_named, validated
 from tuner.engines.base import Engine
 from tuner.measure.energy import EnergyMeter
-from tuner.measure.evaluator import MeasureSettings
+from tuner.measure.evaluator import MeasureSettings, MethodView
 from tuner.measure.quality import QualityBound
 from tuner.search.objectives import ENERGY, PERPLEXITY, better_first, directions
 from tuner.study.storage import journal_path
@@ -32,7 +32,7 @@ from tuner.tasks.task import Prompt, Task
 
 
 @dataclass(frozen=True)
-class StudySettings:
+class StudySettings(MethodView):
     """One study's settings (plain values; see the module docstring)."""
 
     name: str                          # the Optuna study name (and MLflow parent run name)
@@ -73,23 +73,6 @@ class StudySettings:
     notices: tuple[str, ...] = ()      # lines to print before the study starts
 
     # -- derived ---------------------------------------------------------------------------------
-
-    @property
-    def space(self) -> dict[str, dict]:
-        return dict(self.method.get("space") or {})
-
-    @property
-    def default(self) -> dict[str, Any]:
-        """Every parameter's default (trial 0): searched and fixed ones."""
-        return dict(self.method.get("params") or {})
-
-    @property
-    def lossless(self) -> bool:
-        return bool(self.method.get("lossless", True))
-
-    @property
-    def greedy(self) -> bool:
-        return float(self.sampling["temperature"]) == 0.0
 
     @property
     def sign(self) -> int:
