@@ -33,7 +33,6 @@ class ServerEngine(Engine):
     """An engine that runs as a server the tuner starts (see the module docstring)."""
 
     max_concurrency = 64                # one server slot per request in flight
-    level_schedule = False
     program: ClassVar[str]              # the program in the cached install's bin/
     program_allowed: ClassVar[str]      # what engine.binary may be
     install_hint: ClassVar[str]         # how to install it when it is missing

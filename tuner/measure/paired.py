@@ -29,8 +29,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from tuner.measure.evaluator import Evaluation, MeasureSettings, Paired
+from tuner.measure.levels import level_summary
 from tuner.measure.lossless import Gap, first_difference, judge
 from tuner.measure.measurement import Measurement, paired_speedup, summarize
+from tuner.measure.quality import compare
 
 if TYPE_CHECKING:
     from tuner.measure.energy import EnergyReading
@@ -165,7 +167,6 @@ def varies_by(again: Sequence[int], first: Sequence[int], position: int) -> bool
 
 def assess(backend: Backend, pairs: Sequence[Paired]) -> Evaluation:
     """Step 5 of the module docstring: the pairs as one ``Evaluation``."""
-    from tuner.measure.levels import level_summary
     s = backend.settings
     ms, refs = [p.method for p in pairs], [p.baseline for p in pairs]
     fresh = [p.baseline for p in pairs if p.fresh_baseline]
@@ -190,7 +191,6 @@ def quality(backend: Backend, pairs: Sequence[Paired], ms: list[Measurement],
                                               list[Measurement]]:
     """Task quality of the method and of the baseline on the same prompts; perplexities (lossy
     methods, perplexity objectives) where the backend can score them."""
-    from tuner.measure.quality import compare
     task = backend.settings.task
     prompts = {p.id: p for p in (*backend.settings.tuning, *backend.settings.held_out)}
     shown = [prompts[m.prompt_id] for m in ms]

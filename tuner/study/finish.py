@@ -246,8 +246,9 @@ def level_rows(settings: StudySettings, study: optuna.Study,
 
 def level_best(study: optuna.Study, name: str, level: int) -> optuna.trial.FrozenTrial | None:
     """The completed trial with the highest ``name`` at concurrency ``level``, or None."""
-    figures = {t.number: TrialRecord.read(t).at_level(name, level) for t in completed(study)}
-    measured = [t for t in completed(study) if figures[t.number] is not None]
+    done = completed(study)
+    figures = {t.number: TrialRecord.read(t).at_level(name, level) for t in done}
+    measured = [t for t in done if figures[t.number] is not None]
     return max(measured, key=lambda t: figures[t.number]) if measured else None
 
 
