@@ -32,6 +32,7 @@ LOOKUP = ["method=prompt_lookup", "~engine.methods.prompt_lookup.space",
           "+engine.methods.prompt_lookup.space={size_n:{type:int,low:1,high:2}}",
           "engine.methods.prompt_lookup.params.size_n=2",
           "engine.methods.prompt_lookup.params.size_m=8"]
+LEVELS = ["budget.concurrency=[1,4]", "search.objectives=[throughput_ratio]"]
 
 pytestmark = pytest.mark.usefixtures("in_tmp")
 
@@ -72,19 +73,28 @@ def evaluator(tmp_path, *overrides):
 
 
 def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path):
+    """At concurrency 1 and 4, ranked by throughput (the path of docs/engines.md's llama.cpp
+    example, which tests/test_readme.py only validates): both trials complete with the
+    server's own counts and per-level figures; the answer is a 4-slot launch line that, started
+    as printed, reproduces the winner's tokens; no server or port outlives the study."""
     before = servers()
-    result = run_study(tmp_path, *ENGINE, *LOOKUP, "search=grid", "search.ranges=full",
+    result = run_study(tmp_path, *ENGINE, *LOOKUP, *LEVELS, "search=grid", "search.ranges=full",
                        "tracking.experiment=eng")
     study = load_study(tmp_path)
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
     assert {t.params["size_n"] for t in trials} == {1, 2}
     assert all(t.user_attrs["acceptance_rate"] > 0 for t in trials)   # the server's own counts
+    for level in (1, 4):
+        assert all(t.user_attrs[f"throughput_ratio@c{level}"] > 0 for t in trials)
+    assert json.loads(study.user_attrs["fingerprint"]["search"])["objectives"] == \
+        ["throughput_ratio"]
     assert servers() <= before                        # both servers are gone
     assert all(port_free(p) for p in ports(tmp_path / "studies" / "t"))
     best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
     launch = best["deploy"]["launch"]
     assert launch.startswith("llama-server -m ") and "--spec-type ngram-simple" in launch
+    assert "-np 4" in launch
     assert f"--spec-ngram-simple-size-n {result['params']['size_n']}" in launch
     import mlflow
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
@@ -98,7 +108,7 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path):
     argv[0] = require_llama_server()
     argv[argv.index("--port") + 1] = "{port}"
     request = json.loads(best["deploy"]["request"])
-    settings, ev = evaluator(tmp_path, *LOOKUP)
+    settings, ev = evaluator(tmp_path, *LOOKUP, *LEVELS)
     ev.open()
     try:
         prompt = settings.held_out[0]
