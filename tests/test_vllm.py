@@ -61,20 +61,27 @@ def evaluator(tmp_path, *overrides):
 
 def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_path):
     """Prompt lookup, grid over prompt_lookup_min in {1, 6} with max 5: vLLM refuses min > max,
-    so that trial fails alone (its server exits while starting) and the study goes on; the other
-    completes with the server's own acceptance counts at concurrency 1 and 4; the answer is a
-    `vllm serve` line and a per-batch-size schedule; no server outlives the study."""
+    so that trial (the default point, trial 0) fails alone (its server exits while starting) and
+    the study goes on; the other completes with the server's own acceptance counts at
+    concurrency 1 and 4, and its server, still up, measures the held-out prompts (three server
+    starts in all); the answer is a `vllm serve` line and a per-batch-size schedule; no server
+    outlives the study."""
     before = servers()
     result = run_study(tmp_path, *ENGINE, "method=prompt_lookup", "models=smollm2",
                        "budget.concurrency=[1,4]", "search=grid", "search.ranges=full",
                        "~engine.methods.prompt_lookup.space",
                        "+engine.methods.prompt_lookup.space={prompt_lookup_min:{type:categorical,"
-                       "choices:[1,6]}}", "engine.methods.prompt_lookup.params.prompt_lookup_min=1",
+                       "choices:[1,6]}}", "engine.methods.prompt_lookup.params.prompt_lookup_min=6",
                        "tracking.experiment=vllm")
     trials = {t.params["prompt_lookup_min"]: t for t in load_study(tmp_path).trials}
     assert {k: t.state for k, t in trials.items()} == {1: TrialState.COMPLETE,
                                                        6: TrialState.FAIL}
     assert "method exited with code" in trials[6].user_attrs["error"]
+    assert trials[6].number == 0
+    logs = tmp_path / "studies" / "t" / "engine"
+    starts = {log.stem: sum(line.startswith("$ ") for line in log.read_text().splitlines())
+              for log in logs.glob("*.log")}
+    assert starts == {"baseline": 1, "method": 2}
     done = trials[1].user_attrs
     assert done["acceptance_rate"] > 0                      # vLLM's own per-request counts
     for level in (1, 4):
