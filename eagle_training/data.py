@@ -1,9 +1,9 @@
 """Training text for an EAGLE head: the tasks this repo ships, minus every held-out prompt.
 
-Each record of every task (``conf/task/*.yaml``) except the task's held-out slice (``Task.split``:
-the last ``n_held_out`` of its seeded shuffle; the bench measures on those) becomes one chat: the
-task's prompt as the user turn and, where the data has one, the reference answer as the assistant
-turn (GSM8K worked solution, CNN/DM highlights, HumanEval canonical solution, MBPP code, WMT16
+Each record of every benchmark task (``conf/task/*.yaml``, but not ``prompts``: a user's own file)
+except the task's held-out slice (``Task.split``: the last ``n_held_out`` of its seeded shuffle;
+the bench measures on those) becomes one chat: the task's prompt as the user turn and, where the
+data has one, the reference answer as the assistant turn (GSM8K worked solution, CNN/DM highlights, HumanEval canonical solution, MBPP code, WMT16
 reference translation); MT-bench and Spec-Bench questions have no reference and are used alone.
 Records of one task that repeat another task's held-out prompt (Spec-Bench holds GSM8K questions
 and CNN/DM articles) are dropped: a record sharing ≥ 3 word 8-grams with a held-out GSM8K question
@@ -21,6 +21,13 @@ from typing import Any
 from tuner.tasks.task import Prompt, Task, task_configs
 
 GUARDED = ("gsm8k", "cnndm")          # the bench's tasks: their held-out text must never leak
+
+
+def benchmark_configs() -> dict[str, dict]:
+    """The shipped benchmark tasks (a task reading a user's prompt file, ``data.format`` set,
+    is not training text: its file is whatever the user points it at)."""
+    return {name: cfg for name, cfg in task_configs().items()
+            if (cfg.get("data") or {}).get("format") is None}
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ def guard_ngrams(configs: dict[str, dict]) -> set[tuple[str, ...]]:
 
 def training_corpus(tokenizer: Any, max_len: int, seed: int = 0) -> Corpus:
     """Every task's training records as token sequences (last ``max_len`` tokens), shuffled."""
-    configs = task_configs()
+    configs = benchmark_configs()
     guard = guard_ngrams(configs)
     sequences, counts, dropped = [], {}, 0
     for name, cfg in configs.items():
@@ -90,7 +97,7 @@ def training_corpus(tokenizer: Any, max_len: int, seed: int = 0) -> Corpus:
 
 def held_out_sequences(tokenizer: Any, max_len: int, per_task: int) -> list[list[int]]:
     """The first held-out prompts of the bench's tasks with their references (evaluation only)."""
-    configs = task_configs()
+    configs = benchmark_configs()
     out = []
     for name in GUARDED:
         task, _, held = held_out(configs[name])

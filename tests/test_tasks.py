@@ -14,7 +14,7 @@ from tuner.tasks.task import Task, load_records
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "task"
 EXPECTED = {"gsm8k": 200, "humaneval": 164, "mbpp": 90, "cnndm": 100, "wmt16": 100,
-            "mtbench": 80, "specbench": 480}
+            "mtbench": 80, "specbench": 480, "prompts": 40}
 
 
 def task_cfg(name: str) -> dict:

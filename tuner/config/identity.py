@@ -28,12 +28,14 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
                 baseline: str, warmup_prompts: int, near_tie_ulps: float,
                 device: torch.device, threads: Any = "auto",
                 concurrency: tuple[int, ...] = (1,),
-                engine: Mapping[str, Any] | None = None) -> dict[str, str]:
+                engine: Mapping[str, Any] | None = None,
+                data_sha256: str | None = None) -> dict[str, str]:
     """Flat ``{key: canonical JSON}``: easy to store, compare and report key by key.
 
     ``threads``: an explicit intra-op thread count is part of the identity; ``auto`` (one per CPU
     the process may use) is not a key, so a study made before threads were recorded keeps its
-    fingerprint (the count is recorded on every trial either way).
+    fingerprint (the count is recorded on every trial either way). ``data_sha256``: the content of
+    a user's prompt file (a key only for such tasks).
     """
     search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout")}
     digest = hashlib.sha256(_canonical([tuning_ids, held_out_ids]).encode()).hexdigest()[:16]
@@ -52,6 +54,8 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
     }
     if threads not in (None, "auto"):
         raw["threads"] = threads
+    if data_sha256 is not None:      # a user's prompt file: ids are line numbers, so its content
+        raw["task.data_sha256"] = data_sha256   # (shipped task files never change under a study)
     if tuple(concurrency) != (1,):   # one request at a time: the key every older study lacks
         raw["budget.concurrency"] = list(concurrency)
     if engine is not None:           # engine=hf (every older study): not a key

@@ -43,10 +43,13 @@ def check_data(task: Mapping[str, Any]) -> None:
     if source not in SOURCES:
         raise ConfigError(f"task.data.source={source!r} is invalid: allowed are auto, local, hub")
     local = data.get("local")
+    if data.get("format") is not None or task.get("template") == "messages":
+        check_prompt_file(task)
+        return
     if not local or source == "hub":
         return
-    from tuner.tasks.task import ROOT  # where load_records resolves relative paths
-    path = Path(local) if Path(local).is_absolute() else ROOT / local
+    from tuner.tasks.task import data_path  # where load_records resolves relative paths
+    path = data_path(local)
     if path.is_file():
         check_data_file(path, f"task.data.local={local!r}",
                         {f"task.{k}": task.get(k) for k in ("id_field", "category_field")})
@@ -54,6 +57,29 @@ def check_data(task: Mapping[str, Any]) -> None:
         raise ConfigError(f"task {task.get('name')}: no data available; tried: shipped file "
                           f"{path} (missing): allowed is task.data.local naming a JSON Lines "
                           "file" + ("" if source == "local" else ", or a task.data.hub dataset"))
+
+
+def check_prompt_file(task: Mapping[str, Any]) -> None:
+    """A user's prompt file (``+task=prompts``): read whole here (it is small), so a malformed
+    record is named by file and line before anything loads."""
+    from tuner.tasks.prompts import PromptFileError, read_prompts
+    from tuner.tasks.task import data_path
+    data = task.get("data") or {}
+    if data.get("format") is None or task.get("template") != "messages":
+        raise ConfigError(f"task.data.format={data.get('format')!r} with task.template="
+                          f"{task.get('template')!r}: allowed is both set (a file of your own "
+                          "prompts: +task=prompts) or neither")
+    if data.get("source", "local") != "local":
+        raise ConfigError(f"task.data.source={data.get('source')!r} is invalid for a prompt file:"
+                          " allowed is local")
+    if not data.get("local"):
+        raise ConfigError(f"task.data.local={data.get('local')!r} is empty: allowed is the path "
+                          "of your prompt file (relative to where you run, or absolute)")
+    try:
+        read_prompts(data_path(str(data["local"])), str(data["format"]),
+                     f"task.data.local={data['local']!r}")
+    except PromptFileError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_data_file(path: Path, setting: str, fields: Mapping[str, Any]) -> None:
@@ -80,6 +106,8 @@ def check_data_file(path: Path, setting: str, fields: Mapping[str, Any]) -> None
             except ValueError as err:
                 raise ConfigError(f"{setting}: {path} line {number} is not valid JSON ({err.msg},"
                                   f" column {err.colno}): {allowed}") from None
+    if not records:
+        raise ConfigError(f"{setting}: {path} holds no records: {allowed}, at least one")
     for where, record in records:
         if not isinstance(record, dict):
             raise ConfigError(f"{setting}: {path} {where} holds a JSON {type(record).__name__}, "

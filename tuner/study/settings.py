@@ -121,8 +121,8 @@ class StudySettings(MethodView):
         task_cfg, search, engine = plain(cfg.task), plain(cfg.search), engine_config(cfg)
         try:
             task = Task(task_cfg)
-        except ValueError as err:          # e.g. task.categories that the task does not have
-            raise ConfigError(str(err)) from None
+        except ValueError as err:          # e.g. task.categories that the task does not have,
+            raise ConfigError(str(err)) from None   # a malformed record in a user's prompt file
         device = resolve_device(plain(cfg.models)["target"].get("device"))
         budget, notices = resolve_budget(cfg, device.type == "cuda")
         try:
@@ -140,7 +140,8 @@ class StudySettings(MethodView):
             seed=int(cfg.seed), models=plain(cfg.models), method=dict(method), search=search,
             baseline=str(cfg.baseline), warmup_prompts=int(cfg.warmup_prompts),
             near_tie_ulps=float(cfg.near_tie_ulps), device=device, threads=threads,
-            concurrency=concurrency, engine=engine_object.identity(engine))
+            concurrency=concurrency, engine=engine_object.identity(engine),
+            data_sha256=task.data_sha256)
         family = f"{cfg.study_prefix}-{short_hash(print_)}"
         tag = cfg.get("study_tag")
         name = str(cfg.study_name or (f"{family}-{tag}" if tag else family))

@@ -28,6 +28,7 @@ import yaml
 
 from decoding.api import encode_prompt
 from tuner.tasks import metrics
+from tuner.tasks.prompts import file_sha256, read_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,10 +108,16 @@ def first_turn(item: dict) -> Messages:
     return (("user", item["turns"][0]),)
 
 
+def messages(item: dict) -> Messages:
+    """A user's prompt as read by ``tuner.tasks.prompts`` (ends with the turn to answer)."""
+    return tuple((role, content) for role, content in item["messages"])
+
+
 TEMPLATES: dict[str, Callable[[dict], Messages]] = {
     "gsm8k_chat": gsm8k_chat, "gsm8k_8shot": gsm8k_8shot, "humaneval_chat": humaneval_chat,
     "humaneval_completion": humaneval_completion, "mbpp_chat": mbpp_chat,
     "cnndm_chat": cnndm_chat, "wmt16_chat": wmt16_chat, "first_turn": first_turn,
+    "messages": messages,
 }
 
 
@@ -152,10 +159,23 @@ METRICS = {"gsm8k_exact_match": _score_gsm8k, "humaneval_pass_at_1":
 # --------------------------------------------------------------------------------------------
 
 
+def data_path(local: str) -> Path:
+    """Where ``data.local`` points: an absolute path; else relative to the working directory
+    when the file is there (a user's own file), else to the repository (the shipped files)."""
+    path = Path(local).expanduser()
+    if path.is_absolute() or path.is_file():
+        return path.resolve()
+    return ROOT / local
+
+
 def load_records(name: str, data: Mapping[str, Any]) -> list[dict]:
-    """The task's records: the shipped file, or a hub dataset; the error says what was tried."""
+    """The task's records: a user's prompt file (``data.format`` set: ``tuner.tasks.prompts``),
+    the shipped file, or a hub dataset; the error says what was tried."""
     from datasets import disable_progress_bars, load_dataset
 
+    if data.get("format") is not None:
+        return read_prompts(data_path(str(data.get("local") or "")), str(data["format"]),
+                            f"task.data.local={data.get('local')!r}")
     disable_progress_bars()                 # a progress bar per shipped jsonl is noise
     source = data.get("source", "auto")
     if source not in ("auto", "local", "hub"):
@@ -164,7 +184,7 @@ def load_records(name: str, data: Mapping[str, Any]) -> list[dict]:
     tried = []
     local = data.get("local")
     if local and source in ("auto", "local"):
-        path = Path(local) if Path(local).is_absolute() else ROOT / local
+        path = data_path(local)
         if path.is_file():
             return list(load_dataset("json", data_files=str(path), split="train"))
         tried.append(f"shipped file {path} (missing)")
@@ -201,7 +221,11 @@ class Task:
         self.chat = bool(cfg.get("chat", True))
         self.id_field = cfg.get("id_field")
         self.category_field = cfg.get("category_field")
-        self.records = load_records(self.name, cfg.get("data", {}))
+        data = cfg.get("data") or {}
+        self.records = load_records(self.name, data)
+        # a user's file is identified by its content (its records' ids are line numbers)
+        self.data_sha256 = file_sha256(data_path(str(data["local"]))) \
+            if data.get("format") is not None else None
         order = list(range(len(self.records)))
         random.Random(cfg.get("split_seed", 0)).shuffle(order)
         categories = cfg.get("categories")
