@@ -72,6 +72,7 @@ CASES = [
      "a draft model: allowed is needs_draft=true"),
     (["threads=0"], "threads=0: expected 'auto' (one per allowed CPU) or an integer >= 1"),
     (["threads=many"], "threads='many': expected 'auto'"),
+    (["threads=4096"], "threads=4096 is more than the "),
     (["contention=ignore"], "contention='ignore': expected one of wait, warn, fail"),
     (["contention_wait_s=0"], "contention_wait_s=0 is invalid: allowed is a number of seconds"),
     (["study_name=a/b"], "study_name='a/b' is invalid"),
@@ -214,6 +215,23 @@ def test_the_cli_prints_one_line_and_exits_2(tmp_path):
                             "debug=true"], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=120)
     assert debug.returncode != 0 and "Traceback" in debug.stderr + debug.stdout
+
+
+@pytest.mark.parametrize("value,message", [
+    ("afile", "studies_dir='afile' is a file, not a folder: allowed is a folder (created if "
+              "missing)"),
+    ("/proc/version/x", "studies_dir='/proc/version/x' cannot be used as a folder"),
+])
+def test_a_studies_dir_that_cannot_hold_hydras_run_folder_gets_one_line(tmp_path, value,
+                                                                        message):
+    """Hydra creates <studies_dir>/.hydra/<time> before the tuner's own checks run: the CLI
+    checks the folder first."""
+    (tmp_path / "afile").write_text("not a folder")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "tuner", *BASE, f"studies_dir={value}"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
 
 
 def test_a_missing_best_config_is_an_error(tmp_path):

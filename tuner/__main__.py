@@ -61,5 +61,29 @@ def main(cfg: DictConfig) -> float | None:
     return result.get("held_out_speedup", result.get("value"))
 
 
+def check_run_folder(argv: list[str]) -> str | None:
+    """The one-line refusal of a ``studies_dir`` that cannot hold Hydra's run folder
+    (``<studies_dir>/.hydra/...``, created before ``main`` runs), or None when it can."""
+    from tuner.config.errors import ConfigError
+    from tuner.config.stores import check_folder
+    if any(a.split("=")[0] in ("-h", "--help", "--hydra-help", "--info", "-c", "--cfg",
+                               "--version", "--shell-completion", "-sc") for a in argv):
+        return None                                      # Hydra creates no run folder then
+    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("studies_dir=")]
+    value = given[-1] if given else "studies"            # conf/config.yaml's default
+    if "${" in value:                                    # an interpolation: Hydra resolves it
+        return None
+    try:
+        check_folder("studies_dir", value, "a folder (created if missing) for the studies, their "
+                                           "best configs and Hydra's run logs")
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
 if __name__ == "__main__":
+    refusal = check_run_folder(sys.argv[1:])
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr, flush=True)
+        sys.exit(2)
     main()

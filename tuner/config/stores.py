@@ -104,6 +104,8 @@ def check_folder(name: str, value: Any, allowed: str = "a folder path") -> None:
     if value is None or not str(value).strip():
         raise ConfigError(f"{name}={value!r} is empty: allowed is {allowed}")
     path = Path(str(value))
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{name}={value!r} is a file, not a folder: allowed is {allowed}")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:

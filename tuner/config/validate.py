@@ -145,8 +145,11 @@ def check_numbers(cfg: DictConfig) -> None:
     drift = cfg.drift_threshold
     if not isinstance(drift, (int, float)) or not 0 < drift or math.isinf(drift):
         raise ConfigError(f"drift_threshold={drift!r} is invalid: allowed is a number > 0")
-    from tuner.measure.hygiene import check_contention_mode, check_threads
-    for check, value in ((check_threads, cfg.get("threads", "auto")),
+    from tuner.measure.hygiene import allowed_cpus, check_contention_mode, check_threads
+    # the CPUs it will run on are known where it runs (a Slurm sweep's jobs run launcher=local)
+    here = (cfg.get("launcher") or {}).get("kind", "local") == "local"
+    for check, value in ((lambda v: check_threads(v, allowed_cpus() if here else None),
+                          cfg.get("threads", "auto")),
                          (check_contention_mode, cfg.get("contention", "wait"))):
         try:
             check(value)

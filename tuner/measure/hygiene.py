@@ -77,8 +77,14 @@ def allowed_cpus() -> tuple[int, ...]:
         return tuple(range(os.cpu_count() or 1))
 
 
-def check_threads(value: object) -> int | None:
+def check_threads(value: object, cpus: Sequence[int] | None = None) -> int | None:
     """Validate a ``threads=`` setting without loading anything.
+
+    Args:
+        value: the setting.
+        cpus: the CPUs the study will run on (``allowed_cpus()`` where it runs); more threads
+            than these is refused (they would only contend: timings meaningless, and some
+            libraries refuse to start). None: no upper bound (checked where it runs).
 
     Returns:
         The thread count, or None for one per allowed CPU (``None`` / ``"auto"``).
@@ -89,9 +95,24 @@ def check_threads(value: object) -> int | None:
     if value is None or value == "auto":
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        if cpus is not None and value > len(cpus):
+            raise ValueError(f"threads={value} is more than the {len(cpus)} CPU(s) this process "
+                             f"may use (its affinity mask: {_cpu_list(cpus)}): allowed is 'auto' "
+                             f"or an integer from 1 to {len(cpus)}")
         return value
     raise ValueError(f"threads={value!r}: expected 'auto' (one per allowed CPU) or an "
                      f"integer >= 1")
+
+
+def _cpu_list(cpus: Sequence[int]) -> str:
+    """0-3,8 style."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def configure_threads(requested: int | str | None) -> int:
