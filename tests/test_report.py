@@ -113,3 +113,71 @@ def test_a_prompt_line_says_when_it_waited_for_a_quiet_machine(contended, waited
                           contended=contended, waited_s=waited)
     console.prompt_measured(SimpleNamespace(number=1), 1, 2, SimpleNamespace(method=got))
     assert expected in lines[-1] and (waited or "waiting" not in lines[-1])
+
+
+# -- per-level lines and the schedule: one rule, never contradicting the held-out evidence -----
+
+SPACE = {"spec_type": {"type": "categorical", "choices": ["ngram-simple", "ngram-mod"]},
+         "size_n": {"type": "int", "low": 1, "high": 12,
+                    "active_when": {"spec_type": ["ngram-simple"]}},
+         "mod_n_match": {"type": "int", "low": 1, "high": 24,
+                         "active_when": {"spec_type": ["ngram-mod"]}}}
+
+
+def levels_study(*trials):
+    """A study of engine trials: (params, {level: tuning throughput ratio}) each."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+    study = optuna.create_study(direction="maximize")
+    dists = {"spec_type": CategoricalDistribution(["ngram-simple", "ngram-mod"]),
+             "size_n": IntDistribution(1, 12), "mod_n_match": IntDistribution(1, 24)}
+    for params, ratios in trials:
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=dists, value=max(ratios.values()),
+            user_attrs={f"throughput_ratio@c{level}": r for level, r in ratios.items()}))
+    return study
+
+
+def level_settings(levels=(1, 4)):
+    from types import SimpleNamespace
+    return SimpleNamespace(space=SPACE, default={"spec_type": "ngram-simple", "size_n": 12,
+                                                 "mod_n_match": 24},
+                           concurrency=tuple(levels),
+                           engine_object=SimpleNamespace(max_concurrency=64))
+
+
+SIMPLE = {"spec_type": "ngram-simple", "size_n": 3, "mod_n_match": 24}
+
+
+@pytest.mark.parametrize("held,on", [(1.2, True), (0.84, False), (None, None)])
+def test_a_level_is_on_only_where_the_held_out_run_was_faster(held, on):
+    """Tuning says faster at concurrency 1; the line and the schedule follow the held-out run:
+    ON (>1), OFF (<=1, said so), or not confirmed (no held-out prompts)."""
+    from tuner.study.finish import level_rows, level_winners
+    study = levels_study((SIMPLE, {1: 1.3, 4: 0.9}))
+    confirmed = {} if held is None else {"held_out_throughput_ratio@c1": held,
+                                         "held_out_throughput_ratio@c4": 0.8}
+    rows = dict(level_rows(level_settings(), study, confirmed))
+    winners = level_winners(level_settings(), study, confirmed)
+    line = rows["concurrency 1"]
+    if on:
+        assert "speculation ON" in line and winners[1] == SIMPLE
+    elif on is False:
+        assert "speculation ON" not in line and "vanilla was faster on the held-out" in line
+        assert winners[1] is None
+    else:
+        assert "not confirmed (no held-out prompts" in line and "speculation ON" not in line
+    assert "speculation OFF at this level (vanilla is faster)" in rows["concurrency 4"]
+    assert winners[4] is None
+
+
+def test_a_level_line_shows_only_the_parameters_that_act():
+    """ngram-simple's size_n is shown, ngram-mod's mod_n_match (not acting there) is not."""
+    from tuner.search.space import active_params
+    from tuner.study.finish import level_rows
+    study = levels_study((SIMPLE, {1: 1.3, 4: 1.2}))
+    rows = dict(level_rows(level_settings(), study, {"held_out_throughput_ratio@c1": 1.1,
+                                                     "held_out_throughput_ratio@c4": 1.05}))
+    assert "'size_n': 3" in rows["concurrency 1"] and "mod_n_match" not in rows["concurrency 1"]
+    assert active_params({"spec_type": "ngram-mod", "size_n": 12, "mod_n_match": 4, "x": 1},
+                         SPACE) == {"spec_type": "ngram-mod", "mod_n_match": 4, "x": 1}

@@ -105,6 +105,14 @@ def is_active(name: str, spec: Mapping[str, Any], point: Mapping[str, Any]) -> b
                for other, allowed in (spec.get("active_when") or {}).items())
 
 
+def active_params(point: Mapping[str, Any], space: Mapping[str, Mapping[str, Any]]
+                  ) -> dict[str, Any]:
+    """``point`` without the searched parameters that do not act there (what a summary shows:
+    ``size_n`` of an ``ngram-simple`` draft, not ``mod_n_match`` of ``ngram-mod``)."""
+    return {name: value for name, value in point.items()
+            if name not in space or is_active(name, space[name], point)}
+
+
 def canonical(point: Mapping[str, Any], space: Mapping[str, Mapping[str, Any]],
               default: Mapping[str, Any]) -> dict[str, Any]:
     """``point`` with every inactive parameter at its default: points that build the same method

@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.measure.quality import feasible
 from tuner.search.objectives import objective_values
+from tuner.search.space import active_params
 from tuner.study.record import FIGURES, TrialRecord
 from tuner.study.trials import completed, counts, failure_reason, ranked, trial_params
 from tuner.tracking import report
@@ -114,7 +115,7 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
             "run_id": winner.user_attrs.get("mlflow_run_id")}
     confirmed = confirm(settings, evaluator, params, say)
     folder = Path(settings.studies_dir) / "best"
-    deploy = evaluator.deployment(params, level_winners(settings, study))
+    deploy = evaluator.deployment(params, level_winners(settings, study, confirmed))
     path = report.write_best_yaml(folder, settings, params, best, confirmed, deploy)
     record = TrialRecord.read(winner)
     summary = {**record.figures, **({} if record.feasible is None else
@@ -123,7 +124,8 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     since = report.compare_previous(folder, settings.family, settings.name, params, confirmed)
     if since:
         notes.insert(0, since)
-    rows = report.summary_rows(settings.name, params, best, confirmed, summary, settings.budget,
+    rows = report.summary_rows(settings.name, active_params(params, settings.space), best,
+                               confirmed, summary, settings.budget,
                                notes, evaluator.describe().get("energy", ""),
                                settings.bound.describe() if settings.bound.active or
                                not settings.lossless else None)
@@ -226,22 +228,45 @@ def trials_table(settings: StudySettings, study: optuna.Study) -> list[dict]:
 def level_rows(settings: StudySettings, study: optuna.Study,
                confirmed: Mapping[str, float]) -> list[tuple[str, str]]:
     """Per concurrency level: the best trial there, the winner's held-out figure, and whether
-    speculation should be on at that level (a per-batch-size schedule)."""
+    speculation should be on at that level (``level_decision``: the same rule the per-batch-size
+    schedule follows, so the two never disagree)."""
     if settings.engine_object.max_concurrency == 1:      # one request at a time: no levels
         return []
     rows = []
     for level in settings.concurrency:
-        top = level_best(study, "throughput_ratio", level)
-        if top is None:
-            continue
-        ratio = TrialRecord.read(top).at_level("throughput_ratio", level)
-        held = confirmed.get(f"held_out_throughput_ratio@c{level}")
-        advice = (f"speculation ON: trial #{top.number} {trial_params(settings, top)}"
-                  if ratio > 1.0 else "speculation OFF at this level (vanilla is faster)")
-        rows.append((f"concurrency {level}", f"best tuning throughput {ratio:.3f}x vanilla "
-                     f"(trial #{top.number}); the winner on held-out prompts "
-                     f"{'n/a' if held is None else f'{held:.3f}x'}; {advice}"))
+        decision = level_decision(settings, study, confirmed, level)
+        if decision is not None:
+            rows.append((f"concurrency {level}", decision[1]))
     return rows
+
+
+def level_decision(settings: StudySettings, study: optuna.Study,
+                   confirmed: Mapping[str, float], level: int
+                   ) -> tuple[dict[str, Any] | None, str] | None:
+    """(the parameters to run at ``level``, or None for speculation off; the summary's line), or
+    None where no trial measured the level.
+
+    ON needs both: the level's best tuning trial beat vanilla there, and the held-out
+    confirmation (which measures the overall winner) was faster than vanilla at that level.
+    Without held-out prompts nothing is confirmed, and the line says so."""
+    top = level_best(study, "throughput_ratio", level)
+    if top is None:
+        return None
+    ratio = TrialRecord.read(top).at_level("throughput_ratio", level)
+    held = confirmed.get(f"held_out_throughput_ratio@c{level}")
+    params = trial_params(settings, top)
+    shown = active_params(params, settings.space)
+    line = (f"best tuning throughput {ratio:.3f}x vanilla (trial #{top.number}); the winner on "
+            f"held-out prompts {'n/a' if held is None else f'{held:.3f}x'}; ")
+    if ratio <= 1.0:
+        return None, line + "speculation OFF at this level (vanilla is faster)"
+    if held is None:
+        return params, line + (f"not confirmed (no held-out prompts at this level): tuning "
+                               f"favours trial #{top.number} {shown}")
+    if held <= 1.0:
+        return None, line + ("speculation OFF at this level (faster on the tuning prompts "
+                             "only; vanilla was faster on the held-out ones)")
+    return params, line + f"speculation ON: trial #{top.number} {shown}"
 
 
 def level_best(study: optuna.Study, name: str, level: int) -> optuna.trial.FrozenTrial | None:
@@ -252,18 +277,17 @@ def level_best(study: optuna.Study, name: str, level: int) -> optuna.trial.Froze
     return max(measured, key=lambda t: figures[t.number]) if measured else None
 
 
-def level_winners(settings: StudySettings, study: optuna.Study
-                  ) -> dict[int, dict[str, Any] | None]:
-    """Per concurrency level (engine servers, several levels): the parameters of the trial with
-    the best tuning throughput there, or None where no trial beat vanilla (speculation off)."""
+def level_winners(settings: StudySettings, study: optuna.Study,
+                  confirmed: Mapping[str, float]) -> dict[int, dict[str, Any] | None]:
+    """Per concurrency level (engine servers, several levels): the parameters to run there, or
+    None for speculation off, as the summary's level lines say (``level_decision``)."""
     if settings.engine_object.max_concurrency == 1 or len(settings.concurrency) < 2:
         return {}
     out: dict[int, dict[str, Any] | None] = {}
     for level in settings.concurrency:
-        top = level_best(study, "throughput_ratio", level)
-        if top is not None:
-            out[level] = trial_params(settings, top) \
-                if TrialRecord.read(top).at_level("throughput_ratio", level) > 1.0 else None
+        decision = level_decision(settings, study, confirmed, level)
+        if decision is not None:
+            out[level] = decision[0]
     return out
 
 
