@@ -50,6 +50,12 @@ class SamplingConfig:
 def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Temperature, top-k and top-p applied to logits; filtered entries become -inf.
 
+    The rules of transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and
+    ``TopPLogitsWarper`` (in that order), with ties kept together: top-k keeps every token tied
+    with the k-th; top-p keeps a token when the tokens *strictly* more likely hold less than
+    ``top_p`` of the mass, so tokens of equal logit are kept or dropped together, whatever order
+    a sort puts them in (transformers keeps one of them by position there).
+
     Args:
         logits: [..., V] raw logits (any float dtype; computed in float32).
         cfg: sampling settings with temperature > 0.
@@ -63,10 +69,13 @@ def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         kth = torch.topk(out, cfg.top_k, dim=-1).values[..., -1:]       # [..., 1]
         out = out.masked_fill(out < kth, float("-inf"))
     if cfg.top_p < 1.0:
-        sorted_logits, order = torch.sort(out, dim=-1, descending=True)
+        sorted_logits, order = torch.sort(out, dim=-1, descending=True)     # [..., V]
         sorted_probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better
-        drop_sorted = mass_before >= cfg.top_p                          # first token never dropped
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs     # mass ahead in order
+        ascending = (-sorted_logits).contiguous()
+        first_tied = torch.searchsorted(ascending, ascending, side="left")  # [..., V] group start
+        strictly_better = mass_before.gather(-1, first_tied)               # ties: the same mass
+        drop_sorted = strictly_better >= cfg.top_p                          # the best never dropped
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         out = out.masked_fill(drop, float("-inf"))
     return out

@@ -12,19 +12,46 @@ import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from decoding.sampling import SamplingConfig, logits_to_probs
+from decoding.sampling import SamplingConfig
+
+
+def reference_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The warped next-token distribution by transformers' own logits processors
+    (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``, the order
+    ``generate`` applies them in), not by the code under test; ties at the top-p boundary kept
+    together (transformers keeps one of equal logits by sort position there; the project's rule
+    keeps all: see ``decoding.sampling.warp_logits``). ``logits``: [..., V] -> [..., V]."""
+    from transformers import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
+                              TopPLogitsWarper)
+    vocab = logits.shape[-1]
+    rows = logits.float().reshape(-1, vocab)                                  # [B, V]
+    if sampling.greedy:
+        return torch.nn.functional.one_hot(rows.argmax(-1), vocab).float().reshape(logits.shape)
+    processors = LogitsProcessorList([TemperatureLogitsWarper(float(sampling.temperature))])
+    if 0 < sampling.top_k < vocab:
+        processors.append(TopKLogitsWarper(int(sampling.top_k)))
+    if sampling.top_p < 1.0:
+        processors.append(TopPLogitsWarper(float(sampling.top_p)))
+    warped = processors(torch.zeros((rows.shape[0], 1), dtype=torch.long), rows.clone())
+    scaled = rows / float(sampling.temperature)
+    kept = warped > float("-inf")
+    for row in range(rows.shape[0]):                       # close the kept set under ties
+        kept[row] |= torch.isin(scaled[row], scaled[row][kept[row]])
+    probs = scaled.masked_fill(~kept, float("-inf")).softmax(-1)
+    return probs.reshape(logits.shape)
 
 
 def two_token_law(model: torch.nn.Module, prompt: list[int],
                   sampling: SamplingConfig) -> dict[tuple[int, int], float]:
-    """P(a, b) = p(a | prompt) · p(b | prompt, a) after the sampling warps, by enumeration."""
+    """P(a, b) = p(a | prompt) · p(b | prompt, a) after the sampling warps (``reference_probs``:
+    transformers' processors), by enumeration."""
     with torch.inference_mode():
-        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], sampling)   # [V]
+        first = reference_probs(model(torch.tensor([prompt])).logits[0, -1], sampling)   # [V]
         law = {}
         for a in range(first.shape[0]):
             if first[a] == 0:
                 continue
-            second = logits_to_probs(model(torch.tensor([prompt + [a]])).logits[0, -1], sampling)
+            second = reference_probs(model(torch.tensor([prompt + [a]])).logits[0, -1], sampling)
             for b in range(first.shape[0]):
                 law[(a, b)] = float(first[a] * second[b])
     return law
