@@ -44,11 +44,22 @@ def level_summary(pairs: Sequence[Paired]) -> dict[str, float]:
 
 
 def throughput(ms: Sequence[Measurement]) -> float:
-    """Output tokens over the wall time of the distinct batches they came in."""
-    walls = {}
+    """Output tokens over the wall time of the distinct batches they came in.
+
+    ``ms`` in the order measured: a batch's requests come together and share its
+    ``batch_wall_s``; a batch holds at most ``concurrency`` of them, so two batches that happen
+    to take the same time still count twice. A run without a batch counts its own wall time."""
+    wall_s, in_batch, last = 0.0, 0, None
     for m in ms:
-        walls[(m.batch_wall_s, m.concurrency)] = m.batch_wall_s or m.wall_s
-    return sum(m.new_tokens for m in ms) / sum(walls.values())
+        if m.batch_wall_s is None:
+            wall_s, last = wall_s + m.wall_s, None
+            continue
+        key = (m.batch_wall_s, m.concurrency)
+        if key == last and in_batch < m.concurrency:
+            in_batch += 1
+            continue
+        wall_s, in_batch, last = wall_s + m.batch_wall_s, 1, key
+    return sum(m.new_tokens for m in ms) / wall_s
 
 
 def tpot_ms(ms: Sequence[Measurement]) -> float:
