@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 CONTENTION_MODES = ("wait", "warn", "fail")
@@ -215,6 +215,11 @@ class ContentionGuard:
     max_wait_s: float = DEFAULT_MAX_WAIT_S
     window_s: float = DEFAULT_WINDOW_S
     cpus: tuple[int, ...] = field(default_factory=allowed_cpus)
+    # how the load is read and time is told: the machine's by default; a test of the policy
+    # (not of the timing) passes its own, so a loaded machine cannot change what it checks
+    sampler: Callable[[Sequence[int], float], LoadSample] = field(
+        default=lambda cpus, window_s: sample_other_load(cpus, window_s), repr=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     def __post_init__(self) -> None:
         check_contention_mode(self.mode)
@@ -236,15 +241,15 @@ class ContentionGuard:
         Raises:
             MachineBusy: ``fail`` mode and others' load above the threshold.
         """
-        sample, samples = sample_other_load(self.cpus, self.window_s), 1
-        began = time.monotonic()
+        sample, samples = self.sampler(self.cpus, self.window_s), 1
+        began = self.clock()
         deadline = began + self.max_wait_s
         while self.mode == "wait" and self.busy(sample):
-            left = deadline - time.monotonic()
+            left = deadline - self.clock()
             if left < MIN_WINDOW_S:
                 break
-            sample, samples = sample_other_load(self.cpus, min(self.window_s, left)), samples + 1
-        waited = time.monotonic() - began if samples > 1 else 0.0
+            sample, samples = self.sampler(self.cpus, min(self.window_s, left)), samples + 1
+        waited = self.clock() - began if samples > 1 else 0.0
         if self.mode == "fail" and self.busy(sample):
             raise MachineBusy(self.describe(sample))
         return Quiet(self.busy(sample), sample.other_busy, waited, samples)
