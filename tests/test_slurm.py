@@ -320,7 +320,8 @@ def test_killed_array_task_trial_fails_and_its_point_is_rerun(cluster, tmp_path,
     def task0_running():
         study = optuna.load_study(study_name=name, storage=storage)
         return next((t for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
-                     if t.user_attrs.get("slurm_job_id") == f"{array}_0"), None)
+                     if t.user_attrs.get("slurm_job_id") == f"{array}_0"
+                     and "pid" in t.user_attrs), None)   # written after slurm_job_id
 
     victim = wait_for(task0_running, timeout=240)
     # a crash of task 0's worker (single node: same host): no handler runs, the trial stays

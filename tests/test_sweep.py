@@ -59,8 +59,9 @@ def run_sweep(tmp_path, name, storage_args, mlflow_url):
             study = optuna.load_study(study_name=name, storage=storage)
         except KeyError:
             return None
+        # the worker writes its identity one attribute at a time (slurm_job_id before pid)
         return next((t for t in study.get_trials(states=(TrialState.RUNNING,))
-                     if t.user_attrs.get("slurm_job_id")), None)
+                     if t.user_attrs.get("slurm_job_id") and "pid" in t.user_attrs), None)
 
     victim = wait_for(running_trial, 240, what="a running trial")
     job = victim.user_attrs["slurm_job_id"]
