@@ -217,8 +217,8 @@ class ContentionGuard:
     cpus: tuple[int, ...] = field(default_factory=allowed_cpus)
     # how the load is read and time is told: the machine's by default; a test of the policy
     # (not of the timing) passes its own, so a loaded machine cannot change what it checks
-    sampler: Callable[[Sequence[int], float], LoadSample] = field(
-        default=lambda cpus, window_s: sample_other_load(cpus, window_s), repr=False)
+    sampler: Callable[[Sequence[int], float], LoadSample] = field(default=sample_other_load,
+                                                                   repr=False)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     def __post_init__(self) -> None:
