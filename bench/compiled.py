@@ -2,9 +2,13 @@
 
     python bench/compiled.py [--prompts 6] [--max-new-tokens 64] [--buckets 1 2 4 8 16]
                              [--gammas 4] [--tree-sizes 8] [--out bench/results_compiled_cpu.json]
+                             [--model smollm2|7b|1b|135m|tiny] [--device cpu|cuda] [--dtype fp32]
 
 On the embedded default pair (SmolLM2-135M-Instruct fp32 target, int8-dynamic self-draft),
-greedy, GSM8K prompts:
+greedy, GSM8K prompts; or (``--model`` a shape of bench/random_models.py, e.g. on a GPU machine
+that cannot hold the default's weights) a random-weight model of that shape with an early-exit
+draft of 1/8 of its layers, on seeded random token prompts. On CUDA the compiled target runs in
+``reduce-overhead`` mode (CUDA graphs):
   * compile time of every shape bucket (``CompiledTarget.warm``), measured before any timing;
   * per method (vanilla; speculative at each ``--gammas``; tree at each ``--tree-sizes``): eager vs
     compiled tokens/s, interleaved per prompt (eager, compiled, eager, ...) after one warm-up
@@ -33,7 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.decoding_vs_hf import gsm8k_prompts, hf_generate, timed  # noqa: E402
+from bench.random_models import SHAPES, random_pair, random_prompts  # noqa: E402
 from decoding import build_method, generate, load_pair  # noqa: E402
+from decoding.models import resolve_device, resolve_dtype  # noqa: E402
 from decoding.compiled import CompiledTarget  # noqa: E402
 from decoding.runtime import cache_argument  # noqa: E402
 
@@ -67,18 +73,28 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--buckets", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--gammas", type=int, nargs="+", default=[4])
+    parser.add_argument("--gammas", type=int, nargs="*", default=[4])
     parser.add_argument("--tree-sizes", type=int, nargs="*", default=[8],
                         help="method=tree total_tokens values (dynamic shape, depth 4, width 4)")
     parser.add_argument("--no-vanilla", action="store_true")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' generate rows")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--model", default="smollm2", choices=["smollm2", *sorted(SHAPES)],
+                        help="the embedded default pair, or a random-weight model of this shape")
+    parser.add_argument("--device", default="cpu", help="random shapes: cpu or cuda")
+    parser.add_argument("--dtype", default="fp32", help="random shapes: fp32, bf16 or fp16")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
-    pair = load_pair("smollm2")
-    prompts = gsm8k_prompts(pair.tokenizer, args.prompts + 1)
+    if args.model == "smollm2":
+        pair = load_pair("smollm2")
+        prompts = gsm8k_prompts(pair.tokenizer, args.prompts + 1)
+    else:
+        pair = random_pair(args.model, resolve_device(args.device), resolve_dtype(args.dtype))
+        prompts = random_prompts(args.prompts + 1, 64, pair.target.config.vocab_size)
+    print(f"# {pair.target_name} + {pair.draft_name} on {pair.device}, torch "
+          f"{torch.__version__}", flush=True)
     longest = max(len(p) for p in prompts)
     capacity = -(-(longest + args.max_new_tokens + max(args.buckets) + 64) // 64) * 64
     compiled = CompiledTarget(pair.target, capacity=capacity, buckets=args.buckets)
@@ -126,6 +142,9 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps({
             "machine": platform.processor() or platform.machine(), "threads": args.threads,
+            "device": (torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda"
+                       else "cpu"), "mode": compiled.mode,
+            "target": pair.target_name, "draft": pair.draft_name,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
             "buckets": args.buckets, "capacity": capacity,

@@ -48,7 +48,7 @@ def timed(fn):
 
 
 def hf_generate(model, prompt, max_new_tokens, **kwargs) -> tuple[int, ...]:
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                          do_sample=False, **kwargs)
     return tuple(out[0, ids.shape[1]:].tolist())

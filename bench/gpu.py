@@ -1,6 +1,7 @@
 """GPU figures (H100/H200): what verification costs, what each method gains, and bf16 losslessness.
 
     python bench/gpu.py cost methods --out gpu.json        # 7B-shaped bf16 target built from a config
+    python bench/gpu.py cost --device cpu --shape tiny      # the harness on a CPU (scripts/gpu_check.sh --cpu)
 
 Sections:
   * ``cost``: one target forward of n new tokens after a 512-token cached context, for a chain
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -27,42 +29,39 @@ from pathlib import Path
 import torch
 import transformers
 
-from decoding import build_method, generate
-from decoding.models import ModelPair, early_exit_draft
-from decoding.runtime import crop_cache, forward_logits, new_cache
-from decoding.tree import tree_forward
-from tuner.measure.energy import EnergyMeter
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SEVEN_B = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
-           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-           "max_position_embeddings": 4096, "initializer_range": 0.02}
-
-
-def seven_b(dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
-    """A Llama-2-7B-shaped model with seeded random weights, built on the GPU from a config."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    config = AutoConfig.for_model("llama", bos_token_id=None, pad_token_id=None, eos_token_id=None,
-                                  tie_word_embeddings=False, **SEVEN_B)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.generation_config.eos_token_id = None
-    return model.eval()
+from bench.random_models import SHAPES, random_pair, random_prompts  # noqa: E402
+from decoding import build_method, generate  # noqa: E402
+from decoding.models import ModelPair, resolve_dtype  # noqa: E402
+from decoding.runtime import crop_cache, forward_logits, new_cache  # noqa: E402
+from decoding.tree import tree_forward  # noqa: E402
+from tuner.measure.energy import EnergyMeter  # noqa: E402
 
 
-def cuda_ms(fn, repeats: int = 10, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn()`` by CUDA events."""
+def median_ms(fn, device: torch.device, repeats: int = 10, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn()``: CUDA events on a GPU, perf_counter elsewhere."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            began = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - began) * 1000)
     return statistics.median(times)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def balanced_parents(n: int, width: int = 4) -> list[int]:
@@ -74,15 +73,17 @@ def balanced_parents(n: int, width: int = 4) -> list[int]:
 
 
 @torch.inference_mode()
-def section_cost(model: torch.nn.Module, context: int = 512) -> list[dict]:
+def section_cost(model: torch.nn.Module, context: int = 512,
+                 sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)) -> list[dict]:
+    device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.config.vocab_size, (1, context), generator=gen).cuda()
+    prompt = torch.randint(0, model.config.vocab_size, (1, context), generator=gen).to(device)
     cache = new_cache(model)
     forward_logits(model, prompt, cache, 0, 1)
     rows = []
     base = None
-    for n in (1, 2, 4, 8, 16, 32, 64, 128):
-        ids = torch.randint(0, model.config.vocab_size, (1, n), generator=gen).cuda()
+    for n in sizes:
+        ids = torch.randint(0, model.config.vocab_size, (1, n), generator=gen).to(device)
 
         def chain():
             forward_logits(model, ids, cache, context, n)
@@ -95,7 +96,7 @@ def section_cost(model: torch.nn.Module, context: int = 512) -> list[dict]:
             tree_forward(model, tokens, parents, cache, list(range(n)))
             crop_cache(cache, context)
 
-        chain_ms, tree_ms = cuda_ms(chain), cuda_ms(tree)
+        chain_ms, tree_ms = median_ms(chain, device), median_ms(tree, device)
         base = base or chain_ms
         rows.append({"n": n, "chain_ms": chain_ms, "tree_ms": tree_ms,
                      "chain_ratio": chain_ms / base, "tree_ratio": tree_ms / base})
@@ -132,7 +133,7 @@ def timed_runs(pair: ModelPair, configs, prompts, max_new_tokens: int, label: st
         reference = None
         for name, method in methods:
             meter = EnergyMeter(device)
-            torch.cuda.synchronize()
+            synchronize(device)
             began = time.perf_counter()
             with meter:
                 out = generate(method, prompt, max_new_tokens)   # tokens land on the host: synced
@@ -145,30 +146,38 @@ def timed_runs(pair: ModelPair, configs, prompts, max_new_tokens: int, label: st
             reference = out.tokens if reference is None else reference
             row["same"] += out.tokens == reference
     base = totals["vanilla"]
+    method_of = {name: method_name for name, method_name, _ in configs}
     table = []
     for name, _ in methods:
         row = totals[name]
         speed = row["tokens"] / row["seconds"]
-        entry = {"models": label, "configuration": name, "tok_s": speed,
+        entry = {"models": label, "configuration": name, "method": method_of[name],
+                 "tokens": row["tokens"], "seconds": row["seconds"], "tok_s": speed,
                  "ratio": speed / (base["tokens"] / base["seconds"]),
                  "tokens_per_target_forward": row["tokens"] / row["steps"],
                  "draft_forwards_per_token": row["draft"] / row["tokens"],
                  "j_per_token": row["joules"] / row["tokens"],
                  "energy_ratio": (row["joules"] / row["tokens"]) / (base["joules"] / base["tokens"]),
                  "identical": f"{row['same']}/{len(prompts) - 1}"}
-        table.append(entry)
         print(f"{label:<10} {name:<34} {entry['tokens_per_target_forward']:6.2f} tok/fwd "
               f"{speed:8.1f} tok/s {entry['ratio']:6.3f}x  {entry['j_per_token']:7.3f} J/tok "
               f"({entry['energy_ratio']:5.3f}x)  same {entry['identical']}", flush=True)
+        for key in ("j_per_token", "energy_ratio"):       # no energy counter (a CPU): null
+            entry[key] = None if entry[key] != entry[key] else entry[key]
+        table.append(entry)
     return table
 
 
-def section_methods(model: torch.nn.Module, prompts: int, max_new_tokens: int) -> list[dict]:
-    pair = ModelPair(model, early_exit_draft(model, 4), None, "7B-shaped bf16 (random)",
-                     "early_exit 4/32")
-    gen = torch.Generator().manual_seed(1)
-    ids = [torch.randint(0, 32000, (64,), generator=gen).tolist() for _ in range(prompts + 1)]
-    return timed_runs(pair, METHODS_7B, ids, max_new_tokens, "7B-shaped")
+def section_methods(pair: ModelPair, prompts: int, max_new_tokens: int) -> list[dict]:
+    ids = random_prompts(prompts + 1, 64, pair.target.config.vocab_size)
+    return timed_runs(pair, METHODS_7B, ids, max_new_tokens, pair.target_name.split()[0])
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+    return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
 def main() -> None:
@@ -176,21 +185,33 @@ def main() -> None:
     parser.add_argument("sections", nargs="+", choices=["cost", "methods"])
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--device", default="cuda", help="cuda (the figures) or cpu (the harness)")
+    parser.add_argument("--shape", default="7b", choices=sorted(SHAPES),
+                        help="the random-weight target's shape (bench/random_models.py)")
+    parser.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128],
+                        help="cost: the numbers of new tokens verified in one forward")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench/gpu.py needs a CUDA GPU")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench/gpu.py: --device cuda was asked for but no CUDA GPU is available; "
+                         "use --device cpu --shape tiny to check the harness")
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers "
-          f"{transformers.__version__}", flush=True)
-    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                    "transformers": transformers.__version__}
-    model = seven_b()
+    pair = random_pair(args.shape, device, resolve_dtype(args.dtype))
+    print(f"# {device_name(device)}, torch {torch.__version__}, transformers "
+          f"{transformers.__version__}; target {pair.target_name}, draft {pair.draft_name}",
+          flush=True)
+    result: dict = {"device": device_name(device), "torch": torch.__version__,
+                    "cuda": torch.version.cuda, "transformers": transformers.__version__,
+                    "target": pair.target_name, "draft": pair.draft_name,
+                    "dtype": args.dtype, "prompts": args.prompts,
+                    "max_new_tokens": args.max_new_tokens}
     if "cost" in args.sections:
-        result["cost"] = section_cost(model)
+        result["cost"] = section_cost(pair.target, sizes=tuple(args.sizes))
     if "methods" in args.sections:
-        result["methods"] = section_methods(model, args.prompts, args.max_new_tokens)
+        result["methods"] = section_methods(pair, args.prompts, args.max_new_tokens)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
 

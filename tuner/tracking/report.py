@@ -226,11 +226,15 @@ def best_so_far(study: optuna.Study) -> tuple[list[int], list[float]]:
 
 
 def plots_png(study: optuna.Study, path: Path) -> Path | None:
-    """The same history as a PNG: the MLflow UI previews images inline (large HTML it does not)."""
+    """The same history as a PNG: the MLflow UI previews images inline (large HTML it does not).
+    None without matplotlib (the full MLflow installs it; its skinny client, as on a GPU kit, not)."""
     numbers, best = best_so_far(study)
     if not numbers:
         return None
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        return None
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
