@@ -240,7 +240,7 @@ def part_steps(part: str, cpu: bool, default_model: bool, tracking: str) -> list
     if part == "methods":
         extra = ["--device", "cpu", "--shape", "tiny", "--dtype", "fp32", "--prompts", "1",
                  "--max-new-tokens", "12"] if cpu else \
-            ["--device", "cuda", "--shape", "7b", "--prompts", "3", "--max-new-tokens", "64"]
+            ["--device", "cuda", "--shape", "7b", "--prompts", "2", "--max-new-tokens", "48"]
         return [Step("methods", (py, "bench/gpu.py", "methods", *extra, "--out",
                                  "@methods.json"), "methods.json")]
     if part == "lossless":
@@ -248,7 +248,7 @@ def part_steps(part: str, cpu: bool, default_model: bool, tracking: str) -> list
                   "-q", "--junitxml", "@pytest_gpu.xml")
         model = "smollm2" if default_model else ("tiny" if cpu else "7b")
         near = ["--device", "cpu", "--prompts", "2", "--max-new-tokens", "12"] if cpu else \
-            ["--device", "cuda", "--prompts", "3", "--max-new-tokens", "64"]
+            ["--device", "cuda", "--prompts", "3", "--max-new-tokens", "48"]
         return [Step("pytest -m gpu", pytest if not cpu else (*pytest, "--collect-only"),
                      "pytest_gpu.xml"),
                 Step("near_ties", (py, "bench/near_ties.py", "--dtypes", "bf16", "--model", model,
@@ -354,7 +354,7 @@ def collect_study(folder: Path, out: Path) -> None:
 def run_part(part: str, args, work: Path, env: dict, deadline: float, default_model: bool,
              tracking: str, log) -> dict:
     part_began = time.monotonic()
-    part_deadline = min(deadline, part_began + PART_LIMIT_S)
+    part_deadline = min(deadline, part_began + args.limits.get(part, PART_LIMIT_S))
     steps = []
     print(f"{part}:", flush=True)
     log(f"\n===== {part} ({'cpu' if args.cpu else 'gpu'}) =====\n")
@@ -387,6 +387,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         default=Path(tempfile.gettempdir()) / "spectune-gpu-kit")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="stop starting steps after this many seconds in all")
+    parser.add_argument("--limit", action="append", default=[], metavar="PART=SECONDS",
+                        help=f"a part's time limit (default {PART_LIMIT_S:.0f} s each)")
     parser.add_argument("--collect-study", nargs=2, metavar=("FOLDER", "OUT_JSON"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -413,6 +415,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             raise CheckError("no CUDA GPU is visible to torch: on a CPU machine run the harness "
                              "with --cpu")
     args.parts = parts
+    args.limits = {}
+    for item in args.limit:
+        part, _, seconds = item.partition("=")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if part not in PARTS or not 0 < value <= PART_LIMIT_S:
+            raise CheckError(f"--limit={item!r} is invalid: allowed is PART=SECONDS with PART one "
+                             f"of {', '.join(PARTS)} and 0 < SECONDS <= {PART_LIMIT_S:.0f}")
+        args.limits[part] = value
     return args
 
 
