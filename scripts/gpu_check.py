@@ -246,7 +246,7 @@ def part_steps(part: str, cpu: bool, default_model: bool, tracking: str) -> list
     if part == "lossless":
         pytest = (py, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider",
                   "--junitxml", "@pytest_gpu.xml")
-        model = "smollm2" if default_model else ("tiny" if cpu else "7b")
+        model = "tiny" if cpu else ("smollm2" if default_model else "7b")
         near = ["--device", "cpu", "--prompts", "2", "--max-new-tokens", "12"] if cpu else \
             ["--device", "cuda", "--prompts", "3", "--max-new-tokens", "48"]
         return [Step("pytest -m gpu", pytest if not cpu else (*pytest, "--collect-only"),

@@ -148,10 +148,24 @@ def wheel_file(folder: Path, wheel: Wheel) -> Path:
     return found[0]
 
 
+def room_bytes(manifest: dict) -> int:
+    limits = manifest["limits"]
+    return int((limits["carry_mib"] - limits.get("margin_mib", 0)) * MIB)
+
+
+def check_room(manifest: dict, repo_bytes: int) -> None:
+    """Refuse before downloading anything when the repository alone leaves no room."""
+    if repo_bytes > room_bytes(manifest):
+        limits = manifest["limits"]
+        raise KitError(f"gpu_kit: the repository's files alone ({repo_bytes / MIB:.1f} MiB) "
+                       f"exceed the {limits['carry_mib']} MiB a device call carries (margin "
+                       f"{limits.get('margin_mib', 0)} MiB): make the repository smaller")
+
+
 def assemble(manifest: dict, folder: Path, repo_bytes: int) -> dict:
     """Choose what goes: required wheels always (or refuse), optional groups whole, in order."""
     limits = manifest["limits"]
-    room = int((limits["carry_mib"] - limits.get("margin_mib", 0)) * MIB)
+    room = room_bytes(manifest)
     files = {w: wheel_file(folder, w) for w in wheels(manifest)}
     size = {w: p.stat().st_size for w, p in files.items()}
     packed, left = [], []
@@ -198,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = load_manifest(args.manifest)
         repo_bytes = travelling_bytes(ROOT)
+        check_room(manifest, repo_bytes)
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             pip_download(wheels(manifest), manifest["target"], folder)
