@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo tune test bench services engines engines-vllm
+.PHONY: setup demo tune test bench services engines engines-vllm gpu-kit gpu-check
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -49,3 +49,15 @@ test: setup
 bench: setup
 	$(PY) bench/decoding_vs_hf.py
 	$(PY) bench/phrase_methods.py
+
+# The GPU kit (docs/gpu.md): `make gpu-kit` on a CPU machine with the registry (wheels for the GPU
+# image's Python into .gpu_kit/); `make gpu-check PART=cost` on the GPU machine (no setup, no network:
+# the image's python3 and the kit). PART: cost methods lossless compiled study all; CPU=--cpu for the
+# harness on a CPU.
+OUT ?= gpu-results
+PART ?= all
+gpu-kit:
+	bash scripts/gpu_kit.sh
+
+gpu-check:
+	OUT=$(OUT) bash scripts/gpu_check.sh $(PART) $(CPU)

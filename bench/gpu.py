@@ -8,7 +8,7 @@ Sections:
     (causal) and for a token tree (4D mask), n = 1..128, CUDA-event timing (median of 10 after 3
     warm-ups), as a ratio to n = 1. This is the number that decides how wide a tree may be.
   * ``methods``: every decoding method on the same 7B-shaped bf16 target (Llama-2-7B shapes,
-    random weights, seed 0) with a draft derived from it (its first 4 layers + the target's LM head:
+    random weights, seed 0) with a draft derived from it (its first 1/8 of the layers + the LM head:
     ``early_exit``), greedy, same prompts (seeded random token ids), side by side: tokens/s, ratio to
     vanilla, tokens per target forward, output = vanilla's, and J/token from NVML's energy counter.
     Random weights make acceptance a property of this construction, not of a trained pair: read the
