@@ -57,6 +57,8 @@ class Step:
     argv: tuple[str, ...]
     result: str | None = None
     cwd: str | None = None             # relative to the work dir (default: the repository)
+    reserve_s: float = 0.0             # kept for this step from the ones before it (a collector
+                                       # runs even when the step it reads reached its limit)
 
 
 @dataclass
@@ -225,8 +227,8 @@ def study_overrides(cpu: bool, default_model: bool, tracking: str) -> list[str]:
                   "++models.target.num_hidden_layers=22", "++models.target.num_attention_heads=32",
                   "++models.target.num_key_value_heads=4",
                   "++models.target.initializer_range=0.02", "models.draft.num_layers=3"]
-    return [*common, *models, "task.n_prompts=4", "task.n_held_out=3", "task.max_new_tokens=64",
-            "search.n_trials=6"]
+    return [*common, *models, "task.n_prompts=3", "task.n_held_out=3", "task.max_new_tokens=48",
+            "search.n_trials=4"]
 
 
 def part_steps(part: str, cpu: bool, default_model: bool, tracking: str) -> list[Step]:
@@ -264,7 +266,7 @@ def part_steps(part: str, cpu: bool, default_model: bool, tracking: str) -> list
         return [Step("study", (py, "-m", "tuner", *study_overrides(cpu, default_model, tracking)),
                      cwd="study"),
                 Step("collect", (py, str(ROOT / "scripts" / "gpu_check.py"), "--collect-study",
-                                 "@study", "@study.json"), "study.json")]
+                                 "@study", "@study.json"), "study.json", reserve_s=20.0)]
     raise CheckError(f"part={part!r} is unknown: allowed are {', '.join(PARTS)}, all")
 
 
@@ -332,7 +334,10 @@ def collect_study(folder: Path, out: Path) -> None:
     import optuna
 
     from tuner.study.record import TrialRecord
-    journal = next((folder / "studies").glob("*.journal"))
+    journal = next((folder / "studies").glob("*.journal"), None)
+    if journal is None:
+        out.write_text(json.dumps({"study": None, "why": "no journal: the study did not start"}))
+        return
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
         str(journal)))
     study = optuna.load_study(study_name=None, storage=storage)
@@ -351,6 +356,13 @@ def collect_study(folder: Path, out: Path) -> None:
                               indent=1, default=str) + "\n")
 
 
+def step_limit(plan: list[Step], number: int, part_left_s: float) -> float:
+    """Seconds step ``number`` may run when the part has ``part_left_s`` left: what the later
+    steps reserve is kept for them, and a step gets at least its own reserve."""
+    reserved = sum(later.reserve_s for later in plan[number + 1:])
+    return max(part_left_s - reserved, plan[number].reserve_s)
+
+
 def run_part(part: str, args, work: Path, env: dict, deadline: float, default_model: bool,
              tracking: str, log) -> dict:
     part_began = time.monotonic()
@@ -358,8 +370,9 @@ def run_part(part: str, args, work: Path, env: dict, deadline: float, default_mo
     steps = []
     print(f"{part}:", flush=True)
     log(f"\n===== {part} ({'cpu' if args.cpu else 'gpu'}) =====\n")
-    for step in part_steps(part, args.cpu, default_model, tracking):
-        left = part_deadline - time.monotonic()
+    plan = part_steps(part, args.cpu, default_model, tracking)
+    for number, step in enumerate(plan):
+        left = step_limit(plan, number, part_deadline - time.monotonic())
         if left < 5:
             steps.append(StepRun(step.name, list(step.argv), None, 0.0, True,
                                  notes=["not started: no time left"]))

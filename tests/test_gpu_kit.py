@@ -123,6 +123,17 @@ def test_gpu_check_refuses_bad_input_in_one_line(tmp_path):
         assert done.returncode == 2 and "no CUDA GPU is visible" in done.stderr
 
 
+def test_a_collector_keeps_its_reserve_when_the_step_before_it_runs_out():
+    check = load("gpu_check")
+    study, collect = check.part_steps("study", cpu=True, default_model=False, tracking="none")
+    plan = [study, collect]
+    assert collect.reserve_s == 20 and study.reserve_s == 0
+    assert check.step_limit(plan, 0, 150.0) == 130.0         # the study leaves 20 s
+    assert check.step_limit(plan, 1, 0.0) == 20.0            # the collector runs anyway
+    assert check.step_limit(plan, 1, 35.0) == 35.0
+    assert check.step_limit(plan, 0, 12.0) < 5               # too little: not started
+
+
 def test_inventory_line_names_what_is_off_missing_and_added():
     check = load("gpu_check")
     manifest = {"image": {"python": ">=3.0", "packages": {
