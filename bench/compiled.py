@@ -81,8 +81,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--model", default="smollm2", choices=["smollm2", *sorted(SHAPES)],
                         help="the embedded default pair, or a random-weight model of this shape")
-    parser.add_argument("--device", default="cpu", help="random shapes: cpu or cuda")
-    parser.add_argument("--dtype", default="fp32", help="random shapes: fp32, bf16 or fp16")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="random shapes: where the model runs")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                        help="random shapes: the weights' dtype")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

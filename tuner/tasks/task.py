@@ -172,16 +172,23 @@ def read_json_lines(path: Path) -> list[dict]:
     text = path.read_text(encoding="utf-8")
     if text.lstrip().startswith("["):                     # one JSON array of records
         rows = json.loads(text)
+        if not all(isinstance(row, dict) for row in rows):
+            raise ValueError(f"{path}: a JSON array of something other than records; allowed "
+                             "is one JSON object per line, or one array of objects")
     else:
         rows = []
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}, line {number}: not a JSON record ({err.msg}); "
                                  "allowed is one JSON object per line") from err
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}, line {number}: a JSON {type(row).__name__}, not a "
+                                 "record; allowed is one JSON object per line")
+            rows.append(row)
     keys = list(dict.fromkeys(key for row in rows for key in row))
     return [{key: row.get(key) for key in keys} for row in rows]
 
@@ -206,9 +213,9 @@ def load_records(name: str, data: Mapping[str, Any]) -> list[dict]:
         tried.append(f"shipped file {path} (missing)")
     hub = data.get("hub")
     if hub and source in ("auto", "hub"):
-        from datasets import disable_progress_bars, load_dataset
-        disable_progress_bars()
         try:
+            from datasets import disable_progress_bars, load_dataset
+            disable_progress_bars()
             return list(load_dataset(hub["path"], hub.get("name"), split=hub.get("split", "test")))
         except Exception as err:   # noqa: BLE001 - any hub failure: report it with the rest
             tried.append(f"hub dataset {hub['path']} ({type(err).__name__}: "
