@@ -41,6 +41,7 @@ from bench.random_models import SHAPES, random_pair, random_prompts  # noqa: E40
 from decoding import build_method, generate, load_pair  # noqa: E402
 from decoding.models import resolve_device, resolve_dtype  # noqa: E402
 from decoding.compiled import CompiledTarget  # noqa: E402
+from decoding.hardware import hardware  # noqa: E402
 from decoding.runtime import cache_argument  # noqa: E402
 
 
@@ -144,8 +145,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps({
             "machine": platform.processor() or platform.machine(), "threads": args.threads,
-            "device": (torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda"
-                       else "cpu"), "mode": compiled.mode,
+            "device": hardware(pair.device), "mode": compiled.mode,
             "target": pair.target_name, "draft": pair.draft_name,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,

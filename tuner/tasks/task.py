@@ -167,28 +167,13 @@ def data_path(local: str) -> Path:
 
 
 def read_json_lines(path: Path) -> list[dict]:
-    """A JSON Lines file's records, every record with every key of the file (absent: None), as
-    ``datasets``' json loader gives them, but with each value as the file writes it."""
+    """A JSON Lines file's records (or one JSON array of them), every record with every key of
+    the file (absent: None), as ``datasets``' json loader gives them, but with each value as the
+    file writes it. The tuner refuses a malformed file before this runs
+    (``tuner.config.task.check_data_file``: one line naming the file and line)."""
     text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):                     # one JSON array of records
-        rows = json.loads(text)
-        if not all(isinstance(row, dict) for row in rows):
-            raise ValueError(f"{path}: a JSON array of something other than records; allowed "
-                             "is one JSON object per line, or one array of objects")
-    else:
-        rows = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {number}: not a JSON record ({err.msg}); "
-                                 "allowed is one JSON object per line") from err
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}, line {number}: a JSON {type(row).__name__}, not a "
-                                 "record; allowed is one JSON object per line")
-            rows.append(row)
+    rows = json.loads(text) if text.lstrip().startswith("[") else \
+        [json.loads(line) for line in text.splitlines() if line.strip()]
     keys = list(dict.fromkeys(key for row in rows for key in row))
     return [{key: row.get(key) for key in keys} for row in rows]
 
