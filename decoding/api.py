@@ -78,6 +78,9 @@ def instantiate(cls: type, pair: ModelPair, **kwargs: Any) -> Method:
 METHODS: dict[str, type] = discover_methods()
 
 
+FIRST_STEP = "first_step"       # PhaseClock phase: from the call to the first emitted step
+
+
 @dataclass(frozen=True)
 class GenerationStats:
     """Counters of one generation. Terms as in ``decoding.base`` (vLLM's).
@@ -100,6 +103,10 @@ class GenerationStats:
     draft_time_s: float
     verify_time_s: float
     extras: dict[str, float] = field(default_factory=dict)   # method-specific counters, summed
+    # the first step (prefill of the prompt, fused with the first draft's verification): its
+    # time and tokens; the rest of the generation is its decode phase
+    first_step_s: float = 0.0
+    first_step_tokens: int = 0
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -130,7 +137,8 @@ class GenerationStats:
                    drafted_per_position=tuple(drafted_pos),
                    accepted_per_position=tuple(accepted_pos), accepted_length_hist=tuple(hist),
                    draft_time_s=times.get("draft", 0.0), verify_time_s=times.get("verify", 0.0),
-                   extras=extras)
+                   extras=extras, first_step_s=times.get(FIRST_STEP, 0.0),
+                   first_step_tokens=len(steps[0].tokens) if steps else 0)
 
 
 @dataclass(frozen=True)
@@ -192,7 +200,10 @@ def generate(method: Method, prompt: str | Sequence[int] | torch.Tensor, max_new
     if isinstance(prompt, str):
         prompt = encode_prompt(tokenizer, prompt, chat)
     clock = PhaseClock(next(method.target.parameters()).device)
-    steps = list(method.stream(torch.as_tensor(prompt), max_new_tokens, clock))
+    stream = method.stream(torch.as_tensor(prompt), max_new_tokens, clock)
+    with clock.phase(FIRST_STEP):               # time to the first token(s): the prefill phase
+        first = next(stream, None)
+    steps = [] if first is None else [first, *stream]
     tokens = tuple(t for s in steps for t in s.tokens)
     text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
     return Generation(tokens, text, GenerationStats.from_steps(steps, clock.totals()))

@@ -78,8 +78,9 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path):
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
     assert {t.params["size_n"] for t in trials} == {1, 2}
     assert all(t.user_attrs["acceptance_rate"] > 0 for t in trials)   # the server's own counts
-    for level in (1, 4):
-        assert all(t.user_attrs[f"throughput_ratio@c{level}"] > 0 for t in trials)
+    for level in (1, 4):              # end to end, and the decode phase from the server's timings
+        assert all(t.user_attrs[f"throughput_ratio@c{level}"] > 0 and
+                   t.user_attrs[f"decode_speedup@c{level}"] > 0 for t in trials)
     assert json.loads(study.user_attrs["fingerprint"]["search"])["objectives"] == \
         ["throughput_ratio"]
     started = server_groups(tmp_path / "studies" / "t")

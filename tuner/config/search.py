@@ -36,12 +36,12 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
             len(set(objectives)) < len(objectives):
         raise ConfigError(f"search.objectives={objectives!r} is invalid: allowed is a list of "
                           f"distinct names from {list(OBJECTIVES)}, or with an engine server "
-                          "speedup@c<level>, throughput_ratio@c<level>, tokens_per_s@c<level>, "
-                          "throughput_ratio")
-    if search.get("pruner") and objectives != ["speedup"]:
+                          "speedup@c<level>, decode_speedup@c<level>, throughput_ratio@c<level>, "
+                          "tokens_per_s@c<level>, throughput_ratio")
+    if search.get("pruner") and objectives not in (["speedup"], ["decode_speedup"]):
         raise ConfigError(f"search.pruner is set with search.objectives={objectives}: the pruner "
                           "is fed per-prompt paired speedups, so allowed is objectives=[speedup] "
-                          "or pruner=null")
+                          "or [decode_speedup], or pruner=null")
     bounds = (("max_quality_drop", 0.0, (">= 0 (the largest acceptable drop of the task's "
                                          "metric against vanilla)")),
               ("max_perplexity_ratio", 1e-300, ("> 0 (e.g. 1.05: at most 5 % above vanilla's "

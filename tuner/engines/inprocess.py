@@ -169,7 +169,9 @@ class HFEvaluator:
                            st.drafted, st.accepted, st.draft_time_s, st.verify_time_s,
                            st.accepted_per_position, st.drafted_per_position,
                            truncated=len(out.tokens) >= s.budget["max_new_tokens"],
-                           energy_j=reading.joules if reading and reading.available else None)
+                           energy_j=reading.joules if reading and reading.available else None,
+                           prompt_s=st.first_step_s, decode_s=wall - st.first_step_s,
+                           decode_tokens=len(out.tokens) - st.first_step_tokens)
 
     def _warmup(self, *methods: Any) -> None:
         s = self.settings
@@ -187,7 +189,8 @@ class HFEvaluator:
         self.say("baseline (per_study): measuring vanilla once on the tuning prompts ...")
         self._warmup(self.vanilla)
         ms = {p.id: self._measure(self.vanilla, p) for p in self.settings.tuning}
-        store.put({i: {"tokens": list(m.tokens), "wall_s": m.wall_s, "energy_j": m.energy_j}
+        store.put({i: {"tokens": list(m.tokens), "wall_s": m.wall_s, "energy_j": m.energy_j,
+                       "prompt_s": m.prompt_s, "decode_tokens": m.decode_tokens}
                    for i, m in ms.items()})
         return ms, True
 
@@ -195,8 +198,11 @@ class HFEvaluator:
         prompt = self.prompts[prompt_id]
         tokens = tuple(record["tokens"])
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        first = record.get("prompt_s")          # absent in a study stored before it was kept
         return Measurement(prompt.id, prompt.category, tokens, text, record["wall_s"], 0, 0, 0,
-                           0.0, 0.0, (), (), energy_j=record.get("energy_j"))
+                           0.0, 0.0, (), (), energy_j=record.get("energy_j"), prompt_s=first,
+                           decode_s=None if first is None else record["wall_s"] - first,
+                           decode_tokens=record.get("decode_tokens"))
 
     # -- after the timed window --------------------------------------------------------------------
 

@@ -157,7 +157,8 @@ class LlamaCppEvaluator(ServerEvaluator):
                            truncated=len(tokens) >= self.settings.budget["max_new_tokens"],
                            concurrency=level, batch_wall_s=batch_wall_s,
                            prompt_s=float(t.get("prompt_ms", 0.0)) / 1e3,
-                           decode_s=float(t.get("predicted_ms", 0.0)) / 1e3)
+                           decode_s=float(t.get("predicted_ms", 0.0)) / 1e3,
+                           decode_tokens=max(len(tokens) - 1, 0))   # after the first token
 
     def counters(self, server: EngineServer) -> tuple[tuple[int, ...], int]:
         """(accepted tokens per draft position, drafts) so far, from ``/metrics``."""

@@ -253,7 +253,8 @@ class VllmEvaluator(ServerEvaluator):
                            truncated=choice.get("finish_reason") == "length",
                            concurrency=level, batch_wall_s=batch_wall_s,
                            prompt_s=float(first_ms) / 1e3 if first_ms is not None else None,
-                           decode_s=float(decode_ms) / 1e3 if decode_ms is not None else None)
+                           decode_s=float(decode_ms) / 1e3 if decode_ms is not None else None,
+                           decode_tokens=max(len(tokens) - 1, 0))   # first to last token
 
     def logprobs(self, prompt: Prompt, prefix: Sequence[int],
                  tokens: Sequence[int]) -> dict[int, float]:

@@ -7,6 +7,8 @@ measured on the same batches at the same level:
     last answer), and ``vanilla_tokens_per_s@c<c>``; ``throughput_ratio@c<c>`` their ratio;
   * ``speedup@c<c>``: the geometric mean of the requests' paired speedups (per-request latency per
     token, the number one user of that server feels);
+  * ``decode_speedup@c<c>``: the same of the decode phase alone (the server's own decode time
+    per token after the first; the prefill left out);
   * ``tpot_ms@c<c>`` / ``vanilla_tpot_ms@c<c>``: the server's own decode time per output token;
   * ``acceptance_rate@c<c>`` and ``mean_accepted_tokens@c<c>`` (1 + accepted / target steps).
 ``throughput_ratio`` (no level) is the geometric mean of the levels' throughput ratios: one number
@@ -20,7 +22,8 @@ from typing import Sequence
 from tuner.measure.evaluator import Paired
 from tuner.measure.measurement import Measurement, geometric_mean
 
-LEVEL_KEYS = ("speedup", "throughput_ratio", "tokens_per_s")   # objectives that take @c<level>
+# objectives that take @c<level>
+LEVEL_KEYS = ("speedup", "decode_speedup", "throughput_ratio", "tokens_per_s")
 
 
 def level_summary(pairs: Sequence[Paired]) -> dict[str, float]:
@@ -37,6 +40,7 @@ def level_summary(pairs: Sequence[Paired]) -> dict[str, float]:
                     f"throughput_ratio@c{c}": method_tps / base_tps,
                     f"speedup@c{c}": geometric_mean([m.speedup for m in ms]),
                     f"tpot_ms@c{c}": tpot_ms(ms), f"vanilla_tpot_ms@c{c}": tpot_ms(refs),
+                    **decode_speedup(ms, c),
                     f"acceptance_rate@c{c}": accepted / drafted if drafted else 0.0,
                     f"mean_accepted_tokens@c{c}": 1.0 + accepted / sum(m.steps for m in ms)})
     out["throughput_ratio"] = geometric_mean(ratios)
@@ -67,3 +71,10 @@ def tpot_ms(ms: Sequence[Measurement]) -> float:
     if not decoded:
         return float("nan")
     return 1e3 * sum(d for d, _ in decoded) / max(sum(n for _, n in decoded), 1)
+
+
+def decode_speedup(ms: Sequence[Measurement], level: int) -> dict[str, float]:
+    """``decode_speedup@c<level>``: the geometric mean of the requests' paired decode-phase
+    speedups (none where the server reported no decode time)."""
+    values = [m.decode_speedup for m in ms if m.decode_speedup is not None]
+    return {f"decode_speedup@c{level}": geometric_mean(values)} if values else {}

@@ -50,8 +50,13 @@ class Measurement:
     waited_s: float = 0.0               # waited for the machine to be quiet (contention=wait)
     concurrency: int = 1                # requests in flight together (engine servers)
     batch_wall_s: float | None = None   # first send to last answer of its batch (engines)
-    prompt_s: float | None = None       # the server's own prefill time (engines)
-    decode_s: float | None = None       # the server's own decode time (engines; TPOT from it)
+    prompt_s: float | None = None       # prefill: the server's own time to the first token
+    #                                     (engines); in process, the first step's time
+    decode_s: float | None = None       # the decode phase after it: the server's own (engines;
+    #                                     TPOT from it); in process, wall_s - prompt_s
+    decode_tokens: int | None = None    # the tokens emitted in decode_s (new_tokens minus the
+    #                                     first step's: 1 in an engine, 1 + accepted in process)
+    decode_speedup: float | None = None  # paired, decode phase only (paired_decode_speedup)
 
     @property
     def new_tokens(self) -> int:
@@ -65,6 +70,14 @@ class Measurement:
     def s_per_token(self) -> float:
         return self.wall_s / max(self.new_tokens, 1)
 
+    @property
+    def decode_s_per_token(self) -> float | None:
+        """Seconds per token of the decode phase (None: not timed, or no token after the first
+        step). vLLM's serving benchmark calls it TPOT: (end-to-end - TTFT) / (tokens - 1)."""
+        if self.decode_s is None or not self.decode_tokens or self.decode_s <= 0:
+            return None
+        return self.decode_s / self.decode_tokens
+
 
 def paired_speedup(vanilla: Measurement, method: Measurement) -> float:
     """Vanilla's seconds per generated token over the method's, measured minutes apart.
@@ -74,6 +87,14 @@ def paired_speedup(vanilla: Measurement, method: Measurement) -> float:
     temperature 0 a lossless method emits vanilla's tokens, so this equals the wall-time ratio.
     """
     return vanilla.s_per_token / method.s_per_token
+
+
+def paired_decode_speedup(vanilla: Measurement, method: Measurement) -> float | None:
+    """``paired_speedup`` of the decode phase only: the prefill (time to the first token) is
+    left out, so long prompts do not pull the ratio towards 1 (speculation changes only the
+    decode phase). None where either side has no decode-phase time."""
+    ref, got = vanilla.decode_s_per_token, method.decode_s_per_token
+    return None if ref is None or got is None else ref / got
 
 
 def geometric_mean(values: Sequence[float]) -> float:
@@ -98,6 +119,12 @@ def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
         out["speedup"] = geometric_mean(speedups)
         out["speedup_min"], out["speedup_max"] = min(speedups), max(speedups)
         out["speedup_log_std"] = statistics.pstdev([math.log(s) for s in speedups])
+    decode = [m.decode_speedup for m in ms if m.decode_speedup is not None]
+    if decode:
+        out["decode_speedup"] = geometric_mean(decode)
+    firsts = [m.prompt_s for m in ms if m.prompt_s is not None]
+    if firsts:
+        out["ttft_ms"] = 1e3 * statistics.fmean(firsts)
     checks = [m.matches_vanilla for m in ms if m.matches_vanilla is not None]
     if checks:
         out["matches_vanilla"] = sum(checks) / len(checks)

@@ -12,7 +12,8 @@ that becomes a fair comparison:
      and the method answer the same batch one after the other, the order alternating with the
      batch count and the caller's ``parity`` (the baseline goes first on the k-th batch when
      ``(parity + k) % 2 == 0``), each side after the CPUs settled again;
-  4. per request: the paired speedup (``paired_speedup``) and, at temperature 0 for a lossless
+  4. per request: the paired speedup (``paired_speedup``), end to end and of the decode phase
+     alone (``paired_decode_speedup``: the prefill left out), and, at temperature 0 for a lossless
      method, the lossless check with the one near-tie rule (``tuner.measure.lossless.judge``;
      the backend supplies only how to read a logit gap, ``Backend.gap``); at several requests
      in flight a divergence where the baseline's own output changes when the batch is sent again
@@ -31,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Se
 from tuner.measure.evaluator import Evaluation, MeasureSettings, Paired
 from tuner.measure.levels import level_summary
 from tuner.measure.lossless import Gap, first_difference, judge
-from tuner.measure.measurement import Measurement, paired_speedup, summarize
+from tuner.measure.measurement import (Measurement, paired_decode_speedup, paired_speedup,
+                                       summarize)
 from tuner.measure.quality import compare
 
 if TYPE_CHECKING:
@@ -103,8 +105,10 @@ def measure_pairs(backend: Backend, method: Any, prompts: Batch, parity: int,
                 refs, got = _both_sides(backend, method, batch, level, (parity + k) % 2 == 0)
             again = Rerun(backend, batch, level)
             for slot, ((index, prompt), ref, m) in enumerate(zip(batch, refs, got)):
-                m = replace(m, speedup=paired_speedup(ref, m), other_load=load.other_busy,
-                            contended=load.contended, waited_s=load.waited_s)
+                m = replace(m, speedup=paired_speedup(ref, m),
+                            decode_speedup=paired_decode_speedup(ref, m),
+                            other_load=load.other_busy, contended=load.contended,
+                            waited_s=load.waited_s)
                 checked = check(backend, m, ref, prompt, partial(again.tokens, slot))
                 yield Paired(level_index * LEVEL_STRIDE + index, checked, ref, fresh)
 

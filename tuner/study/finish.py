@@ -128,7 +128,7 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                                confirmed, summary, settings.budget,
                                notes, evaluator.describe().get("energy", ""),
                                settings.bound.describe() if settings.bound.active or
-                               not settings.lossless else None)
+                               not settings.lossless else None, settings.objectives[0])
     rows += level_rows(settings, study, confirmed)
     rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
     advice = report.recommendation(confirmed, settings.min_held_out_prompts)
@@ -197,6 +197,8 @@ def held_out_record(settings: StudySettings, evaluation: Evaluation) -> dict[str
            "truncated_fraction": s["truncated_fraction"]}
     if "matches_vanilla" in s:
         out["matches_vanilla"] = s["matches_vanilla"]
+    if "decode_speedup" in s:
+        out["decode_speedup"] = s["decode_speedup"]
     quality = {k: v for k, v in s.items() if k.startswith(QUALITY_PREFIXES) or
                k in PERPLEXITY_KEYS}
     out.update(quality)

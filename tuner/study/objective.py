@@ -1,9 +1,9 @@
 """The objective: a trial's point → every parameter → the evaluator → the objective values.
 
 Per trial the tuning prompts are shuffled (seeded by the study seed and the trial number), measured
-pair by pair by the evaluator, and — when the pruner is fed (``objectives == [speedup]``) — each
-pair's paired speedup is reported at the prompt's study index. When the pruner says stop, the
-measured prompts are still assessed and recorded, and ``Pruned`` (an ``optuna.TrialPruned``) is
+pair by pair by the evaluator, and — when the pruner is fed (``objectives`` is ``[speedup]`` or
+``[decode_speedup]``) — each pair's paired value is reported at the prompt's study index. When the
+pruner says stop, the measured prompts are still assessed and recorded, and ``Pruned`` (an ``optuna.TrialPruned``) is
 raised: the trial ends PRUNED, with Optuna's last reported value, and is never the winner.
 The objective records on the trial what the report reads later (summary keys, constraints,
 feasibility, drift, contention) and sets the quality constraints with ``Trial.set_constraint``.
@@ -65,7 +65,9 @@ class Objective:
                  progress: Callable[[optuna.Trial, int, int, Paired], None]) -> None:
         self.settings, self.evaluator, self.study = settings, evaluator, study
         self.progress = progress
-        self.feeds_pruner = list(settings.objectives) == ["speedup"]
+        # one per-request speedup objective: each pair's value is reported to the pruner
+        self.fed = settings.objectives[0] if list(settings.objectives) in (
+            ["speedup"], ["decode_speedup"]) else None
 
     def __call__(self, trial: optuna.Trial, params: Mapping[str, Any]) -> TrialResult:
         s = self.settings
@@ -78,9 +80,10 @@ class Objective:
                                     1):
             pairs.append(pair)
             self.progress(trial, done, total, pair)
-            if self.feeds_pruner and pair.index not in reported:   # a cycled prompt: once
+            value = getattr(pair.method, self.fed) if self.fed else None
+            if value is not None and pair.index not in reported:   # a cycled prompt: once
                 reported.add(pair.index)
-                trial.report(pair.method.speedup, step=pair.index)
+                trial.report(value, step=pair.index)
                 if done < total and trial.should_prune():
                     pruned = True
                     break

@@ -40,18 +40,37 @@ def held_out(confirmed: Mapping[str, Any]) -> dict[str, Any]:
             if k.startswith("held_out_")}
 
 
+def objective_name(objective: str) -> str:
+    """How the summary names a first objective."""
+    base, _, level = objective.partition("@c")
+    name = {"speedup": "paired speedup (end to end)",
+            "decode_speedup": "paired decode-phase speedup (prefill left out)"}.get(base, base)
+    return f"{name} at concurrency {level}" if level else name
+
+
+def is_ratio(objective: str) -> bool:
+    return objective.partition("@c")[0] in ("speedup", "decode_speedup", "throughput_ratio")
+
+
 def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, Any],
                  confirmed: Mapping[str, float], trial_summary: Mapping[str, Any],
                  budget: Mapping[str, int], notes: list[str], energy_reason: str = "",
-                 quality_bound: str | None = None) -> list[tuple[str, str]]:
-    """The summary table; ``quality_bound`` (lossy methods or a bound set) adds quality rows."""
+                 quality_bound: str | None = None,
+                 objective: str = "speedup") -> list[tuple[str, str]]:
+    """The summary table; ``quality_bound`` (lossy methods or a bound set) adds quality rows;
+    ``objective``: the first objective, which ``best['value']`` holds."""
     rows = [("study", study_name),
             ("budget", f"{budget['n_prompts']} tuning + {budget['n_held_out']} held-out prompts, "
                        f"{budget['max_new_tokens']} new tokens, {best['trials']} trials"),
             ("best parameters", ", ".join(f"{k}={v}" for k, v in params.items()) or "(none)"),
-            ("best trial (tuning prompts)", f"#{best['trial']}, paired speedup "
-                                            f"{best['value']:.3f}x on {budget['n_prompts']} "
-                                            "prompts")]
+            ("best trial (tuning prompts)", f"#{best['trial']}, {objective_name(objective)} "
+                                            f"{best['value']:.3f}{'x' * is_ratio(objective)} on "
+                                            f"{budget['n_prompts']} prompts")]
+    if "decode_speedup" in trial_summary:
+        rows.append(("decode-phase speedup (tuning)",
+                     f"{trial_summary['decode_speedup']:.3f}x (end to end "
+                     f"{trial_summary.get('speedup', float('nan')):.3f}x; the time to the first "
+                     f"token left out, mean {trial_summary.get('ttft_ms', float('nan')):.0f} ms)"))
     if confirmed:
         rows += [("held-out speedup vs vanilla",
                   f"{confirmed['held_out_speedup']:.3f}x, {relative(confirmed['held_out_speedup'])}"
@@ -59,6 +78,9 @@ def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, 
                   f"{budget['max_new_tokens']} tokens; per prompt min "
                   f"{confirmed['held_out_speedup_min']:.3f}, max "
                   f"{confirmed['held_out_speedup_max']:.3f})"),
+                 *([("held-out decode-phase speedup",
+                     f"{confirmed['held_out_decode_speedup']:.3f}x (the verdict below reads the "
+                     "end-to-end speedup)")] if "held_out_decode_speedup" in confirmed else []),
                  ("held-out tokens/s", f"{confirmed['held_out_tokens_per_s']:.2f} (vanilla "
                   f"{confirmed['held_out_vanilla_tokens_per_s']:.2f})"),
                  ("held-out mean accepted tokens",
