@@ -3,6 +3,8 @@ paired speedup of the decode phase alone (``decode_speedup``), in process and in
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from decoding import build_method, generate
@@ -56,6 +58,7 @@ def test_a_study_can_optimise_the_decode_phase(tmp_path, in_tmp, capsys):
         assert figures["speedup"] > 0 and figures["ttft_ms"] > 0
         assert t.intermediate_values                     # the pruner was fed
     assert "paired decode-phase speedup (prefill left out)" in out
+    assert re.search(r"prompt 1/2: .*paired speedup [0-9.]+ \(decode phase [0-9.]+\)", out)
     assert "decode-phase speedup (tuning)" in out and "held-out decode-phase speedup" in out
 
 

@@ -44,10 +44,13 @@ ELSEWHERE = {   # fragment of the command -> (why, "path::test" or None)
                         "test_tracker_logs_a_study_through_the_server"),
     "+best=": ("replays a finished study", "tests/test_readme.py::test_the_printed_replay_runs"),
 }
-# engine examples whose whole study another test runs on the same path (engine, method, levels):
-# here their config is validated completely (the engine's own checks, its program and models
-# included) and the study is not measured a second time
+# examples whose whole study another test runs on the same path (engine, method, levels; the
+# compiled target): here their config is validated completely (the engine's own checks, its
+# program and models included) and the study is not measured a second time
 STUDIED = {
+    "method=speculative engine.compile=true":
+        ("tests/test_compiled.py", "test_a_study_with_engine_compile_records_it_and_stays_"
+                                   "lossless"),
     "method=prompt_lookup engine=vllm budget.concurrency=[1,4]":
         ("tests/test_vllm.py", "test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_"
                                "point"),
@@ -183,7 +186,8 @@ def test_a_readme_example_runs(tmp_path, monkeypatch, args):
     if studied is not None:
         from tuner.study.settings import StudySettings
         settings = StudySettings.from_config(compose_cfg(tmp_path, *args, *small, base=()))
-        assert settings.engine["kind"] in line and settings.default
+        assert settings.default and (settings.engine["kind"] in line or
+                                     settings.engine["compile"] is True)
         path, test = studied
         assert f"def {test}" in (ROOT / path).read_text(), f"{path}::{test} is gone"
         return

@@ -44,8 +44,10 @@ class ConsoleProgress(Callback):
             busy += (f" after waiting {got.waited_s:.0f} s for other processes "
                      "(contention=wait)" if got.contended else
                      f", measured after waiting {got.waited_s:.0f} s for the machine to be quiet")
+        decode = getattr(got, "decode_speedup", None)
+        decode = f" (decode phase {decode:.3f})" if decode is not None else ""
         self.say(f"  trial {trial.number} prompt {done}/{total}: {got.new_tokens} tokens "
-                 f"{got.tokens_per_s:.2f} tok/s, paired speedup {got.speedup:.3f}{busy}")
+                 f"{got.tokens_per_s:.2f} tok/s, paired speedup {got.speedup:.3f}{decode}{busy}")
 
     def trial_ended(self, trial, outcome: TrialOutcome) -> None:
         if self.began:
