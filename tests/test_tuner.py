@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import subprocess
 import sys
@@ -251,7 +253,6 @@ def test_study_end_to_end_with_mlflow(tmp_path, capsys):
     assert "trial 0 [default] {'num_draft_tokens': 2} (1 of at most 2 trials)" in out
     assert "trial 1 [grid] {'num_draft_tokens': 1} (2 of at most 2 trials, ~" in out
     assert "(at most 2 trials)" in out
-    assert "workflowType=machine_learning" in out and "tags.study_name" in out
     assert result["params"]["num_draft_tokens"] in (1, 2)
     assert result["held_out_matches_vanilla"] == 1.0
     study = load_study(tmp_path)
@@ -298,6 +299,20 @@ def test_study_end_to_end_with_mlflow(tmp_path, capsys):
     assert parent.data.params["budget.max_new_tokens"] == "6"
     assert parent.data.params["models.target.kind"] == "tiny"
     assert parent.data.params["sampling.temperature"] == "0.0"
+    # the printed link opens a view saved as the UI's Share button saves one: this study's runs,
+    # best first, each column naming a metric or parameter its runs carry
+    key = re.search(r"runs\?workflowType=machine_learning&viewStateShareKey=([0-9a-f]+)$",
+                    out, re.M).group(1)
+    experiment = client.get_experiment_by_name("e2e")
+    view = json.loads(experiment.tags[f"mlflow.sharedViewState.{key}"])
+    assert view["searchFilter"] == 'tags.study_name = "t"' and view["orderByAsc"] is False
+    assert view["orderByKey"] == "metrics.`speedup`"
+    logged = {f"metrics.`{m}`" for r in runs for m in r.data.metrics} | \
+        {f"params.`{k}`" for r in runs for k in r.data.params}
+    assert view["selectedColumns"][0] == "metrics.`speedup`"
+    assert set(view["selectedColumns"]) <= logged, set(view["selectedColumns"]) - logged
+    assert {"metrics.`best_held_out_speedup`", "metrics.`decode_speedup`",
+            "params.`num_draft_tokens`"} <= set(view["selectedColumns"])
     assert "best_held_out_speedup" in parent.data.metrics
     assert parent.data.tags["torch"] == torch.__version__ and parent.data.tags["git_commit"]
     best = tmp_path / "studies" / "best" / "t.yaml"

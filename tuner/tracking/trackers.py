@@ -11,6 +11,7 @@ when the study finished. ``tracking=none`` uses the no-op ``Callback``.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import io
 import json
 import logging
@@ -64,6 +65,23 @@ def flatten(prefix: str, value: Any) -> dict[str, str]:
             out.update(flatten(f"{prefix}.{key}" if prefix else str(key), item))
         return out
     return {prefix: json.dumps(value) if isinstance(value, (list, tuple)) else str(value)}
+
+
+SHARED_VIEW = "mlflow.sharedViewState."     # the UI's saved views: experiment tags, JSON
+# the columns a study's view shows first: trial runs carry the first five, the study's parent
+# run its held-out confirmation (best_*); then the searched parameters
+VIEW_METRICS = ("speedup", "best_held_out_speedup", "decode_speedup", "tokens_per_s",
+                "mean_accepted_tokens", "contended_prompts")
+
+
+def view_state(study_name: str, param_names: list[str]) -> dict[str, Any]:
+    """The MLflow UI's view of one study (its search facets and table columns: the keys the
+    UI reads from a shared view; column ids are ``metrics.`name``` / ``params.`name```)."""
+    columns = [f"metrics.`{m}`" for m in VIEW_METRICS] + \
+        [f"params.`{mlflow_name(p)}`" for p in param_names]
+    return {"searchFilter": f'tags.study_name = "{study_name}"',
+            "orderByKey": "metrics.`speedup`", "orderByAsc": False,
+            "selectedColumns": columns, "columnOrder": columns}
 
 
 class MlflowRuns:
@@ -227,15 +245,19 @@ class MlflowCallback(Callback):
                  f"{self.link()}")
 
     def link(self) -> str:
-        """The experiment's runs table for this study, sorted by speedup (MLflow 3 opens the
-        GenAI view unless ``workflowType=machine_learning`` is in the address)."""
-        from urllib.parse import quote
+        """The experiment's runs table for this study: its runs only, sorted by speedup, with
+        the columns that matter shown (``view_state``). The view is saved the way the UI's own
+        Share button saves one, as the experiment tag ``mlflow.sharedViewState.<key>``, and the
+        address names its key (MLflow 3 opens the GenAI view unless
+        ``workflowType=machine_learning`` is in the address)."""
+        state = json.dumps(view_state(self.settings.name, list(self.settings.space)),
+                           sort_keys=True)
+        key = hashlib.sha256(state.encode()).hexdigest()[:32]
+        self.runs.client.set_experiment_tag(self.runs.experiment_id, f"{SHARED_VIEW}{key}", state)
         base = self.runs.tracking_uri if self.runs.tracking_uri.startswith("http") else \
             "http://127.0.0.1:5000"
-        query = (f"workflowType=machine_learning&searchFilter="
-                 f"{quote(f'tags.study_name = {chr(34)}{self.settings.name}{chr(34)}')}"
-                 f"&orderByKey={quote('metrics.`speedup`')}&orderByAsc=false")
-        return f"{base}/#/experiments/{self.runs.experiment_id}/runs?{query}"
+        return (f"{base}/#/experiments/{self.runs.experiment_id}/runs?"
+                f"workflowType=machine_learning&viewStateShareKey={key}")
 
     def study_ended(self, status: str) -> None:
         if self.parent_id is not None and status != "FINISHED":
