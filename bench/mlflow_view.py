@@ -84,7 +84,7 @@ def main() -> int:
               "ok": not missing, "shared_view_banner": "viewing a shared view" in dom}
     (args.out / "view.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"MLflow {result['mlflow']}, {version}: {len(wanted) - len(missing)} of {len(wanted)} "
-          f"columns of the study's view shown without a click"
+          f"columns of the study's view in the rendered runs table, no click"
           + (f"; MISSING {missing}" if missing else "") + f" ({args.out / 'view.png'})")
     return 0 if not missing else 1
 

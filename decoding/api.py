@@ -103,8 +103,9 @@ class GenerationStats:
     draft_time_s: float
     verify_time_s: float
     extras: dict[str, float] = field(default_factory=dict)   # method-specific counters, summed
-    # the first step (prefill of the prompt, fused with the first draft's verification): its
-    # time and tokens; the rest of the generation is its decode phase
+    # the first step, its time and tokens: the prompt's prefill (vanilla; EAGLE, which drafts
+    # from the target's features only after it), fused with the first draft's verification in
+    # methods that draft at once; the rest of the generation is its decode phase
     first_step_s: float = 0.0
     first_step_tokens: int = 0
 

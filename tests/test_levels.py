@@ -1,16 +1,18 @@
 """Per-level numbers of an engine trial (tuner/measure/levels.py) on hand-computed examples:
-throughput over the distinct batches' wall time, the per-request speedup, TPOT from the server's
-decode time, acceptance, and the geometric mean over levels."""
+throughput over the distinct batches' wall time, the per-request speedup (end to end and of the
+decode phase), TPOT from the server's decode time, acceptance, and the geometric mean over
+levels."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from tuner.measure.evaluator import Paired
 from tuner.measure.levels import level_summary, throughput, tpot_ms
-from tuner.measure.measurement import Measurement
+from tuner.measure.measurement import Measurement, paired_decode_speedup
 
 
 def run(tokens, wall_s, level=1, batch_wall_s=None, speedup=None, decode_s=None, steps=1,
@@ -19,21 +21,28 @@ def run(tokens, wall_s, level=1, batch_wall_s=None, speedup=None, decode_s=None,
                        wall_s=wall_s, steps=steps, drafted=drafted, accepted=accepted,
                        draft_time_s=0.0, verify_time_s=0.0, accepted_per_position=(),
                        drafted_per_position=(), speedup=speedup, concurrency=level,
-                       batch_wall_s=batch_wall_s, decode_s=decode_s)
+                       batch_wall_s=batch_wall_s, decode_s=decode_s,
+                       decode_tokens=tokens - 1 if decode_s is not None else None)
+
+
+def paired(index, method, baseline):
+    """As the paired protocol records it: the method's decode-phase speedup over its baseline."""
+    return Paired(index, replace(method, decode_speedup=paired_decode_speedup(baseline, method)),
+                  baseline, True)
 
 
 def pairs():
     level_1 = [   # two requests one after another: each its own batch
-        Paired(0, run(10, 1.0, 1, 1.0, speedup=2.0, decode_s=0.5, steps=5, drafted=10,
+        paired(0, run(10, 1.0, 1, 1.0, speedup=2.0, decode_s=0.5, steps=5, drafted=10,
                       accepted=5),
-               run(10, 2.0, 1, 2.0, decode_s=1.8, steps=10), True),
-        Paired(1, run(20, 2.0, 1, 2.0, speedup=1.5, decode_s=1.0, steps=8, drafted=10,
+               run(10, 2.0, 1, 2.0, decode_s=1.8, steps=10)),
+        paired(1, run(20, 2.0, 1, 2.0, speedup=1.5, decode_s=1.0, steps=8, drafted=10,
                       accepted=10),
-               run(20, 3.0, 1, 3.0, decode_s=2.7, steps=20), True)]
+               run(20, 3.0, 1, 3.0, decode_s=2.7, steps=20))]
     level_4 = [   # four requests in flight together: one batch of 4.0 s (method), 8.0 s (vanilla)
-        Paired(i, run(10, 3.5 + i * 0.1, 4, 4.0, speedup=2.0, decode_s=1.0, steps=4,
+        paired(i, run(10, 3.5 + i * 0.1, 4, 4.0, speedup=2.0, decode_s=1.0, steps=4,
                       drafted=8, accepted=6),
-               run(10, 7.0 + i * 0.1, 4, 8.0, decode_s=2.0, steps=10), True) for i in range(4)]
+               run(10, 7.0 + i * 0.1, 4, 8.0, decode_s=2.0, steps=10)) for i in range(4)]
     return level_1 + level_4
 
 
@@ -43,10 +52,12 @@ def test_the_level_summary_equals_the_hand_computed_numbers():
         "tokens_per_s@c1": 30 / 3.0, "vanilla_tokens_per_s@c1": 30 / 5.0,
         "throughput_ratio@c1": 10.0 / 6.0, "speedup@c1": math.sqrt(2.0 * 1.5),
         "tpot_ms@c1": 1e3 * 1.5 / 30, "vanilla_tpot_ms@c1": 1e3 * 4.5 / 30,
+        "decode_speedup@c1": math.sqrt((1.8 / 0.5) * (2.7 / 1.0)),   # same tokens after the first
         "acceptance_rate@c1": 15 / 20, "mean_accepted_tokens@c1": 1 + 15 / 13,
         "tokens_per_s@c4": 40 / 4.0, "vanilla_tokens_per_s@c4": 40 / 8.0,
         "throughput_ratio@c4": 2.0, "speedup@c4": 2.0,
         "tpot_ms@c4": 1e3 * 4.0 / 40, "vanilla_tpot_ms@c4": 1e3 * 8.0 / 40,
+        "decode_speedup@c4": 2.0 / 1.0,
         "acceptance_rate@c4": 24 / 32, "mean_accepted_tokens@c4": 1 + 24 / 16,
         "throughput_ratio": math.sqrt(10.0 / 6.0 * 2.0),
     }

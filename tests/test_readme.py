@@ -45,8 +45,9 @@ ELSEWHERE = {   # fragment of the command -> (why, "path::test" or None)
     "+best=": ("replays a finished study", "tests/test_readme.py::test_the_printed_replay_runs"),
 }
 # examples whose whole study another test runs on the same path (engine, method, levels; the
-# compiled target): here their config is validated completely (the engine's own checks, its
-# program and models included) and the study is not measured a second time
+# compiled target in process, there with method=tree on buckets [1, 4, 16]): here their config
+# is validated completely (the engine's own checks, its program and models included) and the
+# study is not measured a second time
 STUDIED = {
     "method=speculative engine.compile=true":
         ("tests/test_compiled.py", "test_a_study_with_engine_compile_records_it_and_stays_"

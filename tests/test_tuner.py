@@ -242,6 +242,22 @@ def test_logit_gap_is_counted_in_bf16_ulps_at_the_chosen_logit():
 # End to end
 
 
+
+def test_the_mlflow_view_sorts_by_the_first_objective_in_its_direction():
+    """Best first is the first objective's best: a minimised one sorts ascending, a levelled one
+    by its MLflow name, and its column comes first (the others follow, none twice)."""
+    from tuner.tracking.trackers import VIEW_METRICS, view_state
+    view = view_state("s", ["gamma"], "energy_ratio", "minimize")
+    assert view["orderByKey"] == "metrics.`energy_ratio`" and view["orderByAsc"] is True
+    levelled = view_state("s", [], "decode_speedup@c4", "maximize")
+    assert levelled["orderByKey"] == "metrics.`decode_speedup_at_c4`"
+    assert levelled["orderByAsc"] is False
+    default = view_state("s", ["gamma"])
+    assert default["selectedColumns"] == [f"metrics.`{m}`" for m in VIEW_METRICS] + \
+        ["params.`gamma`"] == default["columnOrder"]
+    decode = view_state("s", [], "decode_speedup", "maximize")["selectedColumns"]
+    assert decode[0] == "metrics.`decode_speedup`" and len(decode) == len(set(decode))
+
 def test_study_end_to_end_with_mlflow(tmp_path, capsys):
     import mlflow
     result = run_cfg(tmp_path, "search=grid", "search.ranges=full",

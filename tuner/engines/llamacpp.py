@@ -156,8 +156,8 @@ class LlamaCppEvaluator(ServerEvaluator):
                            accepted, 0.0, 0.0, accepted_pos, drafted_pos,
                            truncated=len(tokens) >= self.settings.budget["max_new_tokens"],
                            concurrency=level, batch_wall_s=batch_wall_s,
-                           prompt_s=float(t.get("prompt_ms", 0.0)) / 1e3,
-                           decode_s=float(t.get("predicted_ms", 0.0)) / 1e3,
+                           prompt_s=seconds(t.get("prompt_ms")),
+                           decode_s=seconds(t.get("predicted_ms")),
                            decode_tokens=max(len(tokens) - 1, 0))   # after the first token
 
     def counters(self, server: EngineServer) -> tuple[tuple[int, ...], int]:
@@ -180,3 +180,8 @@ class LlamaCppEvaluator(ServerEvaluator):
         replies, _ = send_batch(self.baseline.url + self.endpoint, [request])
         probs = replies[0].body["completion_probabilities"][0]["top_logprobs"]
         return {int(p["id"]): float(p["logprob"]) for p in probs}
+
+
+def seconds(ms: Any) -> float | None:
+    """A server's millisecond timing in seconds (None: not reported)."""
+    return None if ms is None else float(ms) / 1e3

@@ -9,7 +9,9 @@ measured on the same batches at the same level:
     token, the number one user of that server feels);
   * ``decode_speedup@c<c>``: the same of the decode phase alone (the server's own decode time
     per token after the first; the prefill left out);
-  * ``tpot_ms@c<c>`` / ``vanilla_tpot_ms@c<c>``: the server's own decode time per output token;
+  * ``tpot_ms@c<c>`` / ``vanilla_tpot_ms@c<c>``: the server's own decode time per output token
+    (over all output tokens, as recorded since engines came; ``decode_speedup`` divides by the
+    tokens after the first);
   * ``acceptance_rate@c<c>`` and ``mean_accepted_tokens@c<c>`` (1 + accepted / target steps).
 ``throughput_ratio`` (no level) is the geometric mean of the levels' throughput ratios: one number
 for "faster under the loads you serve".

@@ -54,8 +54,10 @@ class Measurement:
     #                                     (engines); in process, the first step's time
     decode_s: float | None = None       # the decode phase after it: the server's own (engines;
     #                                     TPOT from it); in process, wall_s - prompt_s
-    decode_tokens: int | None = None    # the tokens emitted in decode_s (new_tokens minus the
-    #                                     first step's: 1 in an engine, 1 + accepted in process)
+    decode_tokens: int | None = None    # the tokens emitted in decode_s: new_tokens minus the
+    #                                     first step's (1 in an engine; in process 1 for vanilla
+    #                                     and EAGLE, whose first step is the prefill alone, up to
+    #                                     γ + 1 where it is fused with the first verification)
     decode_speedup: float | None = None  # paired, decode phase only (paired_decode_speedup)
 
     @property

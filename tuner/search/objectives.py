@@ -1,7 +1,7 @@
 """What a search optimises: summary keys of a trial, each with its direction.
 
-``decode_speedup`` is the paired speedup of the decode phase alone: time to the first token left out
-(the server's own decode time in an engine; in process, the time after the first step), so that
+``decode_speedup`` is the paired speedup of the decode phase alone: time to the first token left
+out (the server's own decode time in an engine; in process, the time after the first step), so that
 long prompts do not pull it towards 1. Engine servers measured at several concurrency levels add
 ``speedup@c4``, ``decode_speedup@c4``, ``tokens_per_s@c4``,
 ``throughput_ratio@c4`` (any level of ``budget.concurrency``) and ``throughput_ratio`` (the
@@ -53,7 +53,9 @@ def objective_values(summary: Mapping[str, float], objectives: Sequence[str]) ->
     missing = [name for name in objectives if name not in summary]
     if missing:
         raise ValueError(f"objective(s) {missing} were not measured in this trial (energy needs "
-                         "an NVIDIA GPU; quality_drop needs a task metric)")
+                         "an NVIDIA GPU; quality_drop needs a task metric; decode_speedup needs "
+                         "a decode phase: tokens after the first step, and an engine that "
+                         "reports its decode time)")
     return [float(summary[name]) for name in objectives]
 
 

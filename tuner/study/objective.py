@@ -3,8 +3,9 @@
 Per trial the tuning prompts are shuffled (seeded by the study seed and the trial number), measured
 pair by pair by the evaluator, and — when the pruner is fed (``objectives`` is ``[speedup]`` or
 ``[decode_speedup]``) — each pair's paired value is reported at the prompt's study index. When the
-pruner says stop, the measured prompts are still assessed and recorded, and ``Pruned`` (an ``optuna.TrialPruned``) is
-raised: the trial ends PRUNED, with Optuna's last reported value, and is never the winner.
+pruner says stop, the measured prompts are still assessed and recorded, and ``Pruned`` (an
+``optuna.TrialPruned``) is raised: the trial ends PRUNED, with Optuna's last reported value, and
+is never the winner.
 The objective records on the trial what the report reads later (summary keys, constraints,
 feasibility, drift, contention) and sets the quality constraints with ``Trial.set_constraint``.
 """

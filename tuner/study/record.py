@@ -15,7 +15,8 @@ from optuna.trial import FrozenTrial
 
 # summary numbers kept on every trial (the summary table and best_* metrics read them); per-level
 # numbers (``<name>@c<level>``, tuner.measure.levels) are kept too: the schedule reads them
-FIGURES = ("speedup", "decode_speedup", "ttft_ms", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate",
+FIGURES = ("speedup", "decode_speedup", "ttft_ms", "tokens_per_s", "mean_accepted_tokens",
+           "acceptance_rate",
            "vanilla_drift_ratio", "perplexity", "vanilla_perplexity", "perplexity_ratio",
            "quality_drop", "energy_j_per_token", "vanilla_energy_j_per_token", "energy_ratio",
            "contended_prompts", "other_load_max", "throughput_ratio", "engine_restart_s",

@@ -65,11 +65,13 @@ class ConsoleProgress(Callback):
                      f"first vanilla time per token (threshold {self.settings.drift_threshold}): "
                      "the machine's speed changed; the paired speedup still compares like with "
                      "like")
+        decode = summary.get("decode_speedup")
+        decode = f", decode phase {decode:.3f}" if decode is not None else ""
         if outcome.state == "PRUNED":
             self.say(f"  trial {trial.number} pruned after {int(summary['prompts'])} prompts "
-                     f"(paired speedup so far {summary['speedup']:.3f})")
+                     f"(paired speedup so far {summary['speedup']:.3f}{decode})")
             return
-        self.say(f"trial {trial.number} done: paired speedup {summary['speedup']:.3f} "
+        self.say(f"trial {trial.number} done: paired speedup {summary['speedup']:.3f}{decode} "
                  f"({summary['tokens_per_s']:.2f} tok/s, mean accepted "
                  f"{summary['mean_accepted_tokens']:.2f}{self._quality(summary, outcome)})")
 

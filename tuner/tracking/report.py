@@ -202,6 +202,7 @@ def write_best_yaml(folder: Path, settings: Any, params: Mapping[str, Any],
                        "budget": {**{k: settings.budget[k] for k in ("n_prompts", "n_held_out",
                                                                      "max_new_tokens")},
                                   "concurrency": list(settings.concurrency)},
+                       "tuning_objective": settings.objectives[0],   # what tuning_speedup holds
                        "tuning_speedup": float(best["value"]),
                        "held_out_speedup": float(speed) if speed else None,
                        **{k: float(confirmed[k]) for k in QUALITY_KEYS if k in confirmed}}}
@@ -216,8 +217,9 @@ def plots_html(study: optuna.Study, path: Path) -> Path | None:
     HTML page (plotly.js embedded once, no CDN: the MLflow UI may run without internet)."""
     try:
         from optuna import visualization as vis
+        name = objective_name(study.metric_names[0]) if study.metric_names else "speedup"
         history = vis.plot_optimization_history(study, target=lambda t: t.values[0],
-                                                target_name="paired speedup vs vanilla")
+                                                target_name=f"{name} vs vanilla")
         history.add_hline(y=1.0, line_dash="dash", line_color="gray",
                           annotation_text="vanilla = 1.0")
         numbers, best = best_so_far(study)
@@ -226,7 +228,7 @@ def plots_html(study: optuna.Study, path: Path) -> Path | None:
         figures = [history]
         if study.best_trials and study.best_trials[0].params:
             figures.append(vis.plot_slice(study, target=lambda t: t.values[0],
-                                          target_name="paired speedup"))
+                                          target_name=name))
     except (ImportError, ValueError, RuntimeError):
         return None
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures)]
@@ -265,7 +267,8 @@ def plots_png(study: optuna.Study, path: Path) -> Path | None:
     ax.step(numbers, best, where="post", color="firebrick", label="best so far")
     ax.axhline(1.0, color="gray", linestyle="--", label="vanilla = 1.0")
     ax.set_xlabel("trial")
-    ax.set_ylabel("paired speedup vs vanilla")
+    name = objective_name(study.metric_names[0]) if study.metric_names else "speedup"
+    ax.set_ylabel(f"{name} vs vanilla")
     ax.set_title(study.study_name)
     ax.legend(loc="best")
     fig.tight_layout()

@@ -74,14 +74,17 @@ VIEW_METRICS = ("speedup", "best_held_out_speedup", "decode_speedup", "tokens_pe
                 "mean_accepted_tokens", "contended_prompts")
 
 
-def view_state(study_name: str, param_names: list[str]) -> dict[str, Any]:
+def view_state(study_name: str, param_names: list[str], objective: str = "speedup",
+               direction: str = "maximize") -> dict[str, Any]:
     """The MLflow UI's view of one study (its search facets and table columns: the keys the
-    UI reads from a shared view; column ids are ``metrics.`name``` / ``params.`name```)."""
-    columns = [f"metrics.`{m}`" for m in VIEW_METRICS] + \
+    UI reads from a shared view; column ids are ``metrics.`name``` / ``params.`name```): its
+    runs, best first by the study's first ``objective`` (its column first)."""
+    first = f"metrics.`{mlflow_name(objective)}`"
+    columns = [first] + [c for c in (f"metrics.`{m}`" for m in VIEW_METRICS) if c != first] + \
         [f"params.`{mlflow_name(p)}`" for p in param_names]
-    return {"searchFilter": f'tags.study_name = "{study_name}"',
-            "orderByKey": "metrics.`speedup`", "orderByAsc": False,
-            "selectedColumns": columns, "columnOrder": columns}
+    return {"searchFilter": f'tags.study_name = "{study_name}"', "orderByKey": first,
+            "orderByAsc": direction == "minimize", "selectedColumns": columns,
+            "columnOrder": columns}
 
 
 class MlflowRuns:
@@ -245,19 +248,31 @@ class MlflowCallback(Callback):
                  f"{self.link()}")
 
     def link(self) -> str:
-        """The experiment's runs table for this study: its runs only, sorted by speedup, with
-        the columns that matter shown (``view_state``). The view is saved the way the UI's own
-        Share button saves one, as the experiment tag ``mlflow.sharedViewState.<key>``, and the
-        address names its key (MLflow 3 opens the GenAI view unless
-        ``workflowType=machine_learning`` is in the address)."""
-        state = json.dumps(view_state(self.settings.name, list(self.settings.space)),
-                           sort_keys=True)
+        """The experiment's runs table for this study: its runs only, best first by the first
+        objective, with the columns that matter shown (``view_state``). The view is saved the
+        way the UI's own Share button saves one, as the experiment tag
+        ``mlflow.sharedViewState.<key>``, and the address names its key (MLflow 3 opens the
+        GenAI view unless ``workflowType=machine_learning`` is in the address); a tag refused
+        gives the filtered, sorted address without the columns."""
+        from mlflow.exceptions import MlflowException
+        s = self.settings
+        view = view_state(s.name, list(s.space), s.objectives[0], s.directions[0])
+        state = json.dumps(view, sort_keys=True)
         key = hashlib.sha256(state.encode()).hexdigest()[:32]
-        self.runs.client.set_experiment_tag(self.runs.experiment_id, f"{SHARED_VIEW}{key}", state)
         base = self.runs.tracking_uri if self.runs.tracking_uri.startswith("http") else \
             "http://127.0.0.1:5000"
-        return (f"{base}/#/experiments/{self.runs.experiment_id}/runs?"
-                f"workflowType=machine_learning&viewStateShareKey={key}")
+        runs = f"{base}/#/experiments/{self.runs.experiment_id}/runs?workflowType=machine_learning"
+        try:
+            self.runs.client.set_experiment_tag(self.runs.experiment_id, f"{SHARED_VIEW}{key}",
+                                                state)
+        except (MlflowException, OSError) as error:     # the study's end must not fail here
+            self.say(f"MLflow: the study's view was not saved ({error}); the link filters and "
+                     "sorts only")
+            from urllib.parse import quote
+            return (f"{runs}&searchFilter={quote(view['searchFilter'])}"
+                    f"&orderByKey={quote(view['orderByKey'])}"
+                    f"&orderByAsc={str(view['orderByAsc']).lower()}")
+        return f"{runs}&viewStateShareKey={key}"
 
     def study_ended(self, status: str) -> None:
         if self.parent_id is not None and status != "FINISHED":
