@@ -27,7 +27,7 @@ from tuner.engines.client import get_text, send_batch
 from tuner.engines.gguf import model_files
 from tuner.engines.server import EngineServer
 from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf
-from tuner.engines.serving import ServerEvaluator
+from tuner.engines.serving import ServerEvaluator, seconds
 from tuner.measure.measurement import Measurement
 from tuner.search.space import is_active
 
@@ -180,8 +180,3 @@ class LlamaCppEvaluator(ServerEvaluator):
         replies, _ = send_batch(self.baseline.url + self.endpoint, [request])
         probs = replies[0].body["completion_probabilities"][0]["top_logprobs"]
         return {int(p["id"]): float(p["logprob"]) for p in probs}
-
-
-def seconds(ms: Any) -> float | None:
-    """A server's millisecond timing in seconds (None: not reported)."""
-    return None if ms is None else float(ms) / 1e3

@@ -282,3 +282,8 @@ class ServerEvaluator:
 
 def pad(values: Sequence[int], length: int) -> tuple[int, ...]:
     return tuple(values) + (0,) * (length - len(values))
+
+
+def seconds(ms: Any) -> float | None:
+    """A server's millisecond timing in seconds (None: not reported)."""
+    return None if ms is None else float(ms) / 1e3

@@ -36,7 +36,7 @@ from tuner.config.errors import ConfigError
 from tuner.engines.client import send_batch
 from tuner.engines.folders import draft_folder, target_folder, vllm_head
 from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf
-from tuner.engines.serving import ServerEvaluator
+from tuner.engines.serving import ServerEvaluator, seconds
 from tuner.measure.hygiene import allowed_cpus
 from tuner.measure.measurement import Measurement
 from tuner.search.space import is_active
@@ -252,8 +252,7 @@ class VllmEvaluator(ServerEvaluator):
                            accepted_pos if drafted_pos else (), drafted_pos,
                            truncated=choice.get("finish_reason") == "length",
                            concurrency=level, batch_wall_s=batch_wall_s,
-                           prompt_s=float(first_ms) / 1e3 if first_ms is not None else None,
-                           decode_s=float(decode_ms) / 1e3 if decode_ms is not None else None,
+                           prompt_s=seconds(first_ms), decode_s=seconds(decode_ms),
                            decode_tokens=max(len(tokens) - 1, 0))   # first to last token
 
     def logprobs(self, prompt: Prompt, prefix: Sequence[int],

@@ -24,9 +24,6 @@ from typing import Sequence
 from tuner.measure.evaluator import Paired
 from tuner.measure.measurement import Measurement, geometric_mean
 
-# objectives that take @c<level>
-LEVEL_KEYS = ("speedup", "decode_speedup", "throughput_ratio", "tokens_per_s")
-
 
 def level_summary(pairs: Sequence[Paired]) -> dict[str, float]:
     levels = sorted({p.method.concurrency for p in pairs})
