@@ -20,7 +20,38 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}   # tuner
 # run workers side by side on 2 cores: contention is reported (warn), never waited for
 FAST = ["method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_out=2",
         "task.max_new_tokens=6", "warmup_prompts=1", "contention=warn"]
-torch.set_num_threads(2)
+# `make test` runs the tests marked `parallel` on two pytest-xdist workers of one thread each, then
+# the rest one at a time. In-process tests on the tiny models are bound by one core's Python (two
+# workers: 211 -> 134 s for test_methods' law tests); servers, studies, process fleets, services,
+# timing and the default model use both cores, and two of them at once oversubscribe OpenMP's
+# spinning threads (the same law tests on two workers of two threads each: over 4x slower).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees", "test_mjsd",
+                    "test_eagle3", "test_eagle", "test_prompt_lookup", "test_sampling",
+                    "test_layout", "test_levels", "test_record", "test_train_eagle",
+                    "test_reserved_cache"}
+SERIAL_FIXTURES = {"default_pair", "in_tmp", "mlflow_url", "monkeypatch"}
+torch.set_num_threads(1 if XDIST_WORKER else 2)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark ``parallel`` the tests of PARALLEL_MODULES that load no default model, run no study
+    and change no process state (no tmp working directory, no monkeypatch)."""
+    for item in items:
+        if (item.module.__name__.rsplit(".", 1)[-1] in PARALLEL_MODULES
+                and item.get_closest_marker("real_model") is None
+                and not SERIAL_FIXTURES & set(item.fixturenames)):
+            item.add_marker(pytest.mark.parallel)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_per_worker():
+    """Under xdist a test that set torch's threads (the tuner does) does not leak them into the
+    next test on the worker."""
+    yield
+    if XDIST_WORKER and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def compose_cfg(tmp_path: Path | None, *overrides: str, base: tuple[str, ...] | None = None):

@@ -77,7 +77,10 @@ def test_the_head_reads_the_targets_states_of_its_layers_row_by_row(family, kw):
     expected = torch.cat([states[j][0] for j in head.layer_ids], dim=-1)      # [T, 3H]
     assert fed.shape[1] == 3 * pair.target.config.hidden_size
     assert len(PROMPT) <= fed.shape[0] < sequence.shape[1]
-    assert torch.allclose(fed, expected[: fed.shape[0]], atol=1e-5)
+    # fp32: the cached rows and the full forward sum in other orders (measured up to 1.7e-5 on
+    # values up to 20, at the edge of atol=1e-5 on some thread counts); a wrong layer or a
+    # shifted row differs by O(1)
+    assert torch.allclose(fed, expected[: fed.shape[0]], atol=1e-4)
     assert out.tokens == vanilla(pair, PROMPT, 24)
 
 
