@@ -37,21 +37,13 @@ torch.set_num_threads(1 if XDIST_WORKER else 2)
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark ``parallel`` the tests of PARALLEL_MODULES that load no default model, run no study
-    and change no process state (no tmp working directory, no monkeypatch)."""
+    and change no process state (no tmp working directory, no monkeypatch): none of them sets
+    torch's threads, so a worker stays at one."""
     for item in items:
-        if (item.module.__name__.rsplit(".", 1)[-1] in PARALLEL_MODULES
+        if (item.path.stem in PARALLEL_MODULES
                 and item.get_closest_marker("real_model") is None
                 and not SERIAL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.parallel)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread_per_worker():
-    """Under xdist a test that set torch's threads (the tuner does) does not leak them into the
-    next test on the worker."""
-    yield
-    if XDIST_WORKER and torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
 
 
 def compose_cfg(tmp_path: Path | None, *overrides: str, base: tuple[str, ...] | None = None):
