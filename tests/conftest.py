@@ -20,28 +20,44 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}   # tuner
 # run workers side by side on 2 cores: contention is reported (warn), never waited for
 FAST = ["method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_out=2",
         "task.max_new_tokens=6", "warmup_prompts=1", "contention=warn"]
-# `make test` runs the tests marked `parallel` on two pytest-xdist workers of one thread each, then
-# the rest one at a time. In-process tests on the tiny models are bound by one core's Python (two
-# workers: 211 -> 134 s for test_methods' law tests); servers, studies, process fleets, services,
-# timing and the default model use both cores, and two of them at once oversubscribe OpenMP's
-# spinning threads (the same law tests on two workers of two threads each: over 4x slower).
+# `make test` runs the tests marked `parallel` on two pytest-xdist workers, each pinned to a CPU of
+# its own (its torch, its subprocesses and the CPUs its studies sample for contention: that one),
+# then the rest one at a time. The parallel tests are those bound by one core: in-process tests on
+# the tiny models (one core's Python: 211 -> 134 s for test_methods' law tests on two workers) and
+# studies, CLI runs and scripts on them (one core's Python and imports; some wait on locks).
+# Servers, services, Slurm fleets, timing and hygiene checks and the default model (whose greedy
+# near-ties move with the thread count) use both cores or the whole machine: they run alone.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees", "test_mjsd",
                     "test_eagle3", "test_eagle", "test_prompt_lookup", "test_sampling",
                     "test_layout", "test_levels", "test_record", "test_train_eagle",
-                    "test_reserved_cache"}
-SERIAL_FIXTURES = {"default_pair", "in_tmp", "mlflow_url", "monkeypatch"}
+                    "test_reserved_cache", "test_study", "test_tuner", "test_gpu_kit",
+                    "test_readme", "test_validate", "test_profile", "test_quality", "test_tasks",
+                    "test_models", "test_decode_phase", "test_prompts", "test_imports",
+                    "test_report", "test_server_groups"}
+SERIAL_FIXTURES = {"default_pair", "mlflow_url"}    # the default model; one server per session
+
+
+def pin_worker(worker: str) -> None:
+    """Pin an xdist worker (``gw<i>``) to the i-th of the CPUs it may use, one thread."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, {cpus[int(worker.removeprefix("gw")) % len(cpus)]})
+
+
+if XDIST_WORKER:
+    pin_worker(XDIST_WORKER)
 torch.set_num_threads(1 if XDIST_WORKER else 2)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark ``parallel`` the tests of PARALLEL_MODULES that load no default model, run no study
-    and change no process state (no tmp working directory, no monkeypatch): none of them sets
-    torch's threads, so a worker stays at one."""
+    """Mark ``parallel`` the tests of PARALLEL_MODULES that are not ``real_model``, not
+    ``alone`` and use none of SERIAL_FIXTURES."""
     for item in items:
         if (item.path.stem in PARALLEL_MODULES
                 and item.get_closest_marker("real_model") is None
+                and item.get_closest_marker("alone") is None
                 and not SERIAL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.parallel)
 
