@@ -31,7 +31,6 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 import torch
-import torch._dynamo
 from transformers import StaticCache
 
 from decoding.runtime import cache_argument
@@ -81,6 +80,7 @@ class CompiledTarget:
         self._cache_kw = cache_argument(self.decoder, self.cache)   # looked up outside graphs
         self.mode = mode if mode is not None else \
             ("reduce-overhead" if self.device.type == "cuda" else None)
+        import torch._dynamo        # here: importing dynamo costs every process ~2-3 s
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    RECOMPILE_LIMIT)
         # on a CPU, inductor's freezing folds the weights into the graph as constants and

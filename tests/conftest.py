@@ -25,8 +25,8 @@ FAST = ["method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_ou
 # then the rest one at a time. The parallel tests are those bound by one core: in-process tests on
 # the tiny models (one core's Python: 211 -> 134 s for test_methods' law tests on two workers) and
 # studies, CLI runs and scripts on them (one core's Python and imports; some wait on locks).
-# Servers, services, Slurm fleets, timing and hygiene checks and the default model (whose greedy
-# near-ties move with the thread count) use both cores or the whole machine: they run alone.
+# Servers, services, Slurm fleets, timing and hygiene checks and the default model (its greedy
+# tests were checked at two threads) use both cores or the whole machine: they run alone.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees", "test_mjsd",
                     "test_eagle3", "test_eagle", "test_prompt_lookup", "test_sampling",
@@ -52,12 +52,11 @@ torch.set_num_threads(1 if XDIST_WORKER else 2)
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark ``parallel`` the tests of PARALLEL_MODULES that are not ``real_model``, not
-    ``alone`` and use none of SERIAL_FIXTURES."""
+    """Mark ``parallel`` the tests of PARALLEL_MODULES that are not ``real_model`` and use none
+    of SERIAL_FIXTURES."""
     for item in items:
         if (item.path.stem in PARALLEL_MODULES
                 and item.get_closest_marker("real_model") is None
-                and item.get_closest_marker("alone") is None
                 and not SERIAL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.parallel)
 
