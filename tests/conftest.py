@@ -52,11 +52,12 @@ torch.set_num_threads(1 if XDIST_WORKER else 2)
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark ``parallel`` the tests of PARALLEL_MODULES that are not ``real_model`` and use none
-    of SERIAL_FIXTURES."""
+    """Mark ``parallel`` the tests of PARALLEL_MODULES that are neither ``real_model`` nor
+    ``alone`` and use none of SERIAL_FIXTURES."""
     for item in items:
         if (item.path.stem in PARALLEL_MODULES
                 and item.get_closest_marker("real_model") is None
+                and item.get_closest_marker("alone") is None
                 and not SERIAL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.parallel)
 

@@ -167,8 +167,9 @@ def test_every_relative_link_resolves(page):
     assert not broken, f"{page.name}: broken links {broken}"
 
 
-@pytest.mark.parametrize("args", COMMANDS,
-                         ids=[f"{DOCUMENTED[tuple(c)]}: {' '.join(c)}"[:80] for c in COMMANDS])
+@pytest.mark.parametrize("args", [
+    pytest.param(c, marks=[pytest.mark.alone] if any(a.startswith("engine=") for a in c) else [],
+                 id=f"{DOCUMENTED[tuple(c)]}: {' '.join(c)}"[:80]) for c in COMMANDS])
 def test_a_readme_example_runs(tmp_path, monkeypatch, args):
     line = " ".join(args)
     monkeypatch.chdir(tmp_path)
