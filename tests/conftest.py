@@ -39,9 +39,10 @@ SERIAL_FIXTURES = {"default_pair", "mlflow_url"}    # the default model; one ser
 
 
 def pin_worker(worker: str) -> None:
-    """Pin an xdist worker (``gw<i>``) to the i-th of the CPUs it may use, one thread."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) > 1:
+    """Pin an xdist worker (``gw<i>``) to the i-th of the CPUs it may use (where the OS can)."""
+    from tuner.measure.hygiene import allowed_cpus
+    cpus = allowed_cpus()
+    if len(cpus) > 1 and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {cpus[int(worker.removeprefix("gw")) % len(cpus)]})
 
 
