@@ -23,10 +23,13 @@ FAST = ["method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_ou
 # `make test` runs the tests marked `parallel` on two pytest-xdist workers, each pinned to a CPU of
 # its own (its torch, its subprocesses and the CPUs its studies sample for contention: that one),
 # then the rest one at a time. The parallel tests are those bound by one core: in-process tests on
-# the tiny models (one core's Python: 211 -> 134 s for test_methods' law tests on two workers) and
-# studies, CLI runs and scripts on them (one core's Python and imports; some wait on locks).
-# Servers, services, Slurm fleets, timing and hygiene checks and the default model (its greedy
-# tests were checked at two threads) use both cores or the whole machine: they run alone.
+# the tiny models (one core's Python: 211 -> 134 s for test_methods' law tests on two workers),
+# studies, CLI runs and scripts on them (one core's Python and imports; some wait on locks), the
+# default model (memory-bound: 40 tokens took 4.5 s at two threads alone, 5.1 and 5.4 s at one
+# thread each in two processes pinned side by side; its greedy tests pass at one thread) and vLLM
+# (a server's start is three processes importing vLLM one after another: the EAGLE test took
+# 133 s on two CPUs, 152 s pinned to one). llama.cpp's servers, services, Slurm fleets, timing
+# and hygiene checks use both cores or the whole machine: they run alone.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees", "test_mjsd",
                     "test_eagle3", "test_eagle", "test_prompt_lookup", "test_sampling",
@@ -34,8 +37,9 @@ PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees",
                     "test_reserved_cache", "test_study", "test_tuner", "test_gpu_kit",
                     "test_readme", "test_validate", "test_profile", "test_quality", "test_tasks",
                     "test_models", "test_decode_phase", "test_prompts", "test_imports",
-                    "test_report", "test_server_groups"}
-SERIAL_FIXTURES = {"default_pair", "mlflow_url"}    # the default model; one server per session
+                    "test_report", "test_server_groups", "test_real_model", "test_compiled",
+                    "test_vllm"}
+SERIAL_FIXTURES = {"mlflow_url"}    # one server per session
 
 
 def pin_worker(worker: str) -> None:
@@ -53,14 +57,21 @@ torch.set_num_threads(1 if XDIST_WORKER else 2)
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark ``parallel`` the tests of PARALLEL_MODULES that are neither ``real_model`` nor
-    ``alone`` and use none of SERIAL_FIXTURES."""
+    """Mark ``parallel`` the tests of PARALLEL_MODULES that are not ``alone`` and use none of
+    SERIAL_FIXTURES, and give the parallel pass its work units (``--dist loadgroup``): a test
+    that uses a module-scoped fixture runs on the worker that holds its module's fixture (one
+    group per module); any other test is a unit of its own. The slow units (vLLM servers and
+    the default model) go first, so the two workers end together."""
     for item in items:
         if (item.path.stem in PARALLEL_MODULES
-                and item.get_closest_marker("real_model") is None
                 and item.get_closest_marker("alone") is None
                 and not SERIAL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.parallel)
+            if any(d.scope != "function" and d.scope != "session"
+                   for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
+                item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    items.sort(key=lambda item: (item.path.stem != "test_vllm",
+                                 item.get_closest_marker("real_model") is None))
 
 
 def compose_cfg(tmp_path: Path | None, *overrides: str, base: tuple[str, ...] | None = None):

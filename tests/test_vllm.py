@@ -134,6 +134,7 @@ def test_the_shipped_eagle_head_runs_in_vllm_and_equals_its_greedy_output(tmp_pa
     assert drafted > 20 and first / drafted > 0.05
 
 
+@pytest.mark.alone      # a signal at a moment read from a log: see the 'alone' marker
 def test_ctrl_c_while_a_server_starts_leaves_none(tmp_path):
     """SIGINT once the baseline server has started its engine-core child and before it
     answers: the tuner exits 130 and no process of that server's group is left."""
