@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ENV, compose_cfg, load_study, run_study
-from tests.helpers.services import alive, require_llama_server, server_groups
+from tests.helpers.services import alive, require_llama_server, server_groups, sigint_default
 from tuner.config.errors import ConfigError
 
 # Q4_1 as shipped (fast), a Q4_0 self-draft; short GSM8K prompts; grid over one knob
@@ -255,7 +255,8 @@ def test_ctrl_c_stops_both_servers(tmp_path):
     args = [sys.executable, "-m", "tuner", "+task=gsm8k", *ENGINE, *LOOKUP, "search=grid",
             "search.ranges=full", "task.max_new_tokens=200", "study_name=c", "tracking=none"]
     log = open(tmp_path / "run.log", "w")
-    proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=sigint_default)
     deadline = time.monotonic() + 300
     while "trial 0 prompt 1/" not in (tmp_path / "run.log").read_text():
         assert proc.poll() is None and time.monotonic() < deadline, \

@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from decoding import generate
 from tests.conftest import ENV, ROOT, compose_cfg, load_study, run_study
+from tests.helpers.services import sigint_default
 from tuner.config.errors import ConfigError, StudyMismatch
 from tuner.study.trials import failure_reason
 
@@ -285,7 +286,6 @@ def test_two_workers_on_one_journal_never_duplicate_a_point(tmp_path):
                                         parents[0].info.run_id for r in trial_runs)
 
 
-@pytest.mark.alone      # a signal at a moment read from a log: see the 'alone' marker
 def test_ctrl_c_fails_the_trial_kills_the_runs_and_the_rerun_finishes(tmp_path):
     args = [sys.executable, "-m", "tuner", "+task=gsm8k", "method=speculative", "models=tiny",
             "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=48", "search=grid",
@@ -294,7 +294,7 @@ def test_ctrl_c_fails_the_trial_kills_the_runs_and_the_rerun_finishes(tmp_path):
             "contention=warn"]
     log = open(tmp_path / "first.log", "w")
     proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=sigint_default)
     deadline = time.monotonic() + 300
     while "trial 1 prompt 1/" not in (tmp_path / "first.log").read_text():
         assert proc.poll() is None and time.monotonic() < deadline

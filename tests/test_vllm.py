@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ENV, compose_cfg, load_study, run_study
-from tests.helpers.services import alive, all_gone, require_vllm, server_groups
+from tests.helpers.services import alive, all_gone, require_vllm, server_groups, sigint_default
 from tuner.config.errors import ConfigError
 
 ENGINE = ["engine=vllm", "models=smollm2_early_exit", "task.n_prompts=2", "task.n_held_out=1",
@@ -134,7 +134,6 @@ def test_the_shipped_eagle_head_runs_in_vllm_and_equals_its_greedy_output(tmp_pa
     assert drafted > 20 and first / drafted > 0.05
 
 
-@pytest.mark.alone      # a signal at a moment read from a log: see the 'alone' marker
 def test_ctrl_c_while_a_server_starts_leaves_none(tmp_path):
     """SIGINT once the baseline server has started its engine-core child and before it
     answers: the tuner exits 130 and no process of that server's group is left."""
@@ -142,7 +141,7 @@ def test_ctrl_c_while_a_server_starts_leaves_none(tmp_path):
             "models=smollm2", "study_name=c", "tracking=none"]
     log_path = tmp_path / "run.log"
     proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=open(log_path, "w"),
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, preexec_fn=sigint_default)
     baseline = tmp_path / "studies" / "c" / "engine" / "baseline.log"
     deadline = time.monotonic() + 300
     while not (baseline.is_file() and "EngineCore pid=" in baseline.read_text(errors="replace")):
