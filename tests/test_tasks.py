@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -144,12 +145,14 @@ def test_pass_at_1_through_the_task_scorer(tasks):
     ("import os\nos.remove(os.path.expanduser('~/.bashrc'))\n", "outside the sandbox"),
     ("import ctypes\nctypes.CDLL(None).system(b'true')\n", "not allowed"),
 ])
-def test_sandbox_contains_hostile_code(program, reason):
-    before = set(os.listdir("/tmp"))
+def test_sandbox_contains_hostile_code(program, reason, tmp_path, monkeypatch):
+    # the sandbox's folder in this test's own temporary directory, not the machine's /tmp, where
+    # other processes (the other test worker's humaneval studies) make and remove theirs
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     outcome = run_program(program, Limits(timeout_s=2.0))
     assert not outcome.passed and reason in outcome.reason
     assert not os.path.exists("/tmp/spectune-escape.txt")
-    assert set(os.listdir("/tmp")) - before == set()      # nothing left behind
+    assert list(tmp_path.iterdir()) == []                 # nothing left behind
 
 
 def test_sandbox_allows_ordinary_code_and_its_own_files():
