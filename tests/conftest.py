@@ -67,7 +67,8 @@ def pytest_collection_modifyitems(config, items):
                 and item.get_closest_marker("alone") is None
                 and not SERIAL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.parallel)
-            if any(d.scope != "function" and d.scope != "session"
+            # the fixtures' scopes: pytest has no public accessor for them
+            if any(d.scope in ("class", "module", "package")
                    for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
                 item.add_marker(pytest.mark.xdist_group(item.path.stem))
     items.sort(key=lambda item: (item.path.stem != "test_vllm",
