@@ -289,6 +289,34 @@ def test_a_usable_sqlite_storage_passes(tmp_path):
     assert not (tmp_path / "new.db").exists() and not Path("relative.db").exists()
 
 
+def test_workers_checking_one_new_sqlite_file_at_once_all_pass(tmp_path):
+    """Two workers started together on one study check the same not-yet-created database (seen
+    in CI: the second worker's probe file was removed under it by the first). Four threads check
+    it 300 times each, at once; every check passes and no probe file is left."""
+    import threading
+
+    from tuner.config.stores import check_sqlite_file
+    database = str(tmp_path / "mlflow.db")
+    failures: list[str] = []
+    start = threading.Barrier(4)
+
+    def check() -> None:
+        start.wait()
+        for _ in range(300):
+            try:
+                check_sqlite_file("tracking.tracking_uri", f"sqlite:///{database}", database,
+                                  create_folder=True, allowed="an SQLite file")
+            except ConfigError as err:
+                failures.append(str(err))
+
+    threads = [threading.Thread(target=check) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [] and list(tmp_path.iterdir()) == []
+
+
 def test_a_tracking_sqlite_file_that_cannot_be_created_is_refused(tmp_path):
     text = refused("tracking=mlflow", "tracking.tracking_uri=sqlite:////proc/version/m/mlflow.db")
     assert text.startswith("tracking.tracking_uri='sqlite:////proc/version/m/mlflow.db': its "

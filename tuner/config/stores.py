@@ -89,10 +89,11 @@ def check_sqlite_file(name: str, value: Any, database: str | None, create_folder
                 raise ConfigError(f"{where}: {path} exists and is not an SQLite database: "
                                   f"allowed is {allowed}")
             path.open("ab").close()              # writable? (appends nothing)
-        else:
-            probe = folder / f".{path.name}.spectune-write-probe"
-            probe.write_bytes(b"")
-            probe.unlink()
+        else:                # a probe of its own: workers started together check the same file
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.spectune-write-probe-",
+                                         dir=folder)
+            os.close(fd)
+            os.unlink(probe)
     except OSError as err:
         raise ConfigError(f"{where}: {path} cannot be written ({err.strerror}): allowed is "
                           f"{allowed}") from None
