@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from decoding.models import LoadedModel, ModelPair, early_exit_draft, load_model, load_pair
+from tests.helpers.work_units import group_by_shared_fixtures, slow_units_first
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -38,7 +39,7 @@ PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees",
                     "test_readme", "test_validate", "test_profile", "test_quality", "test_tasks",
                     "test_models", "test_decode_phase", "test_prompts", "test_imports",
                     "test_report", "test_server_groups", "test_real_model", "test_compiled",
-                    "test_vllm"}
+                    "test_vllm", "test_work_units"}
 SERIAL_FIXTURES = {"mlflow_url"}    # one server per session
 
 
@@ -58,21 +59,17 @@ torch.set_num_threads(1 if XDIST_WORKER else 2)
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark ``parallel`` the tests of PARALLEL_MODULES that are not ``alone`` and use none of
-    SERIAL_FIXTURES, and give the parallel pass its work units (``--dist loadgroup``): a test
-    that uses a module-scoped fixture runs on the worker that holds its module's fixture (one
-    group per module); any other test is a unit of its own. The slow units (vLLM servers and
-    the default model) go first, so the two workers end together."""
+    SERIAL_FIXTURES, and give the parallel pass its work units (``--dist loadgroup``,
+    tests/helpers/work_units.py): a test that uses a module-scoped fixture runs on the worker
+    that holds its module's fixture; any other test is a unit of its own. The slow units (vLLM
+    servers and the default model) go first, so the two workers end together."""
     for item in items:
         if (item.path.stem in PARALLEL_MODULES
                 and item.get_closest_marker("alone") is None
                 and not SERIAL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.parallel)
-            # the fixtures' scopes: pytest has no public accessor for them
-            if any(d.scope in ("class", "module", "package")
-                   for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
-                item.add_marker(pytest.mark.xdist_group(item.path.stem))
-    items.sort(key=lambda item: (item.path.stem != "test_vllm",
-                                 item.get_closest_marker("real_model") is None))
+            group_by_shared_fixtures(item)
+    slow_units_first(items, ("test_vllm",), "real_model")
 
 
 def compose_cfg(tmp_path: Path | None, *overrides: str, base: tuple[str, ...] | None = None):
