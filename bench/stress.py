@@ -27,7 +27,7 @@ GRID = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=1",
         "task.n_held_out=0", "task.max_new_tokens=4", "warmup_prompts=0", "search=grid",
         "search.ranges=full", "method.space.num_draft_tokens.high=5",
         "method.params.num_draft_tokens=2", "tracking=none"]
-CURRENT = ("contention=warn",)     # settings an older checkout does not know
+CURRENT = ("contention=warn", "contention_window_s=0.1")   # settings an older checkout lacks
 PLANNED = [1, 2, 3, 4, 5]
 # the CLI as `python -m tuner` runs it (Hydra finds conf/ from the module's file), jitter first
 # (read by path from this checkout: an older checkout may have no bench/jitter.py, and its own

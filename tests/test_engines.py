@@ -27,7 +27,8 @@ from tuner.config.errors import ConfigError
 # Q4_1 as shipped (fast), a Q4_0 self-draft; short GSM8K prompts; grid over one knob
 ENGINE = ["engine=llamacpp", "models=smollm2", "engine.target_type=native",
           "engine.self_draft_type=Q4_0", "task.n_prompts=2", "task.n_held_out=1",
-          "task.max_new_tokens=24", "warmup_prompts=1", "contention=warn"]
+          "task.max_new_tokens=24", "warmup_prompts=1", "contention=warn",
+          "contention_window_s=0.1"]
 LOOKUP = ["method=prompt_lookup", "~engine.methods.prompt_lookup.space",
           "+engine.methods.prompt_lookup.space={size_n:{type:int,low:1,high:2}}",
           "engine.methods.prompt_lookup.params.size_n=2",

@@ -304,6 +304,7 @@ def test_killed_array_task_trial_fails_and_its_point_is_rerun(cluster, tmp_path,
               "task.n_held_out=1", "task.max_new_tokens=48", "warmup_prompts=0", "search=grid",
               "search.ranges=full", "method.space.num_draft_tokens.high=4",
               "method.params.num_draft_tokens=2", "tracking=none", "contention=warn",
+              "contention_window_s=0.1",
               f"study_name={name}", f"studies_dir={tmp_path / 'studies'}", *storage_args]
     prepared = subprocess.run([PY, "-m", "tuner", *common, "phase=prepare"], env=ENV,
                               cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -7,9 +7,9 @@ window, the sandbox, Table 9's grid)."""
 
 from __future__ import annotations
 
-import json
-
+import dataclasses
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -28,7 +28,7 @@ from tuner.config.errors import ConfigError, StudyMismatch
 from tuner.study.trials import failure_reason
 
 TINY = ["models=tiny", "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=6",
-        "warmup_prompts=1", "contention=warn"]
+        "warmup_prompts=1", "contention=warn", "contention_window_s=0.1"]
 pytestmark = pytest.mark.usefixtures("in_tmp")
 run = run_study
 
@@ -234,6 +234,28 @@ def test_text_is_decoded_outside_the_timed_window(tmp_path):
     assert len(pair.method.text) > 0 and pair.method.truncated
 
 
+def test_the_contention_window_is_the_one_each_pair_samples(tmp_path):
+    """contention_window_s reaches the guard: each measured pair's load sample lasts that long
+    (its ``sampler`` records the windows it is asked for; nothing is slept)."""
+    from tuner.engines.inprocess import HFEvaluator
+    from tuner.measure.hygiene import LoadSample
+    from tuner.study.settings import StudySettings
+    windows = []
+
+    def sampler(cpus, window_s):
+        windows.append(window_s)
+        return LoadSample(0.0, 0.0, window_s, tuple(cpus))
+
+    settings = StudySettings.from_config(compose_cfg(tmp_path, *TINY, "warmup_prompts=0",
+                                                     "contention_window_s=0.07"))
+    from tuner.measure.timing import time_generation
+    evaluator = HFEvaluator(settings.measuring, time_generation)
+    evaluator.open()
+    evaluator.guard = dataclasses.replace(evaluator.guard, sampler=sampler)
+    list(evaluator.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
+    assert windows == [0.07] * len(settings.tuning)
+
+
 def test_peak_memory_is_reset_per_window():
     # a fresh process: in this one the test suite's own memory hides a 256 MiB peak
     code = """
@@ -291,7 +313,7 @@ def test_ctrl_c_fails_the_trial_kills_the_runs_and_the_rerun_finishes(tmp_path):
             "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=48", "search=grid",
             "search.ranges=full", "method.space.num_draft_tokens.high=3",
             "method.params.num_draft_tokens=1", "study_name=c", "tracking.experiment=cc",
-            "contention=warn"]
+            "contention=warn", "contention_window_s=0.1"]
     log = open(tmp_path / "first.log", "w")
     proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.PIPE,
                             text=True, preexec_fn=sigint_default)

@@ -75,6 +75,8 @@ CASES = [
     (["threads=4096"], "threads=4096 is more than the "),
     (["contention=ignore"], "contention='ignore': expected one of wait, warn, fail"),
     (["contention_wait_s=0"], "contention_wait_s=0 is invalid: allowed is a number of seconds"),
+    (["contention_window_s=0.01"], "contention_window_s=0.01 is invalid: allowed is a number of "
+                                   "seconds >= 0.05"),
     (["study_name=a/b"], "study_name='a/b' is invalid"),
     (["task.n_prompts=0"], "task.n_prompts=0 is invalid: allowed is an integer >= 1"),
     (["task.max_new_tokens=0"], "task.max_new_tokens=0 is invalid"),

@@ -26,7 +26,7 @@ from tuner.config.errors import ConfigError
 
 ENGINE = ["engine=vllm", "models=smollm2_early_exit", "task.n_prompts=2", "task.n_held_out=1",
           "task.max_new_tokens=24", "warmup_prompts=1", "contention=warn",
-          "engine.kv_cache_gib=1", "engine.ctx_per_slot=1024"]
+          "contention_window_s=0.1", "engine.kv_cache_gib=1", "engine.ctx_per_slot=1024"]
 
 pytestmark = [pytest.mark.usefixtures("in_tmp"), pytest.mark.usefixtures("vllm")]
 

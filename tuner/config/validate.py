@@ -145,7 +145,8 @@ def check_numbers(cfg: DictConfig) -> None:
     drift = cfg.drift_threshold
     if not isinstance(drift, (int, float)) or not 0 < drift or math.isinf(drift):
         raise ConfigError(f"drift_threshold={drift!r} is invalid: allowed is a number > 0")
-    from tuner.measure.hygiene import allowed_cpus, check_contention_mode, check_threads
+    from tuner.measure.hygiene import (DEFAULT_WINDOW_S, MIN_WINDOW_S, allowed_cpus,
+                                       check_contention_mode, check_threads)
     # the CPUs it will run on are known where it runs (a Slurm sweep's jobs run launcher=local)
     here = (cfg.get("launcher") or {}).get("kind", "local") == "local"
     for check, value in ((lambda v: check_threads(v, allowed_cpus() if here else None),
@@ -160,6 +161,11 @@ def check_numbers(cfg: DictConfig) -> None:
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 < wait < math.inf:
         raise ConfigError(f"contention_wait_s={wait!r} is invalid: allowed is a number of "
                           "seconds > 0")
+    window = cfg.get("contention_window_s", DEFAULT_WINDOW_S)
+    if isinstance(window, bool) or not isinstance(window, (int, float)) or \
+            not MIN_WINDOW_S <= window < math.inf:
+        raise ConfigError(f"contention_window_s={window!r} is invalid: allowed is a number of "
+                          f"seconds >= {MIN_WINDOW_S}")
     caps = plain(cfg.get("cpu_budget")) or {}
     for key, low in CPU_BUDGET.items():
         if key in caps:

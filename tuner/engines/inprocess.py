@@ -62,7 +62,8 @@ class HFEvaluator:
     def open(self) -> None:
         s = self.settings
         self.threads = configure_threads(s.threads)
-        self.guard = ContentionGuard(s.contention, max_wait_s=s.contention_wait_s)
+        self.guard = ContentionGuard(s.contention, max_wait_s=s.contention_wait_s,
+                                     window_s=s.contention_window_s)
         self.pair, self.tokenizer = load_models(s.models, s.method["needs_draft"])
         # method=eagle: the head loads and fits before any trial; every trial reuses it
         self.head = check_head_fits(s.method, self.pair.target)

@@ -139,7 +139,8 @@ class ServerEvaluator:
         configure_threads(s.threads)                 # our own process (tokeniser, client)
         self.threads = int(self.engine.get("threads") or
                            (s.threads if isinstance(s.threads, int) else len(allowed_cpus())))
-        self.guard = ContentionGuard(s.contention, max_wait_s=s.contention_wait_s)
+        self.guard = ContentionGuard(s.contention, max_wait_s=s.contention_wait_s,
+                                     window_s=s.contention_window_s)
         self.slots = max(s.concurrency)              # one slot per request in flight
         self.prepare_models()
         self.baseline = self._server(None, "baseline")

@@ -78,6 +78,7 @@ class MeasureSettings(MethodView):
     threads: Any                       # "auto" or an int (tuner.measure.hygiene)
     contention: str                    # wait | warn | fail
     contention_wait_s: float
+    contention_window_s: float         # seconds of each load sample before a pair
     scores_perplexity: bool            # perplexity is scored after the timed window
     work_dir: str                      # the study's own folder (an engine's server logs)
     head_identity: str | None = None   # method.head's recorded identity (JSON), if any

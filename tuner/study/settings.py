@@ -25,6 +25,7 @@ from tuner.engines import engine_config, engine_named, validated
 from tuner.engines.base import Engine
 from tuner.measure.energy import EnergyMeter
 from tuner.measure.evaluator import MeasureSettings, MethodView
+from tuner.measure.hygiene import DEFAULT_WINDOW_S
 from tuner.measure.quality import QualityBound
 from tuner.search.objectives import ENERGY, PERPLEXITY, better_first, directions
 from tuner.study.storage import journal_path
@@ -62,6 +63,7 @@ class StudySettings(MethodView):
     threads: Any                       # "auto" or an int (tuner.measure.hygiene)
     contention: str                    # wait | warn | fail
     contention_wait_s: float           # wait: the longest wait for a quiet machine per pair
+    contention_window_s: float         # seconds of each load sample before a pair
     storage: str | None
     studies_dir: str
     heartbeat: Mapping[str, Any]
@@ -107,6 +109,7 @@ class StudySettings(MethodView):
             engine=self.engine, warmup_prompts=self.warmup_prompts,
             near_tie_ulps=self.near_tie_ulps, device=self.device, threads=self.threads,
             contention=self.contention, contention_wait_s=self.contention_wait_s,
+            contention_window_s=self.contention_window_s,
             scores_perplexity=self.scores_perplexity,
             work_dir=str(Path(self.studies_dir) / self.name),
             head_identity=self.fingerprint.get("method.head"))
@@ -159,7 +162,9 @@ class StudySettings(MethodView):
             warmup_prompts=int(cfg.warmup_prompts), near_tie_ulps=float(cfg.near_tie_ulps),
             drift_threshold=float(cfg.drift_threshold), device=device, threads=threads,
             contention=str(cfg.get("contention", "wait")),
-            contention_wait_s=float(cfg.get("contention_wait_s", 120)), storage=cfg.storage or None,
+            contention_wait_s=float(cfg.get("contention_wait_s", 120)),
+            contention_window_s=float(cfg.get("contention_window_s", DEFAULT_WINDOW_S)),
+            storage=cfg.storage or None,
             studies_dir=str(cfg.studies_dir), heartbeat=plain(cfg.get("heartbeat")) or {},
             tracking=plain(cfg.tracking), phase=str(cfg.get("phase", "all")),
             resume=str(cfg.resume), config_yaml=resolved_yaml(cfg), notices=notices,
