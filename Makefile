@@ -45,8 +45,9 @@ test: setup
 	@if [ "$$CI" = true ] || [ "$$SPECTUNE_SERVICES" = 1 ]; then bash scripts/services.sh ensure; fi
 	@if [ "$$CI" = true ] || [ "$$SPECTUNE_ENGINES_BUILD" = 1 ]; then bash scripts/engines.sh llamacpp && bash scripts/engines.sh vllm; fi
 	@# two passes: the `parallel` tests (bound by one core: tiny models, studies and CLI runs on
-	@# them, the default model, vLLM) on 2 workers pinned to a CPU each, slow units first, then the
-	@# rest one at a time (llama.cpp servers, services, Slurm, timing); either fails the target
+	@# them, the default model, vLLM and llama.cpp servers) on 2 workers pinned to a CPU each,
+	@# slow units first, then the rest one at a time (the README's llama.cpp example, services,
+	@# Slurm, timing); either fails the target
 	@rc=0; OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "parallel and not gpu" || rc=$$?; \
 	$(PY) -m pytest -m "not parallel and not gpu" || rc=$$?; exit $$rc
 

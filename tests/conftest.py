@@ -31,8 +31,10 @@ FAST = ["method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_ou
 # default model (memory-bound: 40 tokens took 4.5 s at two threads alone, 5.1 and 5.4 s at one
 # thread each in two processes pinned side by side; its greedy tests pass at one thread) and vLLM
 # (a server's start is three processes importing vLLM one after another: the EAGLE test took
-# 133 s on two CPUs, 152 s pinned to one). llama.cpp's servers, services, Slurm fleets, timing
-# and hygiene checks use both cores or the whole machine: they run alone.
+# 133 s on two CPUs, 152 s pinned to one), and llama.cpp's own tests (263 s pinned to one CPU
+# beside a matmul loop on the other, ~185 s alone: one worker's share of that is less than the
+# whole). The README's llama.cpp example (`alone`), services, Slurm fleets, timing and hygiene
+# checks use both cores or the whole machine: they run alone.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees", "test_mjsd",
                     "test_eagle3", "test_eagle", "test_prompt_lookup", "test_sampling",
@@ -41,7 +43,7 @@ PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees",
                     "test_readme", "test_validate", "test_profile", "test_quality", "test_tasks",
                     "test_models", "test_decode_phase", "test_prompts", "test_imports",
                     "test_report", "test_server_groups", "test_real_model", "test_compiled",
-                    "test_vllm", "test_work_units"}
+                    "test_vllm", "test_work_units", "test_engines"}
 SERIAL_FIXTURES = {"mlflow_url"}    # one server per session
 
 
