@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.services import PG_URL  # noqa: E402
-from bench.stress import ROOT as CODE, repetition  # noqa: E402
+from bench.stress import CURRENT, ROOT as CODE, repetition  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--old-checkout", type=Path, default=None)
     parser.add_argument("--jitter", type=float, default=0.3)
     args = parser.parse_args()
-    code, extra = (args.old_checkout, ()) if args.old_checkout else (CODE, ("contention=warn",))
+    code, extra = (args.old_checkout, ()) if args.old_checkout else (CODE, CURRENT)
     folder = Path(tempfile.mkdtemp(prefix="stress-"))
     for backend in args.backends:
         storage = PG_URL if backend == "postgresql" else None

@@ -66,14 +66,14 @@ def pytest_collection_modifyitems(config, items):
     SERIAL_FIXTURES, and give the parallel pass its work units (``--dist loadgroup``,
     tests/helpers/work_units.py): a test that uses a module-scoped fixture runs on the worker
     that holds its module's fixture; any other test is a unit of its own. The slow units (vLLM
-    servers and the default model) go first, so the two workers end together."""
+    and llama.cpp servers, the default model) go first, so the two workers end together."""
     for item in items:
         if (item.path.stem in PARALLEL_MODULES
                 and item.get_closest_marker("alone") is None
                 and not SERIAL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.parallel)
             group_by_shared_fixtures(item)
-    slow_units_first(items, ("test_vllm",), "real_model")
+    slow_units_first(items, ("test_vllm", "test_engines"), "real_model")
 
 
 def compose_cfg(tmp_path: Path | None, *overrides: str, base: tuple[str, ...] | None = None):

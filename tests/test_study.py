@@ -239,6 +239,7 @@ def test_the_contention_window_is_the_one_each_pair_samples(tmp_path):
     (its ``sampler`` records the windows it is asked for; nothing is slept)."""
     from tuner.engines.inprocess import HFEvaluator
     from tuner.measure.hygiene import LoadSample
+    from tuner.measure.timing import time_generation
     from tuner.study.settings import StudySettings
     windows = []
 
@@ -248,12 +249,11 @@ def test_the_contention_window_is_the_one_each_pair_samples(tmp_path):
 
     settings = StudySettings.from_config(compose_cfg(tmp_path, *TINY, "warmup_prompts=0",
                                                      "contention_window_s=0.07"))
-    from tuner.measure.timing import time_generation
     evaluator = HFEvaluator(settings.measuring, time_generation)
     evaluator.open()
     evaluator.guard = dataclasses.replace(evaluator.guard, sampler=sampler)
     list(evaluator.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
-    assert windows == [0.07] * len(settings.tuning)
+    assert windows == [0.07, 0.07]                # the two tuning prompts' pairs
 
 
 def test_peak_memory_is_reset_per_window():

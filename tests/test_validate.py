@@ -291,32 +291,39 @@ def test_a_usable_sqlite_storage_passes(tmp_path):
     assert not (tmp_path / "new.db").exists() and not Path("relative.db").exists()
 
 
+def failures_at_once(check, threads: int, calls: int = 300) -> list[str]:
+    """The ConfigError lines of ``check()`` called ``calls`` times by each of ``threads`` threads
+    started together (workers started at once that check the same path)."""
+    import threading
+    failures: list[str] = []
+    start = threading.Barrier(threads)
+
+    def repeat() -> None:
+        start.wait()
+        for _ in range(calls):
+            try:
+                check()
+            except ConfigError as err:
+                failures.append(str(err))
+
+    running = [threading.Thread(target=repeat) for _ in range(threads)]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join()
+    return failures
+
+
 def test_workers_checking_one_new_sqlite_file_at_once_all_pass(tmp_path):
     """Two workers started together on one study check the same not-yet-created database (seen
     in CI: the second worker's probe file was removed under it by the first). Four threads check
     it 300 times each, at once; every check passes and no probe file is left."""
-    import threading
-
     from tuner.config.stores import check_sqlite_file
     database = str(tmp_path / "mlflow.db")
-    failures: list[str] = []
-    start = threading.Barrier(4)
-
-    def check() -> None:
-        start.wait()
-        for _ in range(300):
-            try:
-                check_sqlite_file("tracking.tracking_uri", f"sqlite:///{database}", database,
-                                  create_folder=True, allowed="an SQLite file")
-            except ConfigError as err:
-                failures.append(str(err))
-
-    threads = [threading.Thread(target=check) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert failures == [] and list(tmp_path.iterdir()) == []
+    assert failures_at_once(lambda: check_sqlite_file(
+        "tracking.tracking_uri", f"sqlite:///{database}", database, create_folder=True,
+        allowed="an SQLite file"), threads=4) == []
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_tracking_sqlite_file_that_cannot_be_created_is_refused(tmp_path):
@@ -578,21 +585,6 @@ def test_task_categories_keep_only_those_and_unknown_ones_are_named(tmp_path):
 def test_workers_checking_one_studies_dir_at_once_do_not_trip_each_other(tmp_path):
     """Found by tests/test_stress.py: workers started together probed studies_dir with one shared
     file name, so one worker's unlink made another's fail ('is not writable')."""
-    import threading
-
     from tuner.config.stores import check_folder
-    errors = []
-
-    def probe():
-        for _ in range(300):
-            try:
-                check_folder("studies_dir", str(tmp_path))
-            except ConfigError as err:
-                errors.append(str(err))
-
-    threads = [threading.Thread(target=probe) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == [] and list(tmp_path.iterdir()) == []
+    assert failures_at_once(lambda: check_folder("studies_dir", str(tmp_path)), threads=6) == []
+    assert list(tmp_path.iterdir()) == []
