@@ -17,12 +17,14 @@ from tests.helpers.work_units import group_by_shared_fixtures, slow_units_first
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}   # tuner subprocesses
-# a fast tuner study on the tiny models; tests measure bookkeeping, not speed, and several of them
-# run workers side by side on 2 cores: contention is reported (warn), never waited for, and
-# sampled for 0.1 s before each pair, not 0.3 s (a third of the sleeping: 53 s of the 176 s that
-# test_study, test_tuner and test_readme took on two workers went to 0.3 s samples)
+# tests measure bookkeeping, not speed, and several of them run workers side by side on 2 cores:
+# contention is reported (warn), never waited for, and sampled for 0.1 s before each pair, not
+# 0.3 s (a third of the sleeping: 53 s of the 176 s that test_study, test_tuner and test_readme
+# took on two workers went to 0.3 s samples)
+SIDE_BY_SIDE = ["contention=warn", "contention_window_s=0.1"]
+# a fast tuner study on the tiny models
 FAST = ["method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_out=2",
-        "task.max_new_tokens=6", "warmup_prompts=1", "contention=warn", "contention_window_s=0.1"]
+        "task.max_new_tokens=6", "warmup_prompts=1", *SIDE_BY_SIDE]
 # `make test` runs the tests marked `parallel` on two pytest-xdist workers, each pinned to a CPU of
 # its own (its torch, its subprocesses and the CPUs its studies sample for contention: that one),
 # then the rest one at a time. The parallel tests are those bound by one core: in-process tests on

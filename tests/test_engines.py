@@ -20,15 +20,14 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import ENV, compose_cfg, load_study, run_study
+from tests.conftest import ENV, SIDE_BY_SIDE, compose_cfg, load_study, run_study
 from tests.helpers.services import alive, require_llama_server, server_groups, sigint_default
 from tuner.config.errors import ConfigError
 
 # Q4_1 as shipped (fast), a Q4_0 self-draft; short GSM8K prompts; grid over one knob
 ENGINE = ["engine=llamacpp", "models=smollm2", "engine.target_type=native",
           "engine.self_draft_type=Q4_0", "task.n_prompts=2", "task.n_held_out=1",
-          "task.max_new_tokens=24", "warmup_prompts=1", "contention=warn",
-          "contention_window_s=0.1"]
+          "task.max_new_tokens=24", "warmup_prompts=1", *SIDE_BY_SIDE]
 LOOKUP = ["method=prompt_lookup", "~engine.methods.prompt_lookup.space",
           "+engine.methods.prompt_lookup.space={size_n:{type:int,low:1,high:2}}",
           "engine.methods.prompt_lookup.params.size_n=2",

@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from tests.conftest import ROOT, compose_cfg
+from tests.conftest import ROOT, SIDE_BY_SIDE, compose_cfg
 from tests.helpers.services import require_llama_server, require_vllm
 
 # The commands run here are every ``python -m tuner`` line in the bash blocks of README.md and of
@@ -26,13 +26,13 @@ FIRST_COMMANDS = ["make tune", "make test"]
 
 # what makes a README command small: appended after its own overrides, so these win
 TINY = ["models=tiny", "task.n_prompts=1", "task.n_held_out=1", "task.max_new_tokens=4",
-        "search.n_trials=2", "warmup_prompts=0", "contention=warn", "contention_window_s=0.1",
+        "search.n_trials=2", "warmup_prompts=0", *SIDE_BY_SIDE,
         "budget=full"]
 ENGINE = ["models=smollm2", "engine.target_type=native", "task.n_prompts=1",
           "task.n_held_out=1", "task.max_new_tokens=8", "search.n_trials=2", "warmup_prompts=0",
-          "contention=warn", "contention_window_s=0.1", "budget=full"]
+          *SIDE_BY_SIDE, "budget=full"]
 VLLM = ["models=smollm2", "task.n_prompts=1", "task.n_held_out=1", "task.max_new_tokens=8",
-        "search.n_trials=1", "warmup_prompts=0", "contention=warn", "contention_window_s=0.1",
+        "search.n_trials=1", "warmup_prompts=0", *SIDE_BY_SIDE,
         "budget=full", "engine.kv_cache_gib=1", "engine.ctx_per_slot=1024"]
 # commands not run here as written: (why, the test that runs their path, or None where no test
 # can: hub weights are unreachable here). Each is still composed and validated completely.
@@ -230,8 +230,7 @@ def test_the_printed_replay_runs(tmp_path, monkeypatch, capsys):
     printed = next(line for line in best.splitlines() if "python -m tuner" in line)
     args = shlex.split(printed.lstrip("# "))[3:]
     capsys.readouterr()
-    result = run(compose_cfg(tmp_path, *args, "tracking=none", "contention=warn",
-                             "contention_window_s=0.1", base=()))
+    result = run(compose_cfg(tmp_path, *args, "tracking=none", *SIDE_BY_SIDE, base=()))
     out = capsys.readouterr().out
     assert "replay: the study's own budget: 1 held-out prompts x 6 new tokens" in out
     assert result["held_out_prompts"] == 1 and result["params"]["num_draft_tokens"] in (1, 2)

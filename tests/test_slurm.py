@@ -291,7 +291,7 @@ def test_killed_array_task_trial_fails_and_its_point_is_rerun(cluster, tmp_path,
     phase=work``): 2 Slurm array workers on one study; task 0 is scancel'ed mid-trial; the
     survivor reaps the trial (heartbeat on PostgreSQL, job id on journal storage) to FAIL and
     evaluates the same point again."""
-    from tests.conftest import ENV
+    from tests.conftest import ENV, SIDE_BY_SIDE
     from tests.helpers.services import PG_URL, require_postgres
     from tuner.study.storage import make_storage
 
@@ -303,8 +303,7 @@ def test_killed_array_task_trial_fails_and_its_point_is_rerun(cluster, tmp_path,
     common = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=2",
               "task.n_held_out=1", "task.max_new_tokens=48", "warmup_prompts=0", "search=grid",
               "search.ranges=full", "method.space.num_draft_tokens.high=4",
-              "method.params.num_draft_tokens=2", "tracking=none", "contention=warn",
-              "contention_window_s=0.1",
+              "method.params.num_draft_tokens=2", "tracking=none", *SIDE_BY_SIDE,
               f"study_name={name}", f"studies_dir={tmp_path / 'studies'}", *storage_args]
     prepared = subprocess.run([PY, "-m", "tuner", *common, "phase=prepare"], env=ENV,
                               cwd=tmp_path, capture_output=True, text=True, timeout=300)

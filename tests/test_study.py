@@ -22,13 +22,13 @@ import yaml
 from optuna.trial import TrialState
 
 from decoding import generate
-from tests.conftest import ENV, ROOT, compose_cfg, load_study, run_study
+from tests.conftest import ENV, ROOT, SIDE_BY_SIDE, compose_cfg, load_study, run_study
 from tests.helpers.services import sigint_default
 from tuner.config.errors import ConfigError, StudyMismatch
 from tuner.study.trials import failure_reason
 
 TINY = ["models=tiny", "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=6",
-        "warmup_prompts=1", "contention=warn", "contention_window_s=0.1"]
+        "warmup_prompts=1", *SIDE_BY_SIDE]
 pytestmark = pytest.mark.usefixtures("in_tmp")
 run = run_study
 
@@ -313,7 +313,7 @@ def test_ctrl_c_fails_the_trial_kills_the_runs_and_the_rerun_finishes(tmp_path):
             "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=48", "search=grid",
             "search.ranges=full", "method.space.num_draft_tokens.high=3",
             "method.params.num_draft_tokens=1", "study_name=c", "tracking.experiment=cc",
-            "contention=warn", "contention_window_s=0.1"]
+            *SIDE_BY_SIDE]
     log = open(tmp_path / "first.log", "w")
     proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.PIPE,
                             text=True, preexec_fn=sigint_default)

@@ -15,7 +15,7 @@ import uuid
 import optuna
 from optuna.trial import TrialState
 
-from tests.conftest import ENV
+from tests.conftest import ENV, SIDE_BY_SIDE
 from tests.helpers.services import PG_URL, require_postgres, require_slurm, wait_for
 from tuner.cluster import slurm
 from tuner.study.storage import make_storage
@@ -24,7 +24,7 @@ from tuner.study.trials import failure_reason
 GRID = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=2",
         "task.n_held_out=1", "task.max_new_tokens=6", "warmup_prompts=0", "search=grid",
         "search.ranges=full", "method.space.num_draft_tokens.high=6",
-        "method.params.num_draft_tokens=2", "contention=warn", "contention_window_s=0.1"]
+        "method.params.num_draft_tokens=2", *SIDE_BY_SIDE]
 
 
 def tuner(tmp_path, *overrides, timeout=300) -> subprocess.CompletedProcess:

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import ENV, compose_cfg, load_study, run_study
+from tests.conftest import ENV, SIDE_BY_SIDE, compose_cfg, load_study, run_study
 from tests.helpers.services import alive, all_gone, require_vllm, server_groups, sigint_default
 from tuner.config.errors import ConfigError
 
 ENGINE = ["engine=vllm", "models=smollm2_early_exit", "task.n_prompts=2", "task.n_held_out=1",
-          "task.max_new_tokens=24", "warmup_prompts=1", "contention=warn",
-          "contention_window_s=0.1", "engine.kv_cache_gib=1", "engine.ctx_per_slot=1024"]
+          "task.max_new_tokens=24", "warmup_prompts=1", *SIDE_BY_SIDE, "engine.kv_cache_gib=1",
+          "engine.ctx_per_slot=1024"]
 
 pytestmark = [pytest.mark.usefixtures("in_tmp"), pytest.mark.usefixtures("vllm")]
 

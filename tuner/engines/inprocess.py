@@ -29,7 +29,7 @@ from tuner.measure.evaluator import (
     Paired,
     ParametersRefused,
 )
-from tuner.measure.hygiene import ContentionGuard, configure_threads
+from tuner.measure.hygiene import configure_threads
 from tuner.measure.lossless import Gap, model_gap
 from tuner.measure.measurement import Measurement
 from tuner.measure.paired import assess, measure_pairs
@@ -62,8 +62,7 @@ class HFEvaluator:
     def open(self) -> None:
         s = self.settings
         self.threads = configure_threads(s.threads)
-        self.guard = ContentionGuard(s.contention, max_wait_s=s.contention_wait_s,
-                                     window_s=s.contention_window_s)
+        self.guard = s.contention_guard()
         self.pair, self.tokenizer = load_models(s.models, s.method["needs_draft"])
         # method=eagle: the head loads and fits before any trial; every trial reuses it
         self.head = check_head_fits(s.method, self.pair.target)

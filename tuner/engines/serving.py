@@ -38,12 +38,7 @@ from tuner.config.validate import check_generation_fits
 from tuner.engines.client import send_batch
 from tuner.engines.server import EngineError, EngineServer
 from tuner.measure.evaluator import BaselineStore, Evaluation, MeasureSettings, Paired
-from tuner.measure.hygiene import (
-    ContentionGuard,
-    allowed_cpus,
-    configure_threads,
-    sample_other_load,
-)
+from tuner.measure.hygiene import allowed_cpus, configure_threads, sample_other_load
 from tuner.measure.lossless import Gap, ulp
 from tuner.measure.measurement import Measurement
 from tuner.measure.paired import assess, measure_pairs
@@ -139,8 +134,7 @@ class ServerEvaluator:
         configure_threads(s.threads)                 # our own process (tokeniser, client)
         self.threads = int(self.engine.get("threads") or
                            (s.threads if isinstance(s.threads, int) else len(allowed_cpus())))
-        self.guard = ContentionGuard(s.contention, max_wait_s=s.contention_wait_s,
-                                     window_s=s.contention_window_s)
+        self.guard = s.contention_guard()
         self.slots = max(s.concurrency)              # one slot per request in flight
         self.prepare_models()
         self.baseline = self._server(None, "baseline")

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
 
+from tuner.measure.hygiene import ContentionGuard
+
 if TYPE_CHECKING:
     import torch
 
@@ -82,6 +84,11 @@ class MeasureSettings(MethodView):
     scores_perplexity: bool            # perplexity is scored after the timed window
     work_dir: str                      # the study's own folder (an engine's server logs)
     head_identity: str | None = None   # method.head's recorded identity (JSON), if any
+
+    def contention_guard(self) -> ContentionGuard:
+        """The ``contention=`` policy every backend applies before each measured pair."""
+        return ContentionGuard(self.contention, max_wait_s=self.contention_wait_s,
+                               window_s=self.contention_window_s)
 
 
 class ParametersRefused(ValueError):
