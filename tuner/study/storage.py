@@ -31,8 +31,12 @@ def journal_path(studies_dir: str, study_name: str) -> Path:
     return (Path(studies_dir) / f"{study_name}.journal").resolve()
 
 
+JOURNAL_LOCK_GRACE_S = 30       # Optuna's default: a lock file unchanged this long is stale
+
+
 def make_storage(url: Any, journal_path: str | Path, heartbeat_interval: int = 60,
-                 grace: int | None = None, max_retry: int | None = 1) -> Any:
+                 grace: int | None = None, max_retry: int | None = 1,
+                 lock_grace_s: float = JOURNAL_LOCK_GRACE_S) -> Any:
     """The storage for ``url`` (None: a journal file at ``journal_path``).
 
     Args:
@@ -42,11 +46,14 @@ def make_storage(url: Any, journal_path: str | Path, heartbeat_interval: int = 6
         heartbeat_interval: seconds between heartbeats of a RUNNING trial (RDB only).
         grace: seconds without a heartbeat before a trial is stale (None: 2 * interval).
         max_retry: how often a dead trial's point is re-queued (0: never, None: no limit).
+        lock_grace_s: the journal's lock file, once seen unchanged this long, is taken as left
+            by a killed writer and removed (Optuna's ``grace_period``; a writer holds it for
+            milliseconds).
     """
     if url is None or url == "":
         path = Path(journal_path).resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = optuna.storages.journal.JournalFileOpenLock(str(path))
+        lock = optuna.storages.journal.JournalFileOpenLock(str(path), grace_period=lock_grace_s)
         return optuna.storages.JournalStorage(
             optuna.storages.journal.JournalFileBackend(str(path), lock_obj=lock))
     if isinstance(url, str) and url.split(":", 1)[0].split("+", 1)[0] in RDB_SCHEMES:
