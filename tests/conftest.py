@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(config, items):
                 and not SERIAL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.parallel)
             group_by_shared_fixtures(item)
-    slow_units_first(items, ("test_vllm", "test_engines"), "real_model")
+    slow_units_first(items, ("test_vllm", "test_engines"), ("real_model", "slow"))
 
 
 def compose_cfg(tmp_path: Path | None, *overrides: str, base: tuple[str, ...] | None = None):

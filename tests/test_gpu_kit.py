@@ -172,6 +172,7 @@ def test_inventory_line_names_what_is_off_missing_and_added():
     assert line.endswith("| not in the kit: model (88.7 MiB does not fit)")
 
 
+@pytest.mark.slow
 def test_every_part_runs_on_the_cpu_and_writes_its_result_files(tmp_path):
     """The harness end to end, as on a GPU machine but with tiny models on this CPU and no kit
     installed (this environment has every package): each part's commands, time limits and JSON."""

@@ -278,6 +278,7 @@ print("ok")
 # -- concurrency and interruption ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_workers_on_one_journal_never_duplicate_a_point(tmp_path):
     args = [sys.executable, "-m", "tuner", "+task=gsm8k", "method=speculative", *TINY,
             "search=grid", "search.ranges=full", "method.space.num_draft_tokens.high=5",
@@ -308,6 +309,7 @@ def test_two_workers_on_one_journal_never_duplicate_a_point(tmp_path):
                                         parents[0].info.run_id for r in trial_runs)
 
 
+@pytest.mark.slow
 def test_ctrl_c_fails_the_trial_kills_the_runs_and_the_rerun_finishes(tmp_path):
     args = [sys.executable, "-m", "tuner", "+task=gsm8k", "method=speculative", "models=tiny",
             "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=48", "search=grid",
