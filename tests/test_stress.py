@@ -5,7 +5,10 @@ point was read from ``trial.params``, empty while an enqueued trial is WAITING a
 and the objective's suggestions): 4 workers duplicated a point in 8 of 12 repetitions (3 workers:
 6 of 18); after the fix 0 of 24 (journal and PostgreSQL, 12 each). The bug was in code both
 backends share, so 2 repetitions of 4 workers on each catch it with probability 1 - (4/12)^4 ~ 0.99
-(~0.89 on either backend alone), at 2/3 of the cost of 3 each (~27 s of both CPUs a repetition).
+if its rate is the same on both (~0.89 on either backend alone; with the rate's 95 % interval from
+12 repetitions, 0.35-0.90, as low as ~0.82), at 2/3 of the cost of 3 each (~27 s of both CPUs a
+repetition). Races found by this harness that one backend alone has (the PostgreSQL reaper) get
+2 repetitions there, not 3.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 PostgreSQL storage, a worker killed mid-trial, finish after the array, scheduled re-runs.
 
 Tiny models, 6-token generations: the point is the bookkeeping, not the speed (on this 2-core
-machine four workers share two cores; the two sweeps run at once, eight workers)."""
+machine one CPU per job, two jobs at a time; the two sweeps queue their jobs at once)."""
 
 from __future__ import annotations
 
@@ -108,14 +108,14 @@ def sweeps(tmp_path_factory, mlflow_url):
     they take ~80 s instead of ~135 s. Each backend's outcome (a result, or the failure or skip
     it raised) is its own test's."""
     require_slurm()
+    folders = {name: tmp_path_factory.mktemp(f"sweep-{name}") for name in ("journal", "pg")}
 
     def journal():
-        return run_sweep(tmp_path_factory.mktemp("sweep-journal"), f"sweep-{uuid.uuid4().hex[:6]}",
-                         [], mlflow_url)
+        return run_sweep(folders["journal"], f"sweep-{uuid.uuid4().hex[:6]}", [], mlflow_url)
 
     def postgresql():
         require_postgres()
-        return run_sweep(tmp_path_factory.mktemp("sweep-pg"), f"sweep-{uuid.uuid4().hex[:6]}",
+        return run_sweep(folders["pg"], f"sweep-{uuid.uuid4().hex[:6]}",
                          [f"storage={PG_URL}", "heartbeat.interval=1", "heartbeat.grace=4"],
                          mlflow_url)
 

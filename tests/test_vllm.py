@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from tests.conftest import ENV, SIDE_BY_SIDE, compose_cfg, load_study, run_study
 from tests.helpers.services import alive, all_gone, require_vllm, server_groups, sigint_default
 from tuner.config.errors import ConfigError
+from tuner.config.validate import check_generation_fits
 
 ENGINE = ["engine=vllm", "models=smollm2_early_exit", "task.n_prompts=2", "task.n_held_out=1",
           "task.max_new_tokens=24", "warmup_prompts=1", *SIDE_BY_SIDE, "engine.kv_cache_gib=1",
@@ -94,15 +95,26 @@ def yaml_load(path: Path):
 
 def switch_method(ev, tmp_path, *overrides):
     """Point an open evaluator's method server at another method of the same models: the
-    baseline server (the same target, slots and flags) stays up, the next ``measure`` starts the
-    new method server. A study never does this (one method per study); it spares these tests a
-    baseline start (~50 s on one core)."""
+    baseline server stays up, the next ``measure`` starts the new method server. A study never
+    does this (one method per study); it spares these tests a baseline start (~50 s on one
+    core). The running baseline must be the one a study of the new method would start, on the
+    same prompts with the same sampling and contention policy."""
+    from tuner.engines.vllm import VllmEvaluator
     from tuner.study.settings import StudySettings
     settings = StudySettings.from_config(compose_cfg(tmp_path, *ENGINE, *overrides))
-    before = ev.argv(None)
-    ev.settings, ev.mapping = settings.measuring, dict(settings.method["engine"])
+    new = settings.measuring
+    fresh = VllmEvaluator(new, say=lambda line: None)
+    fresh.slots = max(new.concurrency)
+    fresh.prepare_models()
+    assert fresh.argv(None, str(ev.baseline.port)) == ev.baseline.argv
+    old = ev.settings
+    assert [p.id for p in new.tuning] == [p.id for p in old.tuning]
+    assert (new.sampling, new.seed, new.contention_guard()) == \
+        (old.sampling, old.seed, old.contention_guard())
+    check_generation_fits(max(len(v) for v in ev.ids.values()), new.budget["max_new_tokens"],
+                          fresh.context_limit(), "vllm serve")
+    ev.settings, ev.mapping = new, dict(settings.method["engine"])
     ev.prepare_models()
-    assert ev.argv(None) == before          # the baseline measured beside it is the same server
     return settings
 
 
@@ -127,28 +139,36 @@ def test_draft_model_block_verification_and_the_shipped_eagle_head_equal_vllms_g
                                               "rejection_sample_method": "block"}}
         block = list(ev.measure(settings.default, prompts, parity=1))
         assert '"rejection_sample_method": "block"' in ev.launch_line(settings.default)
+        for pairs in (token, block):
+            lossless_with_drafts(pairs)
+        assert [(p.method.drafted, p.method.accepted) for p in token] == \
+            [(p.method.drafted, p.method.accepted) for p in block]
+        assert [p.method.tokens for p in token] == [p.method.tokens for p in block]
+
         eagle_settings = switch_method(ev, tmp_path, "method=eagle", "task.max_new_tokens=32")
         eagle = list(ev.measure(eagle_settings.default, prompts, parity=0))
         assert "without its fc bias" in ev.model_info()["head"]
         assert '"method": "eagle"' in ev.launch_line(eagle_settings.default)
     finally:
         ev.close()
-    for pairs in (token, block, eagle):
-        assert all(p.method.matches_vanilla is True and p.method.tokens == p.baseline.tokens
-                   for p in pairs)
-        assert sum(p.method.drafted for p in pairs) > 0 and all(p.baseline.drafted == 0
-                                                                for p in pairs)
-    assert [(p.method.drafted, p.method.accepted) for p in token] == \
-        [(p.method.drafted, p.method.accepted) for p in block]
-    assert [p.method.tokens for p in token] == [p.method.tokens for p in block]
+    lossless_with_drafts(eagle)
     first = sum(p.method.accepted_per_position[0] for p in eagle)
     drafted = sum(p.method.drafted_per_position[0] for p in eagle)
     assert drafted > 20 and first / drafted > 0.05
 
 
+def lossless_with_drafts(pairs) -> None:
+    """The method's tokens are the baseline's (T=0), it drafted, the baseline did not."""
+    assert all(p.method.matches_vanilla is True and p.method.tokens == p.baseline.tokens
+               for p in pairs)
+    assert sum(p.method.drafted for p in pairs) > 0 and all(p.baseline.drafted == 0
+                                                            for p in pairs)
+
+
 def spawned_children(groups) -> list[int]:
-    """The processes of ``groups`` that multiprocessing's spawn started (vLLM's engine core and
-    its worker: ``python -c 'from multiprocessing.spawn import spawn_main; ...'``)."""
+    """The processes of ``groups`` that multiprocessing's spawn started (vLLM's engine core,
+    later its worker: ``python -c 'from multiprocessing.spawn import spawn_main; ...'``; not the
+    resource tracker, ``multiprocessing.resource_tracker``)."""
     found = []
     for pid in alive(groups):
         try:
