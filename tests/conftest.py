@@ -32,10 +32,9 @@ FAST = ["method=speculative", "models=tiny", "task.n_prompts=2", "task.n_held_ou
 # studies, CLI runs and scripts on them (one core's Python and imports; some wait on locks), the
 # default model (memory-bound: 40 tokens took 4.5 s at two threads alone, 5.1 and 5.4 s at one
 # thread each in two processes pinned side by side; its greedy tests pass at one thread) and vLLM
-# (a server's start is three processes importing vLLM one after another, ~50 s on one CPU: the
-# EAGLE test took 133 s on two CPUs, 152 s pinned to one), and llama.cpp's own tests (263 s pinned to one CPU
-# beside a matmul loop on the other, ~185 s alone: one worker's share of that is less than the
-# whole). The README's llama.cpp example (`alone`), services, Slurm fleets, timing and hygiene
+# (a server's start is three processes importing vLLM one after another, ~50 s on one CPU), and
+# llama.cpp's own tests (263 s pinned to one CPU beside a matmul loop on the other, ~185 s alone:
+# one worker's share of that is less than the whole). The README's llama.cpp example (`alone`), services, Slurm fleets, timing and hygiene
 # checks use both cores or the whole machine: they run alone.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees", "test_mjsd",

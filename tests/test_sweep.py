@@ -2,7 +2,7 @@
 PostgreSQL storage, a worker killed mid-trial, finish after the array, scheduled re-runs.
 
 Tiny models, 6-token generations: the point is the bookkeeping, not the speed (on this 2-core
-machine one CPU per job, two jobs at a time; the two sweeps queue their jobs at once)."""
+machine four workers share two cores)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ import signal
 import subprocess
 import sys
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import optuna
-import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ENV, SIDE_BY_SIDE
@@ -101,46 +99,21 @@ def check_sweep(study, victim, job, folder, mlflow_url, name):
         r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in finished)
 
 
-@pytest.fixture(scope="module")
-def sweeps(tmp_path_factory, mlflow_url):
-    """Both sweeps (journal, PostgreSQL) at once on the one Slurm: each alone leaves a CPU idle
-    most of its ~65 s (its prepare, last worker and finish jobs run one at a time), together
-    they take ~80 s instead of ~135 s. Each backend's outcome (a result, or the failure or skip
-    it raised) is its own test's."""
-    require_slurm()
-    folders = {name: tmp_path_factory.mktemp(f"sweep-{name}") for name in ("journal", "pg")}
-
-    def journal():
-        return run_sweep(folders["journal"], f"sweep-{uuid.uuid4().hex[:6]}", [], mlflow_url)
-
-    def postgresql():
-        require_postgres()
-        return run_sweep(folders["pg"], f"sweep-{uuid.uuid4().hex[:6]}",
-                         [f"storage={PG_URL}", "heartbeat.interval=1", "heartbeat.grace=4"],
-                         mlflow_url)
-
-    with ThreadPoolExecutor(2) as pool:
-        futures = {"journal": pool.submit(journal), "postgresql": pool.submit(postgresql)}
-        return {name: future.exception() or future.result() for name, future in futures.items()}
-
-
-def outcome(sweeps, backend):
-    got = sweeps[backend]
-    if isinstance(got, BaseException):
-        raise got
-    return got
-
-
-def test_four_slurm_workers_on_a_journal_with_one_killed(sweeps, mlflow_url):
-    study, victim, job, folder, _ = outcome(sweeps, "journal")
+def test_four_slurm_workers_on_a_journal_with_one_killed(tmp_path, mlflow_url):
+    name = f"sweep-{uuid.uuid4().hex[:6]}"
+    study, victim, job, folder, _ = run_sweep(tmp_path, name, [], mlflow_url)
     assert failure_reason(study, study.trials[victim.number]).startswith(
         f"orphaned: Slurm job {job} is gone")
-    check_sweep(study, victim, job, folder, mlflow_url, study.study_name)
+    check_sweep(study, victim, job, folder, mlflow_url, name)
 
 
-def test_four_slurm_workers_on_postgresql_with_one_killed(sweeps, mlflow_url):
-    study, victim, job, folder, _ = outcome(sweeps, "postgresql")
-    check_sweep(study, victim, job, folder, mlflow_url, study.study_name)
+def test_four_slurm_workers_on_postgresql_with_one_killed(tmp_path, mlflow_url):
+    require_postgres()
+    name = f"sweep-{uuid.uuid4().hex[:6]}"
+    study, victim, job, folder, _ = run_sweep(
+        tmp_path, name, [f"storage={PG_URL}", "heartbeat.interval=1", "heartbeat.grace=4"],
+        mlflow_url)
+    check_sweep(study, victim, job, folder, mlflow_url, name)
 
 
 def test_a_scheduled_sweep_queues_itself_with_its_begin_time(tmp_path):
