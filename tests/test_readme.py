@@ -39,6 +39,11 @@ VLLM = ["models=smollm2", "task.n_prompts=1", "task.n_held_out=1", "task.max_new
 ELSEWHERE = {   # fragment of the command -> (why, "path::test" or None)
     "models=llama_pair": ("a hub model pair on a GPU (no hub access here)", None),
     "yuhuili/": ("a hub EAGLE head (no hub access here)", None),
+    # before "launcher=slurm" (the first fragment found names the test): its own path
+    "launcher=slurm tracking=server": ("starts an MLflow server and submits Slurm jobs",
+                                       "tests/test_sweep.py::test_four_slurm_workers_on_"
+                                       "postgresql_with_one_killed_log_to_a_server_the_"
+                                       "launcher_starts"),
     "launcher=slurm": ("submits Slurm jobs", "tests/test_sweep.py::"
                        "test_four_slurm_workers_on_a_journal_with_one_killed"),
     "tracking=server": ("needs an MLflow server", "tests/test_storage_services.py::"

@@ -7,7 +7,9 @@ machine four workers share two cores)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -16,7 +18,8 @@ import optuna
 from optuna.trial import TrialState
 
 from tests.conftest import ENV, SIDE_BY_SIDE
-from tests.helpers.services import PG_URL, require_postgres, require_slurm, wait_for
+from tests.helpers.services import (PG_URL, alive, all_gone, require_postgres, require_slurm,
+                                   wait_for)
 from tuner.cluster import slurm
 from tuner.study.storage import make_storage
 from tuner.study.trials import failure_reason
@@ -38,15 +41,17 @@ def queued(*jobs: str) -> bool:
     return bool(out.strip())
 
 
-def run_sweep(tmp_path, name, storage_args, mlflow_url):
+def run_sweep(tmp_path, name, storage_args, tracking_args, launched_check=None):
     """Launch 4 workers, SIGKILL the worker process of the first trial seen running (a crash: no
-    handler runs, the trial stays RUNNING), wait until every job has ended."""
+    handler runs, the trial stays RUNNING), wait until every job has ended. ``launched_check``
+    looks at the launcher's output while the jobs are queued."""
     require_slurm()
     launched = tuner(tmp_path, *GRID, *storage_args, "launcher=slurm", "launcher.workers=4",
                      "launcher.time=00:15:00", f"study_name={name}", "tracking=server",
-                     f"tracking.tracking_uri={mlflow_url}", "tracking.start=false",
-                     f"tracking.experiment={name}")
+                     *tracking_args, f"tracking.experiment={name}")
     assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
+    if launched_check:
+        launched_check(launched)
     jobs = dict(x.split("=", 1) for x in launched.stdout.split("jobs: ")[1].split()[:3])
     folder = tmp_path / "studies" / name / "slurm"
     for script in ("prepare.sbatch", "work.sbatch", "finish.sbatch"):   # as submitted
@@ -101,19 +106,75 @@ def check_sweep(study, victim, job, folder, mlflow_url, name):
 
 def test_four_slurm_workers_on_a_journal_with_one_killed(tmp_path, mlflow_url):
     name = f"sweep-{uuid.uuid4().hex[:6]}"
-    study, victim, job, folder, _ = run_sweep(tmp_path, name, [], mlflow_url)
+    study, victim, job, folder, _ = run_sweep(
+        tmp_path, name, [], [f"tracking.tracking_uri={mlflow_url}", "tracking.start=false"])
     assert failure_reason(study, study.trials[victim.number]).startswith(
         f"orphaned: Slurm job {job} is gone")
     check_sweep(study, victim, job, folder, mlflow_url, name)
 
 
-def test_four_slurm_workers_on_postgresql_with_one_killed(tmp_path, mlflow_url):
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_started_server(pid_file) -> list[int]:
+    """Stop the server whose process group ``start_server`` wrote to ``pid_file`` the way
+    docs/slurm.md says (``kill -- -$(cat mlruns/mlflow-server.pid)``): the processes that SIGTERM
+    left alive (killed now, so none outlives the test)."""
+    if not pid_file.is_file():
+        return []
+    group = int(pid_file.read_text())
+    try:
+        os.killpg(group, signal.SIGTERM)
+    except ProcessLookupError:
+        return []
+    left = all_gone([group], 20)
+    if left:
+        os.killpg(group, signal.SIGKILL)
+        all_gone([group], 10)
+    return left
+
+
+def test_four_slurm_workers_on_postgresql_with_one_killed_log_to_a_server_the_launcher_starts(
+        tmp_path):
+    """The README's ``launcher=slurm tracking=server``: with ``tracking.start=true`` (as
+    conf/tracking/server.yaml) the launcher itself starts the MLflow server, here on a free port
+    and in the backend store the config names (the PostgreSQL database ``mlflow``: this test's
+    experiment is its own), before it submits the jobs; the server outlives the launch, every
+    job logs to it, and the test stops it by the process group the launcher recorded."""
+    from tuner.tracking.server import answers
     require_postgres()
     name = f"sweep-{uuid.uuid4().hex[:6]}"
-    study, victim, job, folder, _ = run_sweep(
-        tmp_path, name, [f"storage={PG_URL}", "heartbeat.interval=1", "heartbeat.grace=4"],
-        mlflow_url)
-    check_sweep(study, victim, job, folder, mlflow_url, name)
+    url = f"http://127.0.0.1:{free_port()}"
+    assert not answers(url)               # nothing there: what answers later, the launcher started
+    pid_file, log = (tmp_path / "mlruns" / f"mlflow-server.{x}" for x in ("pid", "log"))
+
+    def started_the_server(launched):
+        said = re.search(rf"MLflow server at {re.escape(url)} started \(pid (\d+)\)",
+                         launched.stdout)
+        assert said, launched.stdout[-2000:]
+        group = int(said[1])
+        assert int(pid_file.read_text()) == group and os.getpgid(group) == group
+        assert alive([group])                           # the launcher has exited; it has not
+        assert answers(url)                             # while the jobs are queued and run
+        assert f"Uvicorn running on {url}" in log.read_text(errors="replace")
+
+    try:
+        study, victim, job, folder, _ = run_sweep(
+            tmp_path, name, [f"storage={PG_URL}", "heartbeat.interval=1", "heartbeat.grace=4"],
+            ["tracking.start=true", f"tracking.port={url.rsplit(':', 1)[1]}",
+             f"tracking.tracking_uri={url}", "tracking.workers=1"],
+            launched_check=started_the_server)
+        assert answers(url)                             # it served the whole sweep
+        check_sweep(study, victim, job, folder, url, name)   # prepare, workers, finish: there
+        assert "/runs/create" in log.read_text(errors="replace")
+    finally:
+        left = stop_started_server(pid_file)
+    assert left == [], f"SIGTERM to the server's process group left {left}"
+    assert not answers(url)
 
 
 def test_a_scheduled_sweep_queues_itself_with_its_begin_time(tmp_path):
