@@ -21,7 +21,8 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ENV, SIDE_BY_SIDE, compose_cfg, load_study, run_study
-from tests.helpers.services import alive, require_llama_server, server_groups, sigint_default
+from tests.helpers.services import (alive, require_llama_server, server_groups, sigint_default,
+                                    slot_timeline)
 from tuner.config.errors import ConfigError
 
 # Q4_1 as shipped (fast), a Q4_0 self-draft; short GSM8K prompts; grid over one knob
@@ -210,28 +211,54 @@ def test_a_wrong_mapping_is_caught_at_concurrency_4_where_the_engine_repeats_its
 
 
 def test_four_requests_in_flight_are_all_answered_per_level(tmp_path):
-    """F32 weights: with Q4_1 the speculative server's batched verification sometimes picks a
+    """Concurrency 4 really puts four requests in flight, on the servers' own clocks: in each
+    server's log (slot taken .. slot released, tests/helpers/services.py) the four tasks of the
+    concurrency-4 batch overlap. The negative: the same batch (4 new tokens each) sent at once to
+    the method's server forced to one slot (engine.extra_args=[-np,1], as a user could set it) is
+    served one request after another, 1 in flight, which this check rejects, though the client's
+    view (the batch's wall span below the sum of its requests' wall times) cannot tell.
+
+    F32 weights: with Q4_1 the speculative server's batched verification sometimes picks a
     token whose log-probability trails the plain server's by ~0.2 at concurrency 4 (a real
     divergence of the quantised kernels, 1 CI run in 3), which is not what this test is about."""
+    from tuner.engines.client import send_batch
+    from tuner.engines.server import EngineServer
+    from tuner.measure.paired import batches
     settings, ev = evaluator(tmp_path, *LOOKUP, "budget.concurrency=[1,4]",
                              "engine.target_type=match_dtype")
     ev.open()
     try:
         pairs = list(ev.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
         evaluation = ev.assess(pairs)
+        argv = ev.argv([])
+        ev.engine["extra_args"] = ["-np", "1"]          # llama-server takes the last -np
+        with EngineServer(ev.argv(ev.spec(settings.default)), "one-slot", ev.log_dir,
+                          startup_timeout_s=float(ev.engine["startup_timeout_s"])) as one_slot:
+            [batch] = batches(list(enumerate(settings.tuning)), 4)
+            served_in_turn, in_turn_wall_s = send_batch(        # 4 new tokens each: enough
+                one_slot.url + ev.endpoint, [{**ev.payload(p, True), "n_predict": 4}
+                                             for _, p in batch])
     finally:
         ev.close()
     by_level = {c: [p for p in pairs if p.method.concurrency == c] for c in (1, 4)}
     assert len(by_level[1]) == 2 and len(by_level[4]) == 4      # 2 prompts cycled to fill 4
     four = by_level[4]
     assert len({p.method.batch_wall_s for p in four}) == 1      # one batch, one wall time
-    assert four[0].method.batch_wall_s < sum(p.method.wall_s for p in four)   # overlapped
     assert all(p.method.new_tokens > 0 and p.baseline.new_tokens > 0 for p in four)
+    logs = ev.log_dir
+    for server in ("method", "baseline"):         # only a concurrency-4 batch sends several
+        assert slot_timeline((logs / f"{server}.log").read_text()).most_in_flight == 4, server
     summary = evaluation.summary
     for key in ("tokens_per_s@c1", "tokens_per_s@c4", "throughput_ratio@c4", "speedup@c4",
                 "vanilla_tpot_ms@c4", "throughput_ratio"):
         assert summary[key] > 0, key
-    assert "-np 4" in " ".join(ev.argv([])) and "-c 8192" in " ".join(ev.argv([]))
+    assert "-np 4" in " ".join(argv) and "-c 8192" in " ".join(argv)
+    # the negative: one slot serves the batch in turn, which the server's clock shows
+    one_log = (logs / "one-slot.log").read_text()
+    assert "n_slots = 1," in one_log and all(r.body["tokens"] for r in served_in_turn)
+    in_turn = slot_timeline(one_log)
+    assert len(in_turn.tasks) == 4 and in_turn.most_in_flight == 1
+    assert in_turn_wall_s < sum(r.wall_s for r in served_in_turn)      # the client's view: blind
 
 
 # ----------------------------------------------------------------------------------------------

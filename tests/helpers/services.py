@@ -3,16 +3,22 @@ llama-server (scripts/engines.sh).
 
 Locally a test skips only when the tool is truly absent (no ``sbatch`` on PATH, PostgreSQL refuses
 the connection). Under ``CI=true`` a missing service is a failure: CI starts them (`make test`).
+
+Below them, what the engine tests read back from the servers they started: their process groups
+(``server_groups``, ``alive``) and, from a llama-server's log, its requests on its own clock
+(``slot_timeline``: how many were really in flight at once).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -137,3 +143,60 @@ def sigint_default() -> None:
     tuner, where Python then installs no KeyboardInterrupt handler and the study runs on to its
     end (seen: a vLLM study of 9 trials after the Ctrl-C tests' SIGINT)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# -- what a llama-server did, on its own clock (its log) ----------------------------------------
+
+# llama-server's log line prefix (common/log.cpp, on by default in the cached build):
+# minutes.seconds.milliseconds.microseconds since the server started, then the level letter, e.g.
+#   0.00.908.986 I slot launch_slot_: id  1 | task 3 | processing task, is_child = 0
+#   0.03.063.565 I slot      release: id  1 | task 3 | stop processing: n_tokens = 27, ...
+_STAMP = r"^(\d+)\.(\d\d)\.(\d{3})\.(\d{3}) \w "
+_LAUNCH = r"slot launch_slot_: id +\d+ \| task (\d+) \| processing task"
+_RELEASE = r"slot +release: id +\d+ \| task (\d+) \| stop processing"
+
+
+@dataclass(frozen=True)
+class SlotTimeline:
+    """The tasks one llama-server processed: ``tasks[id] = (start_s, end_s)`` on the server's own
+    clock (a slot taking the task, the slot releasing it), and the most of them in flight at
+    once."""
+    tasks: dict[int, tuple[float, float]]
+    most_in_flight: int
+
+
+def slot_timeline(log_text: str) -> SlotTimeline:
+    """The slot timeline of the last server started with this log (``tuner.engines.server``
+    appends each start to ``<name>.log`` after a ``$ <argv>`` line; every start has its own
+    clock and task ids). A task still unreleased at the log's end counts as in flight until the
+    log's last timestamp. Tasks that only touch (one released at the instant another starts) are
+    not in flight together.
+
+    Raises:
+        ValueError: the log has slot lines without timestamps (start llama-server with
+            ``--log-timestamps --log-prefix``).
+    """
+    run = re.split(r"^\$ .*$", log_text, flags=re.M)[-1]
+    starts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    last = 0.0
+    for line in run.splitlines():
+        stamp = re.match(_STAMP, line)
+        event = re.search(_LAUNCH, line) or re.search(_RELEASE, line)
+        if event and not stamp:
+            raise ValueError(f"a slot line without a timestamp (start llama-server with "
+                             f"--log-timestamps --log-prefix): {line!r}")
+        if not stamp:
+            continue
+        minutes, secs, ms, us = (int(g) for g in stamp.groups())
+        last = (((minutes * 60 + secs) * 1000 + ms) * 1000 + us) / 1e6
+        if event:
+            (starts if "launch_slot_" in event.group(0) else ends)[int(event.group(1))] = last
+    tasks = {task: (start, ends.get(task, last)) for task, start in sorted(starts.items())}
+    # the sweep: +1 where a task starts, -1 where one ends; at the same instant ends go first
+    events = sorted([(s, 1) for s, _ in tasks.values()] + [(e, -1) for _, e in tasks.values()])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return SlotTimeline(tasks, most)
