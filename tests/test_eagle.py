@@ -15,7 +15,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from decoding import build_method, generate
 from decoding.base import DraftContext
@@ -26,7 +25,9 @@ from decoding.eagle_weights import (SHIPPED, head_identity, load_head, random_he
 from decoding.sampling import SamplingConfig, logits_to_probs
 from tests.conftest import tiny_pair, vanilla
 from tests.helpers.eagle import PROMPT, OracleHead
-from tests.helpers.laws import pair_pvalue, two_token_law
+from tests.helpers import law_cases
+from tests.helpers.laws import ALPHA, ChiSquare, chi_square
+from tests.helpers.mutations import mutated
 
 SHAPES = [{}, {"shape": "3-2-1"}, {"shape": (1, 1, 1, 1)},
           {"width": 3, "depth": 5, "total_tokens": 12, "confidence_threshold": 0.05}]
@@ -99,7 +100,10 @@ def test_tree_rows_equal_the_head_run_along_each_path(tiny_pairs):
 # Sampled trees: the declared q is the head's warped distribution, and the law end to end
 
 
-def test_sampled_siblings_declare_the_heads_distribution(tiny_pairs):
+def sibling_draws() -> tuple[torch.Tensor, torch.Tensor, ChiSquare]:
+    """400 drafts of three i.i.d. siblings after one prompt: the q every draft declares, the
+    head's own warped distribution, and the chi-square of the 1,200 sibling tokens against q
+    (tokens expecting < 5 pooled)."""
     pair = tiny_pair("related", vocab_size=12, initializer_range=0.3)
     sampling = SamplingConfig(temperature=0.8)
     m = build_method("eagle", pair, head="random:3", shape=(3,), siblings="iid",
@@ -121,32 +125,47 @@ def test_sampled_siblings_declare_the_heads_distribution(tiny_pairs):
         rows = ids.shape[0] - 1
         out = head(hidden[None], ids[1:][None], torch.arange(rows))[0, -1]
         expected = logits_to_probs(head.logits(out), sampling)
-    assert torch.allclose(q, expected, atol=1e-5)
     wanted = expected.double().numpy() * counts.sum()
     keep = wanted >= 5
     observed, wanted = counts[keep], wanted[keep]
     if (~keep).any():                                   # pool the rare tokens into one bin
         observed = np.append(observed, counts[~keep].sum())
         wanted = np.append(wanted, expected.double().numpy()[~keep].sum() * counts.sum())
-    assert chisquare(observed, wanted * observed.sum() / wanted.sum()).pvalue > 1e-3
+    return q, expected, chi_square(observed, wanted)
 
 
-@pytest.mark.parametrize("tree", [dict(shape=(2, 1), siblings="without"),
-                                  dict(width=3, total_tokens=3)], ids=["without", "dynamic"])
-def test_sampled_trees_follow_the_target_law(tree):
+def test_sampled_siblings_declare_the_heads_distribution():
+    q, expected, result = sibling_draws()
+    assert torch.allclose(q, expected, atol=1e-5)
+    assert result.pvalue > ALPHA, result
+
+
+def test_the_sibling_check_rejects_siblings_drawn_without_replacement():
+    """The real drafter mutated to draw its i.i.d. siblings without replacement (three distinct
+    tokens per draft: a flatter marginal than q) fails the same chi-square, with an estimated
+    power of at least 0.99 at these 1,200 tokens."""
+    with mutated("siblings-replacement-flipped"):
+        _, _, result = sibling_draws()
+    assert result.pvalue < ALPHA and result.power() >= 0.99, result
+
+
+CASES = law_cases.eagle_cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_sampled_trees_follow_the_target_law(case):
     """Token 2 comes from the first tree step (token 1 from the prefill; a budget of 3 leaves a
     depth-1 tree: two siblings drawn without replacement, or EAGLE-2's top-3 point masses):
     chi-square on the pair against the target's exact law."""
-    pair = tiny_pair("related", vocab_size=6, initializer_range=0.3)
-    sampling = dict(temperature=1.0)
-    law = two_token_law(pair.target, [3, 1, 4], SamplingConfig(**sampling))
-    m = build_method("eagle", pair, head="random:4", **tree, **sampling)
-    draws, counts = 700, {}
-    for seed in range(draws):
-        m.seed = seed
-        key = generate(m, [3, 1, 4], 3).tokens[:2]
-        counts[key] = counts.get(key, 0) + 1
-    assert pair_pvalue(counts, law) > 1e-3
+    assert law_cases.run(case).pvalue > ALPHA
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_the_law_check_rejects_the_mutated_rule_at_the_same_draws(case):
+    """Each sibling round resampling from p instead of the residual must fail at the same 700
+    draws, with an estimated power of at least 0.99."""
+    result = law_cases.run(case, case.mutation)
+    assert result.pvalue < ALPHA and result.power() >= 0.99, result
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ import torch
 
 from decoding import build_method, generate
 from decoding.prompt_lookup import find_continuations
-from decoding.sampling import SamplingConfig
 from tests.conftest import tiny_pair, vanilla
-from tests.helpers.laws import pair_pvalue, two_token_law
+from tests.helpers import law_cases
+from tests.helpers.laws import ALPHA
 
 SETTINGS = [{}, {"num_matches": 3}, {"max_ngram": 1, "num_draft_tokens": 3},
             {"max_ngram": 4, "min_ngram": 2, "num_draft_tokens": 16}]
@@ -89,25 +89,23 @@ def test_eos_and_budget_inside_a_draft(looping):
     assert inside >= 2
 
 
-@pytest.mark.parametrize("kw", [{"num_draft_tokens": 2}, {"num_draft_tokens": 2,
-                                                          "num_matches": 3}],
-                         ids=["chain", "trie"])
-def test_sampled_tokens_follow_the_target_law(kw):
-    """The prompt ends in a repeated n-gram, so the first step verifies a draft (a chain or a trie
-    of point masses) and emits both tokens in most draws."""
-    pair = tiny_pair("related", vocab_size=6, initializer_range=0.3)
-    prompt = [3, 1, 4, 3, 1, 5, 3, 1]                # [3, 1] -> drafts [5, 3] and [4, 3]
-    sampling = dict(temperature=0.9, top_k=4)
-    law = two_token_law(pair.target, prompt, SamplingConfig(**sampling))
-    m = build_method("prompt_lookup", pair, **kw, **sampling)
-    draws, counts, drafted = 800, {}, 0
-    for seed in range(draws):
-        m.seed = seed
-        out = generate(m, prompt, 2)
-        counts[out.tokens] = counts.get(out.tokens, 0) + 1
-        drafted += out.stats.drafted
-    assert drafted >= draws                       # the first step always held a draft
-    assert pair_pvalue(counts, law) > 1e-3
+CASES = law_cases.prompt_lookup_cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_sampled_tokens_follow_the_target_law(case):
+    """The prompt ends in a repeated n-gram ([4, 0] -> drafts [3, 4] and [5, 4], whose first
+    tokens the target gives 0.40 and 0.47 at T = 0.9, top-k 4), so the first step of every draw
+    verifies a draft (a chain or a trie of point masses) that is accepted and rejected often."""
+    assert law_cases.run(case).pvalue > ALPHA
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_the_law_check_rejects_the_mutated_rule_at_the_same_draws(case):
+    """A rejected point mass resampled from p instead of the residual (the token just rejected
+    can come back) must fail at the same 800 draws, with an estimated power of at least 0.99."""
+    result = law_cases.run(case, case.mutation)
+    assert result.pvalue < ALPHA and result.power() >= 0.99, result
 
 
 def test_bad_settings_are_named(looping):

@@ -2,15 +2,20 @@
 
 Shared by the end-to-end sampling tests of every method (tests/test_methods.py and the per-method
 files): the first two generated tokens of a lossless method are distributed as the target says.
+Each such test also runs a mutant of the real rule (``tests.helpers.mutations``) at the same
+draws and must reject it; ``ChiSquare.power`` states the power that achieves (the table in
+docs/testing.md, made by ``python -m tests.helpers.law_power``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
 import torch
-from scipy.stats import chisquare
+from scipy.stats import chi2, chisquare, ncx2
 
 from decoding.sampling import SamplingConfig
 
@@ -57,13 +62,57 @@ def two_token_law(model: torch.nn.Module, prompt: list[int],
     return law
 
 
-def pair_pvalue(counts: Mapping[tuple, int], law: Mapping[tuple, float]) -> float:
-    """Chi-square p-value of observed pair counts against ``law``; bins expecting < 5 draws are
-    pooled. A pair outside the law's support fails outright (p = 0)."""
+ALPHA = 1e-3      # every law test: the right rule must give p > ALPHA, its mutant p < ALPHA
+
+
+@dataclass(frozen=True)
+class ChiSquare:
+    """Pearson's chi-square of ``draws`` sampled outcomes against an exact law (rare bins pooled)."""
+
+    statistic: float
+    dof: int
+    pvalue: float
+    draws: int
+
+    def power(self, draws: int | None = None, alpha: float = ALPHA) -> float:
+        """The estimated power, at ``draws`` (default: these), to reject the exact law when the
+        outcomes follow the law these counts came from: the noncentral chi-square with
+        λ = (X² − dof) · draws / self.draws (E[X²] = dof + λ; λ ∝ draws at a fixed alternative).
+        Counts from the right rule give ≈ alpha; counts from a mutant give the mutant's power."""
+        if not np.isfinite(self.statistic):
+            return 1.0
+        scale = (draws or self.draws) / self.draws
+        noncentrality = max(self.statistic - self.dof, 0.0) * scale
+        return float(ncx2.sf(chi2.isf(alpha, self.dof), self.dof, max(noncentrality, 1e-12)))
+
+    def draws_for(self, power: float = 0.99, alpha: float = ALPHA) -> int:
+        """The fewest draws at which ``power`` (estimated as above) is reached."""
+        if self.power(10 * self.draws, alpha) < power:
+            return 10 * self.draws + 1                # out of reach: say so, do not search on
+        low, high = 1, 10 * self.draws
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (middle + 1, high) if self.power(middle, alpha) < power else (low, middle)
+        return low
+
+
+def chi_square(observed, expected) -> ChiSquare:
+    """Pearson's chi-square of observed counts against expected counts (both [cells], expected
+    rescaled to the observed total; the caller pools rare cells)."""
+    observed = np.asarray(observed, dtype=float)
+    expected = np.asarray(expected, dtype=float)
+    result = chisquare(observed, expected * observed.sum() / expected.sum())
+    return ChiSquare(float(result.statistic), len(observed) - 1, float(result.pvalue),
+                     int(observed.sum()))
+
+
+def pair_chi_square(counts: Mapping[tuple, int], law: Mapping[tuple, float]) -> ChiSquare:
+    """Chi-square of observed pair counts against ``law``; bins expecting < 5 draws are pooled.
+    A pair outside the law's support fails outright (statistic ∞, p = 0)."""
     draws = sum(counts.values())
-    if any(law.get(key, 0.0) == 0.0 for key in counts):
-        return 0.0
     keys = sorted(law)
+    if any(law.get(key, 0.0) == 0.0 for key in counts):
+        return ChiSquare(float("inf"), max(len(keys) - 1, 1), 0.0, draws)
     observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
     expected = np.array([law[k] for k in keys]) * draws
     big = expected >= 5
@@ -71,4 +120,23 @@ def pair_pvalue(counts: Mapping[tuple, int], law: Mapping[tuple, float]) -> floa
     expected = np.append(expected[big], expected[~big].sum())
     if expected[-1] == 0:
         observed, expected = observed[:-1], expected[:-1]
-    return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+    return chi_square(observed, expected)
+
+
+def pair_counts(method, prompt: list[int], draws: int, new_tokens: int = 3,
+                check: Callable | None = None) -> dict[tuple[int, int], int]:
+    """The first two generated tokens of ``draws`` generations, seeds 0..draws−1 (a fresh
+    generator per generation; ``reset`` first where the method keeps state across prompts).
+    ``check(output)`` is called on every generation."""
+    from decoding import generate
+    counts: dict[tuple, int] = {}
+    for seed in range(draws):
+        method.seed = seed
+        if hasattr(method, "reset"):
+            method.reset()
+        out = generate(method, prompt, new_tokens)
+        if check is not None:
+            check(out)
+        key = out.tokens[:2]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
