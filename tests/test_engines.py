@@ -323,11 +323,29 @@ def test_ctrl_c_stops_both_servers(tmp_path):
     (["method=prompt_lookup", "search.objectives=[throughput_ratio@c8]"],
      "throughput_ratio@c8 names concurrency level 8, which budget.concurrency=[1] does not "
      "measure"),
+    (["method=prompt_lookup", "engine.extra_args=[-np,1]"],      # would serve levels in turn
+     "engine.extra_args has '-np': the tuner sets it (slots = the largest budget.concurrency "
+     "level); allowed are other llama-server flags"),
+    (["method=prompt_lookup", "engine.extra_args=['--ctx-size=512']"],
+     "engine.extra_args has '--ctx-size': the tuner sets it (engine.ctx_per_slot x slots)"),
+    (["method=prompt_lookup", "engine.extra_args=-np"],
+     "engine.extra_args='-np' is invalid: allowed is a list of llama-server flags"),
 ])
 def test_bad_engine_input_gets_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as caught:
         run_study(tmp_path, *ENGINE, *overrides, "tracking=none")
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_vllm_refuses_the_flags_it_sets_itself_in_extra_args():
+    from tuner.engines import engine_named
+    vllm = engine_named("vllm")
+    vllm.check_extra_args(["--gpu-memory-utilization", "0.5", "--max-num-batched-tokens=512"])
+    for flag, why in (("--max-num-seqs", "slots"), ("--max-model-len=4096", "ctx_per_slot"),
+                      ("--speculative-config", "engine.methods")):
+        with pytest.raises(ConfigError, match=rf"engine.extra_args has '{flag.split('=')[0]}': "
+                                              rf"the tuner sets it \(.*{why}"):
+            vllm.check_extra_args(["--enforce-eager", flag, "1"])
 
 
 def test_an_engine_that_is_not_built_says_how_to_build_it(tmp_path, monkeypatch):

@@ -51,6 +51,14 @@ class LlamaCppEngine(ServerEngine):
     install_hint = ("llama-server is not built for this CPU: build it with `make engines` "
                     "(scripts/engines.sh llamacpp, a few minutes), or set "
                     "engine.binary=/path/to/llama-server")
+    managed_flags = {
+        **dict.fromkeys(("-np", "--parallel"), "slots = the largest budget.concurrency level"),
+        **dict.fromkeys(("-c", "--ctx-size"), "engine.ctx_per_slot x slots"),
+        **dict.fromkeys(("-t", "--threads", "-tb", "--threads-batch"), "threads"),
+        **dict.fromkeys(("-m", "--model", "-md", "--model-draft"), "models.target / models.draft"),
+        **dict.fromkeys(("--host", "--port"), "a free loopback port per server"),
+        **dict.fromkeys(("--spec-type", "--draft-max", "--draft-min", "--draft-p-min"),
+                        "the method's engine.methods flags and knobs")}
 
     def check_models(self, models: Mapping[str, Any], mapping: Mapping[str, Any],
                      method_params: Mapping[str, Any]) -> None:

@@ -36,6 +36,10 @@ class ServerEngine(Engine):
     program: ClassVar[str]              # the program in the cached install's bin/
     program_allowed: ClassVar[str]      # what engine.binary may be
     install_hint: ClassVar[str]         # how to install it when it is missing
+    # flags the tuner sets itself on every server (slots from budget.concurrency, context, port,
+    # models, threads, speculation): in engine.extra_args they would silently change what is
+    # measured (e.g. -np 1 serves a concurrency-4 batch one request after another)
+    managed_flags: ClassVar[dict[str, str]] = {}
 
     # -- config ------------------------------------------------------------------------------
 
@@ -58,8 +62,24 @@ class ServerEngine(Engine):
             if unknown:
                 raise ConfigError(f"engine.methods.{choice}.{where}.{unknown[0]} is not a knob "
                                   f"of engine={self.name}: allowed are {sorted(known)}")
+        self.check_extra_args(engine.get("extra_args"))
         self.binary(engine)
         self.check_models(plain(cfg.models), mapping, plain(cfg.method).get("params") or {})
+
+    def check_extra_args(self, extra: Any) -> None:
+        """One line for an ``engine.extra_args`` that is not a list, or that holds a flag the
+        tuner sets itself (``managed_flags``)."""
+        if extra is None:
+            return
+        if not isinstance(extra, list):
+            raise ConfigError(f"engine.extra_args={extra!r} is invalid: allowed is a list of "
+                              f"{self.program} flags and values, e.g. [--flag, value]")
+        for arg in extra:
+            flag = str(arg).split("=", 1)[0]
+            if flag in self.managed_flags:
+                raise ConfigError(f"engine.extra_args has {flag!r}: the tuner sets it "
+                                  f"({self.managed_flags[flag]}); allowed are other "
+                                  f"{self.program} flags")
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "

