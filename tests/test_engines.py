@@ -214,9 +214,10 @@ def test_four_requests_in_flight_are_all_answered_per_level(tmp_path):
     """Concurrency 4 really puts four requests in flight, on the servers' own clocks: in each
     server's log (slot taken .. slot released, tests/helpers/services.py) the four tasks of the
     concurrency-4 batch overlap. The negative: the same batch (4 new tokens each) sent at once to
-    the method's server forced to one slot (engine.extra_args=[-np,1], as a user could set it) is
-    served one request after another, 1 in flight, which this check rejects, though the client's
-    view (the batch's wall span below the sum of its requests' wall times) cannot tell.
+    the method's server forced to one slot (-np 1 appended to its argv on the evaluator; the
+    config refuses it in engine.extra_args) is served one request after another, 1 in flight,
+    which this check rejects, though the client's view (the batch's wall span below the sum of
+    its requests' wall times) cannot tell.
 
     F32 weights: with Q4_1 the speculative server's batched verification sometimes picks a
     token whose log-probability trails the plain server's by ~0.2 at concurrency 4 (a real
