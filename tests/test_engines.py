@@ -329,6 +329,9 @@ def test_ctrl_c_stops_both_servers(tmp_path):
      "level); allowed are other llama-server flags"),
     (["method=prompt_lookup", "engine.extra_args=['--ctx-size=512']"],
      "engine.extra_args has '--ctx-size': the tuner sets it (engine.ctx_per_slot x slots)"),
+    (["method=prompt_lookup", "engine.extra_args=[--spec-ngram-simple-size-n,3]"],
+     "engine.extra_args has '--spec-ngram-simple-size-n': the tuner sets it (the method's "
+     "engine.methods flags and knobs)"),
     (["method=prompt_lookup", "engine.extra_args=-np"],
      "engine.extra_args='-np' is invalid: allowed is a list of llama-server flags"),
 ])
@@ -342,11 +345,13 @@ def test_vllm_refuses_the_flags_it_sets_itself_in_extra_args():
     from tuner.engines import engine_named
     vllm = engine_named("vllm")
     vllm.check_extra_args(["--gpu-memory-utilization", "0.5", "--max-num-batched-tokens=512"])
-    for flag, why in (("--max-num-seqs", "slots"), ("--max-model-len=4096", "ctx_per_slot"),
+    for flag, why in (("--max-num-seqs", "slots"), ("--max_num_seqs", "slots"),
+                      ("--max-model-len=4096", "ctx_per_slot"), ("--dtype", "dtype"),
+                      ("--enable-prefix-caching", "prefills"),
                       ("--speculative-config", "engine.methods")):
         with pytest.raises(ConfigError, match=rf"engine.extra_args has '{flag.split('=')[0]}': "
                                               rf"the tuner sets it \(.*{why}"):
-            vllm.check_extra_args(["--enforce-eager", flag, "1"])
+            vllm.check_extra_args(["--swap-space", "1", flag, "1"])
 
 
 def test_an_engine_that_is_not_built_says_how_to_build_it(tmp_path, monkeypatch):

@@ -128,33 +128,41 @@ def process_ticks(pid: int) -> int:
 def stop(proc: subprocess.Popen) -> None:
     proc.kill()
     proc.wait(timeout=5)
+    if proc.stdout:
+        proc.stdout.close()
 
 
 @needs_proc
 def test_a_spinning_process_is_seen():
     """Real timing, on purpose, and tolerant of whatever else runs: while a spinner runs, the
-    sampled other load holds at least the CPU share the spinner itself used meanwhile (its own
-    ticks, read around the window: up to 2 ticks more than inside it). A sampler blind to other
-    processes (reading 0, or only this process's work) fails. The reading's drop at the
-    spinner's end is exact below (on a busy machine others take the freed core at once)."""
+    sampled other load holds at least the CPU share the spinner itself used inside the window.
+    Its ticks are read around the window, so the time between those reads and the window's own
+    ends (this process preempted on a busy machine) may add the spinner's ticks of that time, and
+    /proc/stat counts whole ticks: both are allowed for. A sampler blind to other processes
+    (reading 0, or only this process's work) fails. The reading's drop at the spinner's end is
+    checked exactly on scripted readings below (on a busy machine others take the freed core)."""
+    tick = os.sysconf("SC_CLK_TCK")
     proc = start_spinner()
     try:
-        before = process_ticks(proc.pid)
+        began, before = time.monotonic(), process_ticks(proc.pid)
         sample = sample_other_load(CPUS, 0.4)
-        after = process_ticks(proc.pid)
+        after, ended = process_ticks(proc.pid), time.monotonic()
     finally:
         stop(proc)
-    capacity = sample.window_s * os.sysconf("SC_CLK_TCK") * N      # ticks of the allowed CPUs
+    capacity = sample.window_s * tick * N                 # ticks of the allowed CPUs
+    outside = (ended - began - sample.window_s) * tick + 2.5   # the spinner's ticks not inside
     spinner = (after - before) / capacity
-    print(f"other_busy {sample.other_busy:.3f}, the spinner's own share {spinner:.3f}")
-    assert spinner >= 0.1 * ONE_SPINNER                  # it ran (however loaded the machine)
-    assert sample.other_busy >= spinner - 2.5 / capacity
+    print(f"other_busy {sample.other_busy:.3f}, the spinner's own share {spinner:.3f}, "
+          f"slack {outside:.1f} ticks")
+    assert after - before >= 0.05 * (ended - began) * tick     # it ran, however loaded
+    assert sample.other_busy >= (after - before - outside) / capacity
 
 
 def test_other_load_is_the_cpus_busy_ticks_minus_this_process_s_own(monkeypatch):
     """The sampler's arithmetic on scripted readings (/proc/stat's busy and total ticks of the
     allowed CPUs, this process's CPU seconds, no real waiting): a spinner's ticks are other load,
-    this process's own are not, and the spinner's end takes its share away, exactly."""
+    this process's own are not, and once the spinner has ended (the second pair of readings holds
+    only this process's ticks) the reading is exactly 0."""
     import tuner.measure.hygiene as hygiene
     tick = os.sysconf("SC_CLK_TCK")
     window = 0.4                                         # 0.4 s on 2 CPUs: 0.8 s of capacity

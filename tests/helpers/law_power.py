@@ -2,10 +2,10 @@
 
 Runs each case of ``tests.helpers.law_cases`` with the right rule and, where the case has one,
 with its mutant, at the case's draws, and prints per run: Pearson's X², its degrees of freedom
-(cells after pooling bins expecting < 5 draws, minus one), the p-value, the estimated power at the
-case's draws (noncentral chi-square with λ = X² − dof, ``laws.ChiSquare.power``) and the fewest
-draws for a power of 0.99. The right rule's "power" is the chance of a false failure at another
-seed range (≈ ALPHA when the rule is right). ``--json FILE`` also writes the rows.
+(cells after pooling bins expecting < 5 draws, minus one) and the p-value; for a mutant also the
+estimated power at the case's draws (plug-in noncentral chi-square with λ = X² − dof,
+``laws.ChiSquare.power``) and the fewest draws for an estimated power of 0.99 (for the right rule
+these are noise and left out). ``--json FILE`` also writes the rows.
 """
 
 from __future__ import annotations
@@ -35,9 +35,11 @@ def rows(selected: set[str]) -> list[dict]:
                 result = law_cases.run(case, mutation)
                 row = dict(case=name, rule=mutation or "right", draws=case.draws,
                            statistic=round(result.statistic, 1), dof=result.dof,
-                           pvalue=float(f"{result.pvalue:.3g}"),
-                           power=round(result.power(), 4), draws_for_099=result.draws_for(0.99),
-                           seconds=round(time.perf_counter() - start, 1))
+                           pvalue=float(f"{result.pvalue:.3g}"))
+                if mutation:
+                    row.update(power=round(result.power(), 4),
+                               draws_for_099=result.draws_for(0.99))
+                row["seconds"] = round(time.perf_counter() - start, 1)
                 print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
                 out.append(row)
     return out
@@ -53,7 +55,10 @@ def main() -> None:
     result = rows(set(args.ids))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"alpha": ALPHA, "torch": torch.__version__, "rows": result}, f, indent=1)
+            json.dump({"alpha": ALPHA, "torch": torch.__version__,
+                       "command": "PYTHONPATH=. OMP_NUM_THREADS=1 python -m "
+                                  f"tests.helpers.law_power {' '.join(args.ids)} --json {args.json}",
+                       "rows": result}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Shared by the end-to-end sampling tests of every method (tests/test_methods.py and the per-method
 files): the first two generated tokens of a lossless method are distributed as the target says.
 Each such test also runs a mutant of the real rule (``tests.helpers.mutations``) at the same
-draws and must reject it; ``ChiSquare.power`` states the power that achieves (the table in
-docs/testing.md, made by ``python -m tests.helpers.law_power``).
+draws and must reject it; ``ChiSquare.power`` estimates the power that achieves (the table in
+docs/verification.md §0.4, made by ``python -m tests.helpers.law_power``).
 """
 
 from __future__ import annotations
@@ -76,17 +76,25 @@ class ChiSquare:
 
     def power(self, draws: int | None = None, alpha: float = ALPHA) -> float:
         """The estimated power, at ``draws`` (default: these), to reject the exact law when the
-        outcomes follow the law these counts came from: the noncentral chi-square with
-        λ = (X² − dof) · draws / self.draws (E[X²] = dof + λ; λ ∝ draws at a fixed alternative).
-        Counts from the right rule give ≈ alpha; counts from a mutant give the mutant's power."""
+        outcomes follow the law these counts came from (a mutant's): the noncentral chi-square
+        with λ = (X² − dof) · draws / self.draws (E[X²] = dof + λ; λ ∝ draws at a fixed
+        alternative). A plug-in estimate from one run, not a bound: λ's own standard error is
+        about √(2·dof + 4λ) (≈ 30 at λ = 220, dof 23). Meaningless for counts from the right
+        rule (its λ is noise; its false-failure rate is alpha by construction). An outcome
+        outside the law's support (statistic ∞) is rejected at any draws: power 1."""
         if not np.isfinite(self.statistic):
             return 1.0
+        if self.dof < 1:
+            raise ValueError("a chi-square with no degree of freedom has no power")
         scale = (draws or self.draws) / self.draws
         noncentrality = max(self.statistic - self.dof, 0.0) * scale
         return float(ncx2.sf(chi2.isf(alpha, self.dof), self.dof, max(noncentrality, 1e-12)))
 
-    def draws_for(self, power: float = 0.99, alpha: float = ALPHA) -> int:
-        """The fewest draws at which ``power`` (estimated as above) is reached."""
+    def draws_for(self, power: float = 0.99, alpha: float = ALPHA) -> int | None:
+        """The fewest draws at which ``power`` (estimated as above) is reached; None where that
+        is not estimable (an outcome outside the support: any draws reject)."""
+        if not np.isfinite(self.statistic):
+            return None
         if self.power(10 * self.draws, alpha) < power:
             return 10 * self.draws + 1                # out of reach: say so, do not search on
         low, high = 1, 10 * self.draws

@@ -55,10 +55,12 @@ class LlamaCppEngine(ServerEngine):
         **dict.fromkeys(("-np", "--parallel"), "slots = the largest budget.concurrency level"),
         **dict.fromkeys(("-c", "--ctx-size"), "engine.ctx_per_slot x slots"),
         **dict.fromkeys(("-t", "--threads", "-tb", "--threads-batch"), "threads"),
-        **dict.fromkeys(("-m", "--model", "-md", "--model-draft"), "models.target / models.draft"),
-        **dict.fromkeys(("--host", "--port"), "a free loopback port per server"),
-        **dict.fromkeys(("--spec-type", "--draft-max", "--draft-min", "--draft-p-min"),
-                        "the method's engine.methods flags and knobs")}
+        **dict.fromkeys(("-m", "--model", "-md", "--model-draft", "-hf", "--hf-repo", "-mu",
+                         "--model-url", "-hfd", "--hf-repo-draft"), "models.target / models.draft"),
+        **dict.fromkeys(("--host", "--port"), "a free loopback port per server")}
+    # every speculative flag (--spec-type, --spec-draft-n-max, --spec-ngram-*, the older --draft-*)
+    managed_prefixes = dict.fromkeys(("--spec-", "--draft"),
+                                     "the method's engine.methods flags and knobs")
 
     def check_models(self, models: Mapping[str, Any], mapping: Mapping[str, Any],
                      method_params: Mapping[str, Any]) -> None:

@@ -40,6 +40,7 @@ class ServerEngine(Engine):
     # models, threads, speculation): in engine.extra_args they would silently change what is
     # measured (e.g. -np 1 serves a concurrency-4 batch one request after another)
     managed_flags: ClassVar[dict[str, str]] = {}
+    managed_prefixes: ClassVar[dict[str, str]] = {}     # whole flag families (speculation)
 
     # -- config ------------------------------------------------------------------------------
 
@@ -76,10 +77,17 @@ class ServerEngine(Engine):
                               f"{self.program} flags and values, e.g. [--flag, value]")
         for arg in extra:
             flag = str(arg).split("=", 1)[0]
-            if flag in self.managed_flags:
-                raise ConfigError(f"engine.extra_args has {flag!r}: the tuner sets it "
-                                  f"({self.managed_flags[flag]}); allowed are other "
-                                  f"{self.program} flags")
+            why = self.managed(flag)
+            if why:
+                raise ConfigError(f"engine.extra_args has {flag!r}: the tuner sets it ({why}); "
+                                  f"allowed are other {self.program} flags")
+
+    def managed(self, flag: str) -> str | None:
+        """Why the tuner sets ``flag`` itself, or None (exact names, then flag families)."""
+        if flag in self.managed_flags:
+            return self.managed_flags[flag]
+        return next((why for prefix, why in self.managed_prefixes.items()
+                     if flag.startswith(prefix)), None)
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "

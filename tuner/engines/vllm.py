@@ -72,7 +72,17 @@ class VllmEngine(ServerEngine):
         **dict.fromkeys(("--model", "--served-model-name", "--revision"), "models.target"),
         **dict.fromkeys(("--host", "--port"), "a free loopback port per server"),
         "--seed": "seed",
+        "--dtype": "engine.dtype or the target's dtype",
+        **dict.fromkeys(("--enable-prefix-caching", "--no-enable-prefix-caching"),
+                        "off: every request prefills"),
+        **dict.fromkeys(("--enforce-eager", "--no-enforce-eager"), "engine.compile"),
         "--speculative-config": "the method's engine.methods flags and knobs"}
+    managed_prefixes = {"--speculative-": "the method's engine.methods flags and knobs"}
+
+    def managed(self, flag: str) -> str | None:
+        """As every server engine, with vLLM's argparse spelling: ``--max_num_seqs`` is
+        ``--max-num-seqs``."""
+        return super().managed(flag.replace("_", "-"))
 
     def build_identity(self, binary: Path) -> dict[str, Any]:
         """What identifies a vLLM install: its build.json (package, torch, the venv's frozen
