@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -21,6 +20,7 @@ from tests.conftest import ENV, SIDE_BY_SIDE
 from tests.helpers.services import (PG_URL, alive, all_gone, require_postgres, require_slurm,
                                    wait_for)
 from tuner.cluster import slurm
+from tuner.engines.server import free_port
 from tuner.study.storage import make_storage
 from tuner.study.trials import failure_reason
 
@@ -111,13 +111,6 @@ def test_four_slurm_workers_on_a_journal_with_one_killed(tmp_path, mlflow_url):
     assert failure_reason(study, study.trials[victim.number]).startswith(
         f"orphaned: Slurm job {job} is gone")
     check_sweep(study, victim, job, folder, mlflow_url, name)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop_started_server(pid_file) -> list[int]:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from decoding.base import Verdict
-from tests.helpers.laws import ALPHA, ChiSquare, chi_square
+from tests.helpers.laws import ALPHA, ChiSquare, pooled_chi_square
 from tests.helpers.mutations import mutated
 from tests.helpers.toy import ToyModel, complete, target_joint
 from decoding.verify import (block_verify, bv_log_weights, bv_residuals, bv_thresholds,
@@ -198,15 +198,7 @@ def implementation_chi_square(rule, verify, point_mass: bool, draws: int = 12_00
                          generator)
         block = tuple(x[: verdict.accepted]) + (verdict.next_token,)
         counts[block] = counts.get(block, 0) + 1
-    blocks = sorted(law)
-    observed = np.array([counts.get(b, 0) for b in blocks], dtype=float)
-    expected = np.array([law[b] for b in blocks]) * draws
-    big = expected >= 5                     # merge rare blocks into one bin
-    observed = np.append(observed[big], observed[~big].sum())
-    expected = np.append(expected[big], expected[~big].sum())
-    if expected[-1] == 0:
-        observed, expected = observed[:-1], expected[:-1]
-    return chi_square(observed, expected), set(counts) - {b for b, p in law.items() if p > 0}
+    return pooled_chi_square(counts, law), set(counts) - {b for b, p in law.items() if p > 0}
 
 
 @pytest.mark.parametrize("rule,verify", [(token_law, token_verify), (block_law, block_verify)],

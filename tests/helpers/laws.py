@@ -117,10 +117,16 @@ def chi_square(observed, expected) -> ChiSquare:
 def pair_chi_square(counts: Mapping[tuple, int], law: Mapping[tuple, float]) -> ChiSquare:
     """Chi-square of observed pair counts against ``law``; bins expecting < 5 draws are pooled.
     A pair outside the law's support fails outright (statistic ∞, p = 0)."""
+    if any(law.get(key, 0.0) == 0.0 for key in counts):
+        return ChiSquare(float("inf"), max(len(law) - 1, 1), 0.0, sum(counts.values()))
+    return pooled_chi_square(counts, law)
+
+
+def pooled_chi_square(counts: Mapping[tuple, int], law: Mapping[tuple, float]) -> ChiSquare:
+    """Chi-square of the counts of ``law``'s outcomes against it (outcomes outside the law are
+    not counted), the bins expecting < 5 draws pooled into one."""
     draws = sum(counts.values())
     keys = sorted(law)
-    if any(law.get(key, 0.0) == 0.0 for key in counts):
-        return ChiSquare(float("inf"), max(len(keys) - 1, 1), 0.0, draws)
     observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
     expected = np.array([law[k] for k in keys]) * draws
     big = expected >= 5
