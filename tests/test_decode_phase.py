@@ -60,6 +60,10 @@ def test_a_study_can_optimise_the_decode_phase(tmp_path, in_tmp, capsys):
     assert "paired decode-phase speedup (prefill left out)" in out
     assert re.search(r"prompt 1/2: .*paired speedup [0-9.]+ \(decode phase [0-9.]+\)", out)
     assert "decode-phase speedup (tuning)" in out and "held-out decode-phase speedup" in out
+    # the verdict reads the held-out decode-phase speedup, the kind the winner was chosen by
+    verdict = re.search(r"RECOMMENDATION: .*?([0-9.]+)x(?: vanilla)? in the decode phase", out)
+    row = re.search(r"held-out decode-phase speedup +([0-9.]+)x", out)
+    assert verdict and row and float(verdict[1]) == round(float(row[1]), 2)
 
 
 def test_the_pruner_takes_the_decode_speedup_but_no_other_objective():
@@ -71,3 +75,76 @@ def test_the_pruner_takes_the_decode_speedup_but_no_other_objective():
     with pytest.raises(ConfigError, match=r"allowed is objectives=\[speedup\] or "
                                           r"\[decode_speedup\], or pruner=null"):
         StudySettings.from_config(compose_cfg(None, "search.objectives=[tokens_per_s]", pruner))
+
+
+def test_auto_is_the_end_to_end_speedup_in_process_and_keeps_the_study_name():
+    """``search.objectives=[auto]`` (the shipped default) resolves per engine; in process it is
+    ``[speedup]``, the objective every in-process study was made with, so their names (which
+    hash the settings) and fingerprints do not change."""
+    from tests.conftest import compose_cfg
+    from tuner.study.settings import StudySettings
+    auto = StudySettings.from_config(compose_cfg(None))
+    explicit = StudySettings.from_config(compose_cfg(None, "search.objectives=[speedup]"))
+    assert auto.objectives == ("speedup",) and auto.name == explicit.name
+    assert auto.fingerprint == explicit.fingerprint
+    pareto = StudySettings.from_config(compose_cfg(None, "search=pareto",
+                                                   "method=mjsd"))
+    assert pareto.objectives == ("speedup", "perplexity")
+
+
+def confirmed(e2e: float, decode: float, prompts: int = 5) -> dict[str, float]:
+    return {"held_out_speedup": e2e, "held_out_speedup_min": e2e - 0.05,
+            "held_out_speedup_max": e2e + 0.05, "held_out_decode_speedup": decode,
+            "held_out_decode_speedup_min": decode - 0.1,
+            "held_out_decode_speedup_max": decode + 0.1, "held_out_prompts": prompts,
+            "held_out_tokens_per_s": 10.0, "held_out_vanilla_tokens_per_s": 10.5,
+            "held_out_mean_accepted_tokens": 2.0}
+
+
+def test_the_verdict_reads_the_speedup_the_winner_was_chosen_by():
+    """Long prompts: 0.97x end to end, 1.30x in the decode phase. A study chosen by the decode
+    phase is judged by it on held-out prompts (and says so); one chosen end to end is judged
+    end to end. The summary marks the row the verdict reads."""
+    from tuner.tracking.report import recommendation, summary_rows
+    held = confirmed(0.97, 1.30)
+    decode = recommendation(held, 3, "decode_speedup")
+    assert decode.startswith("use the best parameters: 1.30x vanilla in the decode phase")
+    assert "min 1.20x, max 1.40x" in decode
+    assert recommendation(held, 3, "decode_speedup@c4").startswith("use the best parameters: "
+                                                                   "1.30x")
+    e2e = recommendation(held, 3, "speedup")
+    assert "nothing beat vanilla" in e2e and "0.97x," in e2e and "decode phase" not in e2e
+    assert "nothing beat vanilla" in recommendation(confirmed(1.02, 0.9), 3, "decode_speedup")
+    best = {"trial": 1, "value": 1.3, "trials": 2}
+    budget = {"n_prompts": 2, "n_held_out": 5, "max_new_tokens": 32}
+    for objective, marked in (("decode_speedup", "held-out decode-phase speedup"),
+                              ("speedup", "held-out speedup vs vanilla")):
+        rows = dict(summary_rows("s", {}, best, held, {"decode_speedup": 1.3, "speedup": 0.97},
+                                 budget, [], objective=objective))
+        reads = [k for k, v in rows.items() if "the verdict below reads this" in str(v)]
+        assert reads == [marked], objective
+
+
+def test_an_older_engine_study_made_by_speedup_says_how_to_resume_it():
+    """Resuming by name a study whose fingerprint differs only in its objectives (an engine
+    study made before ``auto`` meant ``decode_speedup``) names the override that resumes it as
+    measured; any other difference gets no such advice."""
+    import json
+
+    from tuner.config.errors import StudyMismatch
+    from tuner.config.identity import check_resume
+    search = {"kind": "grid", "ranges": "heuristic", "pruner": None}
+    old = {"search": json.dumps({**search, "objectives": ["speedup"]}, sort_keys=True),
+           "hardware": '"cpu"'}
+    new = {**old, "search": json.dumps({**search, "objectives": ["decode_speedup"]},
+                                       sort_keys=True)}
+    with pytest.raises(StudyMismatch, match=r"add search.objectives=\[speedup\]$"):
+        check_resume("s", old, new, force=False)
+    with pytest.raises(StudyMismatch) as err:
+        check_resume("s", old, {**new, "hardware": '"gpu"'}, force=False)
+    assert "search.objectives=[speedup]" not in str(err.value)
+    with pytest.raises(StudyMismatch) as err:          # another search key differs too
+        check_resume("s", old, {**new, "search": json.dumps(
+            {**search, "kind": "sampler", "objectives": ["decode_speedup"]}, sort_keys=True)},
+            force=False)
+    assert "search.objectives=[speedup]" not in str(err.value)

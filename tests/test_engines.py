@@ -272,8 +272,10 @@ def test_a_failing_trial_fails_alone_and_leaves_no_server(tmp_path):
               "~engine.methods.prompt_lookup.space",
               "+engine.methods.prompt_lookup.space={min_hits:{type:int,low:0,high:1}}",
               "engine.methods.prompt_lookup.params.min_hits=0", "tracking=none")
-    states = {t.params["min_hits"]: t.state for t in load_study(tmp_path).trials}
-    assert states == {0: TrialState.FAIL, 1: TrialState.COMPLETE}
+    trials = {t.params["min_hits"]: t for t in load_study(tmp_path).trials}
+    assert {k: t.state for k, t in trials.items()} == {0: TrialState.FAIL, 1: TrialState.COMPLETE}
+    # search.objectives=[auto]: an engine study tunes on the decode phase (its own timings)
+    assert trials[1].value == pytest.approx(trials[1].user_attrs["decode_speedup"])
     assert "method exited with code" in load_study(tmp_path).trials[0].user_attrs["error"]
     started = server_groups(tmp_path / "studies" / "t")
     assert len(started) >= 3 and not alive(started)   # the refused server's too
@@ -390,3 +392,5 @@ def test_the_engine_is_in_the_fingerprint(tmp_path):
     assert json.loads(settings.fingerprint["method.params"])["size_n"] == 2
     assert json.loads(settings.fingerprint["method._target_"]) == \
         "decoding.prompt_lookup.PromptLookup"
+    assert settings.objectives == ("decode_speedup",)      # search.objectives=[auto]
+    assert json.loads(settings.fingerprint["search"])["objectives"] == ["decode_speedup"]

@@ -69,6 +69,7 @@ def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_p
     assert starts == {"baseline": 1, "method": 2}
     done = trials[1].user_attrs
     assert done["acceptance_rate"] > 0                      # vLLM's own per-request counts
+    assert trials[1].value == pytest.approx(done["decode_speedup"])   # objectives=[auto]
     for level in (1, 4):           # decode phase: vLLM's own first-to-last-token time
         assert done[f"throughput_ratio@c{level}"] > 0 and done[f"tokens_per_s@c{level}"] > 0
         assert done[f"decode_speedup@c{level}"] > 0

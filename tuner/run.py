@@ -150,6 +150,11 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     say(f"replay: held-out speedup {confirmed['held_out_speedup']:.3f}x (min "
         f"{confirmed['held_out_speedup_min']:.3f}, max {confirmed['held_out_speedup_max']:.3f});"
         f" recorded {recorded}")
+    if "held_out_decode_speedup" in confirmed:
+        was = origin.get("held_out_decode_speedup")
+        was = f"{was:.3f}x" if isinstance(was, (int, float)) else "none"
+        say(f"replay: held-out decode-phase speedup {confirmed['held_out_decode_speedup']:.3f}x "
+            f"(prefill left out); recorded {was}")
     if not settings.lossless:
         say(f"replay: held-out quality vs vanilla: "
             f"{report.quality_line(report.held_out(confirmed))}")

@@ -94,8 +94,28 @@ def check_resume(study_name: str, stored: Mapping[str, str] | None, wanted: Mapp
         raise StudyMismatch(f"study {study_name!r} was measured under other settings ({shown}"
                             f"{more}); its trials and baseline do not apply. Use a new "
                             "study_name=... (or leave study_name unset for one named after the "
-                            "settings), or resume=force to continue it anyway")
+                            "settings), or resume=force to continue it anyway"
+                            + _objectives_hint(stored, wanted, diff))
     return diff
+
+
+def _objectives_hint(stored: Mapping[str, str], wanted: Mapping[str, str],
+                     diff: list[str]) -> str:
+    """Where only the objectives differ: how to resume the study as it was measured (engine
+    studies made before ``auto`` stood for ``decode_speedup`` recorded ``[speedup]``)."""
+    if diff != ["search"]:
+        return ""
+    try:
+        old, new = json.loads(stored.get("search", "{}")), json.loads(wanted.get("search", "{}"))
+    except ValueError:
+        return ""
+    if old.get("objectives") == new.get("objectives") or \
+            {**old, "objectives": None} != {**new, "objectives": None}:
+        return ""
+    given = ",".join(str(o) for o in old.get("objectives") or [])
+    return (f"; only its objectives differ ({old.get('objectives')}, this run "
+            f"{new.get('objectives')}; [auto] is decode_speedup for engine servers): to resume "
+            f"it by what it was measured by, add search.objectives=[{given}]")
 
 
 def _short(value: str | None, width: int = 60) -> str:

@@ -35,7 +35,8 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
             any(direction(str(o)) is None for o in objectives) or \
             len(set(objectives)) < len(objectives):
         raise ConfigError(f"search.objectives={objectives!r} is invalid: allowed is a list of "
-                          f"distinct names from {list(OBJECTIVES)}, or with an engine server "
+                          f"distinct names from {list(OBJECTIVES)} or auto (the engine's own "
+                          "paired speedup), or with an engine server "
                           "speedup@c<level>, decode_speedup@c<level>, throughput_ratio@c<level>, "
                           "tokens_per_s@c<level>, throughput_ratio")
     if search.get("pruner") and objectives not in (["speedup"], ["decode_speedup"]):

@@ -68,6 +68,8 @@ class EngineChecks(Protocol):
 
     def method(self, cfg: DictConfig, choice: str) -> dict[str, Any]: ...
 
+    def objectives(self, cfg: DictConfig) -> Any: ...
+
 
 def validate(cfg: DictConfig, engines: Callable[[DictConfig], EngineChecks]) -> None:
     """Every setting the study will use, checked in one pass (cheap; no models, no storage).
@@ -89,8 +91,9 @@ def validate(cfg: DictConfig, engines: Callable[[DictConfig], EngineChecks]) -> 
     check_sampling(plain(cfg.sampling), cfg.seed)
     check_models(models, method["needs_draft"])
     check_head(method, models)
-    check_search(plain(cfg.search), method.get("space") or {}, task.get("task_class", "LH"))
-    check_quality(plain(cfg.search), task)
+    search = {**plain(cfg.search), "objectives": checks.objectives(cfg)}   # auto resolved
+    check_search(search, method.get("space") or {}, task.get("task_class", "LH"))
+    check_quality(search, task)
     check_numbers(cfg)
     check_context(models, method["needs_draft"], *generation_budget(cfg, task, models))
     check_storage(cfg.storage)

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from tuner.config.errors import ConfigError
 from tuner.config.values import plain
+from tuner.search.objectives import resolve
 
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Evaluator, MeasureSettings
@@ -44,19 +45,27 @@ class Engine:
     compiles: ClassVar[bool] = False    # engine.compile=true is honoured
     level_schedule: ClassVar[bool] = False   # takes a per-batch-size speculation schedule
     counters: ClassVar[tuple[str, ...]] = ()  # acceptance counts its answers carry
+    # what search.objectives' ``auto`` stands for (tuner.search.objectives.resolve)
+    default_objective: ClassVar[str] = "speedup"
 
     # -- config ------------------------------------------------------------------------------
 
     def check(self, cfg: DictConfig, choice: str) -> None:
         """One ``ConfigError`` line for anything this engine cannot run (nothing loaded)."""
         levels = list(plain(cfg.budget).get("concurrency") or [1])
-        self.check_objectives(list(plain(cfg.search).get("objectives") or []), levels)
+        objectives = self.objectives(cfg)
+        self.check_objectives(objectives if isinstance(objectives, list) else [], levels)
         if max(levels) > self.max_concurrency:
             self.refuse_levels(levels)
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "
                           f"allowed are levels up to {self.max_concurrency}")
+
+    def objectives(self, cfg: DictConfig) -> Any:
+        """``search.objectives`` with ``auto`` resolved for this engine (as given where it is
+        not a list: the search check names it)."""
+        return resolve(plain(cfg.search).get("objectives"), self.default_objective)
 
     def check_objectives(self, objectives: list[str], levels: list[int]) -> None:
         """Level objectives (``…@c4``) name a measured level; throughput needs several requests

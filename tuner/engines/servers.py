@@ -33,6 +33,8 @@ class ServerEngine(Engine):
     """An engine that runs as a server the tuner starts (see the module docstring)."""
 
     max_concurrency = 64                # one server slot per request in flight
+    # the server's own decode time, alike on both sides: long prompts' prefill left out
+    default_objective = "decode_speedup"
     program: ClassVar[str]              # the program in the cached install's bin/
     program_allowed: ClassVar[str]      # what engine.binary may be
     install_hint: ClassVar[str]         # how to install it when it is missing

@@ -124,6 +124,7 @@ def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
     decode = [m.decode_speedup for m in ms if m.decode_speedup is not None]
     if decode:
         out["decode_speedup"] = geometric_mean(decode)
+        out["decode_speedup_min"], out["decode_speedup_max"] = min(decode), max(decode)
     firsts = [m.prompt_s for m in ms if m.prompt_s is not None]
     if firsts:
         out["ttft_ms"] = 1e3 * statistics.fmean(firsts)

@@ -7,9 +7,15 @@ long prompts do not pull it towards 1. Engine servers measured at several concur
 ``throughput_ratio@c4`` (any level of ``budget.concurrency``) and ``throughput_ratio`` (the
 geometric mean over levels).
 
-``search.objectives`` names one key (a single-objective study; ``speedup`` by default, the only one
-a pruner can be fed per prompt) or several (a Pareto front: ``search=pareto`` is speed against
-output perplexity, ``search=pareto_energy`` adds J/token on an NVIDIA GPU).
+``search.objectives`` names one key (a single-objective study; ``speedup`` and ``decode_speedup``
+are the ones a pruner can be fed per prompt) or several (a Pareto front: ``search=pareto`` is speed
+against output perplexity, ``search=pareto_energy`` adds J/token on an NVIDIA GPU).
+
+``auto`` (the shipped searches' default) stands for the engine's own paired speedup
+(``resolve``): ``decode_speedup`` for engine servers, whose prompts' prefill would otherwise pull
+every ratio towards 1 and whose own timings give the decode phase of both sides alike;
+``speedup`` in process, where a drafting method's first step also verifies γ + 1 tokens, so leaving
+the first step out would not leave out the same work on both sides.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ OBJECTIVES: dict[str, str] = {
     "energy_j_per_token": "minimize",   # NVML energy (GPU only, tuner.measure.energy)
     "energy_ratio": "minimize",         # ... over vanilla's J/token
 }
+AUTO = "auto"      # the engine's own paired speedup (resolve)
 # engine servers (tuner.measure.levels): per concurrency level, "<key>@c<level>", and over levels
 LEVELLED = ("speedup", "decode_speedup", "throughput_ratio", "tokens_per_s")
 ENGINE_ONLY = ("throughput_ratio",)
@@ -42,6 +49,15 @@ def direction(name: str) -> str | None:
     if base in LEVELLED and level.isdigit() and int(level) >= 1:
         return "maximize"
     return "maximize" if name in ENGINE_ONLY else None
+
+
+def resolve(objectives: object, default: str) -> object:
+    """``objectives`` with each ``auto`` replaced by ``default`` (the engine's
+    ``default_objective``); anything that is not a list is returned as is, for the check to
+    name."""
+    if not isinstance(objectives, list):
+        return objectives
+    return [default if name == AUTO else name for name in objectives]
 
 
 def directions(objectives: Sequence[str]) -> list[str]:

@@ -131,7 +131,8 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                                not settings.lossless else None, settings.objectives[0])
     rows += level_rows(settings, study, confirmed)
     rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
-    advice = report.recommendation(confirmed, settings.min_held_out_prompts)
+    advice = report.recommendation(confirmed, settings.min_held_out_prompts,
+                                   settings.objectives[0])
     files = [("best", path)] + [("plots", plot) for plot in (
         report.plots_png(study, path.with_suffix(".history.png")),
         report.plots_html(study, path.with_suffix(".plots.html"))) if plot]
@@ -197,8 +198,8 @@ def held_out_record(settings: StudySettings, evaluation: Evaluation) -> dict[str
            "truncated_fraction": s["truncated_fraction"]}
     if "matches_vanilla" in s:
         out["matches_vanilla"] = s["matches_vanilla"]
-    if "decode_speedup" in s:
-        out["decode_speedup"] = s["decode_speedup"]
+    out.update({k: s[k] for k in ("decode_speedup", "decode_speedup_min", "decode_speedup_max")
+                if k in s})
     quality = {k: v for k, v in s.items() if k.startswith(QUALITY_PREFIXES) or
                k in PERPLEXITY_KEYS}
     out.update(quality)

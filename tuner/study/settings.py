@@ -121,7 +121,10 @@ class StudySettings(MethodView):
         engine_object = validated(cfg)
         choice = method_choice(cfg)
         method = engine_object.method(cfg, choice)
-        task_cfg, search, engine = plain(cfg.task), plain(cfg.search), engine_config(cfg)
+        task_cfg, engine = plain(cfg.task), engine_config(cfg)
+        # search.objectives' auto resolved: in process that is [speedup], as before auto, so
+        # in-process studies keep their fingerprint and name
+        search = {**plain(cfg.search), "objectives": engine_object.objectives(cfg)}
         try:
             task = Task(task_cfg)
         except ValueError as err:          # e.g. task.categories that the task does not have,

@@ -72,15 +72,18 @@ def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, 
                      f"{trial_summary.get('speedup', float('nan')):.3f}x; the time to the first "
                      f"token left out, mean {trial_summary.get('ttft_ms', float('nan')):.0f} ms)"))
     if confirmed:
+        verdict = verdict_key(objective, confirmed)
+        decode = "held_out_decode_speedup" in confirmed
         rows += [("held-out speedup vs vanilla",
                   f"{confirmed['held_out_speedup']:.3f}x, {relative(confirmed['held_out_speedup'])}"
-                  f" (geometric mean of {int(confirmed.get('held_out_prompts', 0))} prompts x "
+                  f"{' end to end' * decode} (geometric mean of "
+                  f"{int(confirmed.get('held_out_prompts', 0))} prompts x "
                   f"{budget['max_new_tokens']} tokens; per prompt min "
                   f"{confirmed['held_out_speedup_min']:.3f}, max "
-                  f"{confirmed['held_out_speedup_max']:.3f})"),
-                 *([("held-out decode-phase speedup",
-                     f"{confirmed['held_out_decode_speedup']:.3f}x (the verdict below reads the "
-                     "end-to-end speedup)")] if "held_out_decode_speedup" in confirmed else []),
+                  f"{confirmed['held_out_speedup_max']:.3f}"
+                  f"{'; the verdict below reads this' * (decode and verdict == 'speedup')})"),
+                 *([("held-out decode-phase speedup", decode_line(confirmed, verdict))]
+                   if decode else []),
                  ("held-out tokens/s", f"{confirmed['held_out_tokens_per_s']:.2f} (vanilla "
                   f"{confirmed['held_out_vanilla_tokens_per_s']:.2f})"),
                  ("held-out mean accepted tokens",
@@ -102,6 +105,25 @@ def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, 
                      int, float)) else f"unavailable ({energy_reason or 'no NVML'})"))
     rows += [("note", note) for note in notes]
     return rows
+
+
+def verdict_key(objective: str, confirmed: Mapping[str, Any]) -> str:
+    """Which held-out speedup the verdict reads: the decode phase's where the study was chosen
+    by it (``decode_speedup``, at any level) and the confirmation measured it, else the
+    end-to-end one. The winner is judged on held-out prompts by what it was chosen by."""
+    if objective.partition("@c")[0] == "decode_speedup" and \
+            "held_out_decode_speedup" in confirmed:
+        return "decode_speedup"
+    return "speedup"
+
+
+def decode_line(confirmed: Mapping[str, Any], verdict: str) -> str:
+    speed = confirmed["held_out_decode_speedup"]
+    spread = (f", per prompt min {confirmed['held_out_decode_speedup_min']:.3f}, max "
+              f"{confirmed['held_out_decode_speedup_max']:.3f}"
+              if "held_out_decode_speedup_min" in confirmed else "")
+    reads = "; the verdict below reads this" * (verdict == "decode_speedup")
+    return f"{speed:.3f}x, {relative(speed)} (prefill left out{spread}{reads})"
 
 
 def quality_line(values: Mapping[str, Any]) -> str:
@@ -126,24 +148,29 @@ def relative(ratio: float) -> str:
     return f"{abs(ratio - 1) * 100:.0f} % {'faster' if ratio > 1 else 'slower'} than vanilla"
 
 
-def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3) -> str:
-    """What to do, and only as much as the held-out evidence supports."""
+def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3,
+                   objective: str = "speedup") -> str:
+    """What to do, and only as much as the held-out evidence supports; judged by the held-out
+    speedup of the kind the winner was chosen by (``verdict_key``), named in the text."""
     if not confirmed:
         return "no held-out prompts: the winner is unconfirmed (task.n_held_out=0)"
-    speed = confirmed["held_out_speedup"]
+    key = verdict_key(objective, confirmed)
+    phase = " in the decode phase" if key == "decode_speedup" else ""
+    speed = confirmed[f"held_out_{key}"]
+    low = confirmed.get(f"held_out_{key}_min", speed)
+    high = confirmed.get(f"held_out_{key}_max", speed)
     prompts = int(confirmed.get("held_out_prompts", 0))
     if speed <= 1.0:
-        return (f"nothing beat vanilla on the held-out prompts (the winner: {speed:.2f}x, "
-                f"{relative(speed)}): use vanilla decoding on this hardware/model pair")
+        return (f"nothing beat vanilla on the held-out prompts (the winner: {speed:.2f}x"
+                f"{phase}, {relative(speed)}): use vanilla decoding on this hardware/model pair")
     if prompts < min_held_out:
-        return (f"not enough evidence: the winner ran {speed:.2f}x vanilla on only {prompts} "
-                f"held-out prompt(s) (min {confirmed.get('held_out_speedup_min', speed):.2f}x, "
-                f"max {confirmed.get('held_out_speedup_max', speed):.2f}x), fewer than "
+        return (f"not enough evidence: the winner ran {speed:.2f}x vanilla{phase} on only "
+                f"{prompts} held-out prompt(s) (min {low:.2f}x, max {high:.2f}x), fewer than "
                 f"min_held_out_prompts={min_held_out}: keep vanilla decoding, or confirm on more "
                 "prompts (task.n_held_out, then +best=<study> to replay)")
     if confirmed.get("held_out_feasible") == 0.0:
         held = held_out(confirmed)
-        return (f"the winner ran {confirmed['held_out_speedup']:.2f}x vanilla on held-out "
+        return (f"the winner ran {speed:.2f}x vanilla{phase} on held-out "
                 f"prompts but broke the quality bound there ({quality_line(held)}): prefer "
                 "vanilla decoding unless that loss is acceptable")
     lossy = ""
@@ -151,9 +178,8 @@ def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3) -> str
         lossy = (f" (lossy: perplexity {confirmed['held_out_perplexity_ratio']:.3f}x vanilla's"
                  + (f", quality drop {confirmed['held_out_quality_drop']:+.3f}"
                     if "held_out_quality_drop" in confirmed else "") + ")")
-    return (f"use the best parameters: {speed:.2f}x vanilla ({relative(speed)}) on "
-            f"{prompts} held-out prompts, min {confirmed['held_out_speedup_min']:.2f}x, max "
-            f"{confirmed['held_out_speedup_max']:.2f}x{lossy}")
+    return (f"use the best parameters: {speed:.2f}x vanilla{phase} ({relative(speed)}) on "
+            f"{prompts} held-out prompts, min {low:.2f}x, max {high:.2f}x{lossy}")
 
 
 def print_summary(rows: list[tuple[str, str]], advice: str, say) -> None:
@@ -205,6 +231,8 @@ def write_best_yaml(folder: Path, settings: Any, params: Mapping[str, Any],
                        "tuning_objective": settings.objectives[0],   # what tuning_speedup holds
                        "tuning_speedup": float(best["value"]),
                        "held_out_speedup": float(speed) if speed else None,
+                       **({"held_out_decode_speedup": float(confirmed["held_out_decode_speedup"])}
+                          if "held_out_decode_speedup" in confirmed else {}),
                        **{k: float(confirmed[k]) for k in QUALITY_KEYS if k in confirmed}}}
     if deploy:
         body["deploy"] = dict(deploy)
