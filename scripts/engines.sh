@@ -31,9 +31,61 @@ VLLM_TORCH=torch==2.13.0
 CACHE=${SPECTUNE_ENGINES:-$HOME/.cache/spectune/engines}
 JOBS=${SPECTUNE_BUILD_JOBS:-$(nproc)}
 
-cpu_key() {   # instruction-set flags + compiler: what the native build depends on
-  { grep -m1 '^flags' /proc/cpuinfo || uname -m; gcc --version | head -n1; } \
-    | sha256sum | cut -c1-12
+# AMX: a CPU may list amx_tile (Sapphire Rapids and later) in a VM that faults on the first tile
+# load (seen here: Firecracker, an Intel Xeon; llama-server died with SIGSEGV in
+# ggml_backend_amx_mul_mat at start-up, on `ldtilecfg` inside an OpenMP region, though the kernel
+# granted XTILEDATA). A
+# GGML_NATIVE build enables ggml's AMX kernels from the flags alone, so the tiles are tried once
+# per machine (a tiny C probe, its answer kept in the cache) and, where they fault, the build
+# turns AMX off (-mno-amx-*; explicit ISA flags win over -march=native in GCC).
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+amx_faults() {   # exit 0: the CPU lists AMX but a tile load faults here
+  grep -m1 '^flags' /proc/cpuinfo | grep -qw amx_tile || return 1
+  local key; key=$( { grep -m1 '^flags' /proc/cpuinfo; uname -r; } | sha256sum | cut -c1-12)
+  local note="$CACHE/amx-probe-$key"
+  if [ ! -f "$note" ]; then
+    local probe; probe=$(mktemp -d)
+    cat > "$probe/amx.c" <<'C'
+/* ggml's AMX kernels load tiles inside OpenMP parallel regions: so does this probe (a plain
+   single-threaded tile load passed here where the same load under OpenMP faulted) */
+#include <immintrin.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+struct tile_config { unsigned char palette, start_row, reserved[14];
+                     unsigned short colsb[16]; unsigned char rows[16]; };
+static void load(void) {
+  struct tile_config config __attribute__((aligned(64)));
+  memset(&config, 0, sizeof config);
+  config.palette = 1; config.rows[0] = 16; config.colsb[0] = 64;
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_release();
+}
+int main(void) {
+  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 2;
+  #pragma omp parallel num_threads(2)
+  load();
+  return 0;
+}
+C
+    mkdir -p "$CACHE"
+    if gcc -O2 -fopenmp -mamx-tile "$probe/amx.c" -o "$probe/amx" 2>/dev/null \
+        && sh -c "$probe/amx" > /dev/null 2>&1; then   # sh reports the crash, to /dev/null
+      echo works > "$note.tmp"
+    else
+      echo faults > "$note.tmp"
+    fi
+    mv "$note.tmp" "$note"
+    rm -rf "$probe"
+  fi
+  [ "$(cat "$note")" = faults ]
+}
+
+cpu_key() {   # instruction-set flags + compiler (+ AMX off where it faults): what the build depends on
+  { grep -m1 '^flags' /proc/cpuinfo || uname -m; gcc --version | head -n1
+    if amx_faults; then echo "$NO_AMX"; fi; } | sha256sum | cut -c1-12
 }
 
 llamacpp_dir() { echo "$CACHE/llamacpp-$LLAMACPP_VERSION-$(cpu_key)"; }
@@ -55,8 +107,14 @@ build_llamacpp() {
     || { echo "engines: sha256 of $sdist does not match the pinned $LLAMACPP_SHA256" >&2; exit 1; }
   tar xzf "$sdist" -C "$work"
   local src="$work/llama_cpp_python-$LLAMACPP_VERSION/vendor/llama.cpp"
+  local extra="" flags="GGML_NATIVE=ON"
+  if amx_faults; then
+    extra="$NO_AMX"; flags="GGML_NATIVE=ON CFLAGS/CXXFLAGS=$NO_AMX"
+    echo "engines: this CPU lists AMX but a tile load faults here: building without AMX"
+  fi
   echo "engines: building llama-server and llama-quantize with $JOBS jobs (a few minutes)"
   cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DCMAKE_C_FLAGS="$extra" -DCMAKE_CXX_FLAGS="$extra" \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF > "$work/cmake.log" 2>&1 \
@@ -70,7 +128,7 @@ build_llamacpp() {
 {"engine": "llamacpp", "sdist": "$LLAMACPP_SDIST==$LLAMACPP_VERSION",
  "sdist_sha256": "$LLAMACPP_SHA256", "commit": "$LLAMACPP_COMMIT",
  "cpu_key": "$(cpu_key)", "compiler": "$(gcc --version | head -n1)",
- "cmake_flags": "GGML_NATIVE=ON BUILD_SHARED_LIBS=OFF LLAMA_BUILD_UI=OFF LLAMA_USE_PREBUILT_UI=OFF LLAMA_OPENSSL=OFF",
+ "cmake_flags": "$flags BUILD_SHARED_LIBS=OFF LLAMA_BUILD_UI=OFF LLAMA_USE_PREBUILT_UI=OFF LLAMA_OPENSSL=OFF",
  "jobs": $JOBS, "build_seconds": $seconds,
  "llama_server_sha256": "$(sha256sum "$dir.tmp/bin/llama-server" | cut -d' ' -f1)"}
 JSON
