@@ -67,13 +67,16 @@ def evaluator(tmp_path, *overrides):
 # A study, its winner, its launch line
 
 
-def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path):
+def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys):
     """At concurrency 1 and 4, ranked by throughput (the path of docs/engines.md's llama.cpp
-    example, which tests/test_readme.py only validates): both trials complete with the
-    server's own counts and per-level figures; the answer is a 4-slot launch line that, started
-    as printed, reproduces the winner's tokens; no server or port outlives the study."""
+    example, which tests/test_readme.py only validates), and at a request rate of 4/s under an
+    SLO: both trials complete with the server's own counts, per-level and per-rate figures; the
+    summary answers per rate; the answer is a 4-slot launch line that, started as printed,
+    reproduces the winner's tokens; no server or port outlives the study."""
     result = run_study(tmp_path, *ENGINE, *LOOKUP, *LEVELS, "search=grid", "search.ranges=full",
-                       "tracking.experiment=eng")
+                       "tracking.experiment=eng", "budget.request_rate=[4]",
+                       "budget.requests_per_rate=4", "search.slo={tpot_ms:1000}")
+    out = capsys.readouterr().out
     study = load_study(tmp_path)
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
@@ -84,11 +87,23 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path):
                    t.user_attrs[f"decode_speedup@c{level}"] > 0 for t in trials)
     assert json.loads(study.user_attrs["fingerprint"]["search"])["objectives"] == \
         ["throughput_ratio"]
+    for t in trials:                  # the same 4-request Poisson schedule to both servers
+        figures = t.user_attrs
+        assert figures["tpot_ratio@r4"] > 0 and figures["vanilla_tpot_ms_p90@r4"] > 0
+        assert 0 < figures["goodput@r4"] <= figures["request_throughput@r4"]
+        assert figures["late_send_ms_max@r4"] < 50
+    assert json.loads(study.user_attrs["fingerprint"]["traffic"]) == {
+        "request_rate": [4.0], "requests_per_rate": 4, "slo": {"tpot_ms": 1000}}
+    assert re.search(r"request rate 4/s \(4 requests each\): TPOT p50 [0-9.]+ vs vanilla", out)
+    rate_line = re.search(r"request rate 4/s +best tuning goodput .* speculation (ON|OFF)", out)
+    assert rate_line, out[-3000:]
     started = server_groups(tmp_path / "studies" / "t")
     assert len(started) >= 3 and not alive(started)   # baseline, a method server per trial
     assert all(port_free(p) for p in ports(tmp_path / "studies" / "t"))
     best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
     launch = best["deploy"]["launch"]
+    per_rate = json.loads(best["deploy"]["per_rate"])
+    assert list(per_rate) == ["4"] and (per_rate["4"] is None) == (rate_line[1] == "OFF")
     assert launch.startswith("llama-server -m ") and "--spec-type ngram-simple" in launch
     assert "-np 4" in launch
     assert f"--spec-ngram-simple-size-n {result['params']['size_n']}" in launch
@@ -97,6 +112,7 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path):
     parent = next(r for r in mlflow.search_runs(experiment_names=["eng"], output_format="list")
                   if r.data.tags.get("kind") == "study")
     assert parent.data.tags["deploy_launch"] == launch
+    assert parent.data.metrics["best_held_out_goodput_at_r4"] > 0       # MLflow: @ -> _at_
     # the launch line as printed (another port) reproduces the winner's tokens
     from tuner.engines.client import post
     from tuner.engines.server import EngineServer
@@ -260,6 +276,43 @@ def test_four_requests_in_flight_are_all_answered_per_level(tmp_path):
     in_turn = slot_timeline(one_log)
     assert len(in_turn.tasks) == 4 and in_turn.most_in_flight == 1
     assert in_turn_wall_s < sum(r.wall_s for r in served_in_turn)      # the client's view: blind
+
+
+def test_a_request_rate_schedule_is_sent_on_time_and_timed_per_streamed_token(tmp_path):
+    """An open-loop Poisson schedule (8 requests at 4/s, one slot: later requests queue in the
+    server) against the baseline llama-server: every request is sent within 50 ms of its
+    scheduled time; each streams exactly the tokens the server answers without streaming (at
+    temperature 0), one event per token, timed as they arrive; the rate's figures are those
+    of the streamed times; the study's servers are gone afterwards."""
+    from tuner.engines.client import post
+    from tuner.measure.rates import schedule
+    from tuner.measure.traffic import percentile, rate_summary
+    settings, ev = evaluator(tmp_path, "method=prompt_lookup", "task.n_prompts=3")
+    prompts = [settings.tuning[i % 3] for i in range(8)]
+    offsets = schedule(4.0, 0, 8, settings.seed)
+    ev.open()
+    try:
+        streamed = ev.stream(None, prompts, offsets, method=False)
+        whole = {p.id: post(ev.baseline.url + ev.endpoint, ev.payload(p, False)).body["tokens"]
+                 for p in settings.tuning}
+    finally:
+        ev.close()
+    assert [r.index for r in streamed] == list(range(8))
+    assert [r.scheduled for r in streamed] == list(offsets)
+    assert all(0 <= r.sent - r.scheduled < 0.05 for r in streamed), \
+        [round(r.sent - r.scheduled, 3) for r in streamed]
+    for r, prompt in zip(streamed, prompts):
+        assert list(r.tokens) == whole[prompt.id] and len(r.token_times) == len(r.tokens)
+        assert r.sent < r.token_times[0] and list(r.token_times) == sorted(r.token_times)
+    assert len({r.token_times[0] for r in streamed}) == 8      # timed per request, as arrived
+    summary = rate_summary(streamed, {})
+    ttfts = [1e3 * (r.token_times[0] - r.sent) for r in streamed]
+    assert summary["ttft_ms_p90"] == pytest.approx(percentile(ttfts, 90))
+    assert summary["output_tokens"] == sum(len(t) for t in (whole[p.id] for p in prompts))
+    # one slot and 8 requests in ~2 s: later ones wait, so TTFT grows along the schedule
+    assert ttfts[-1] > ttfts[0]
+    started = server_groups(tmp_path / "studies" / "t")
+    assert started and not alive(started)
 
 
 # ----------------------------------------------------------------------------------------------

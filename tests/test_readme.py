@@ -66,6 +66,8 @@ STUDIED = {
         ("tests/test_engines.py", "test_a_prompt_lookup_study_finishes_with_the_servers_counts"),
     "method=speculative engine=llamacpp":
         ("tests/test_engines.py", "test_greedy_outputs_equal_the_engines_own"),
+    "budget.request_rate=[1,4]":        # the same study path with one rate and a 1 s SLO
+        ("tests/test_engines.py", "test_a_prompt_lookup_study_finishes_with_the_servers_counts"),
 }
 
 

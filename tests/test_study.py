@@ -138,12 +138,18 @@ RECORDED_WITHOUT_HARDWARE = "d86b0e47"
 def test_an_unchanged_engine_config_keeps_its_recorded_fingerprint(tmp_path):
     """The same for an engine=llamacpp study (recorded before its engine became one object in
     tuner/engines/): the program's path and sha256 and the machine are left out, so the check
-    holds on any machine; every other key, the engine's settings included, must be unchanged."""
-    from tuner.config.identity import short_hash
+    holds on any machine; every other key, the engine's settings included, must be unchanged.
+    Engine studies were made with objectives [speedup] then; the default [auto] now means
+    [decode_speedup] for them, a new study by design, and nothing else differs."""
+    from tuner.config.identity import differences, short_hash
     from tuner.study.settings import StudySettings
-    settings = StudySettings.from_config(compose_cfg(tmp_path, base=(
-        "+task=gsm8k", "models=smollm2", "method=prompt_lookup", "engine=llamacpp",
-        "engine.binary=/bin/true", "budget.concurrency=[1,4]")))
+    base = ("+task=gsm8k", "models=smollm2", "method=prompt_lookup", "engine=llamacpp",
+            "engine.binary=/bin/true", "budget.concurrency=[1,4]")
+    settings = StudySettings.from_config(compose_cfg(tmp_path, "search.objectives=[speedup]",
+                                                     base=base))
+    now = StudySettings.from_config(compose_cfg(tmp_path, base=base))
+    assert differences(settings.fingerprint, now.fingerprint) == ["search"]
+    assert json.loads(now.fingerprint["search"])["objectives"] == ["decode_speedup"]
     kept = {k: v for k, v in settings.fingerprint.items() if k != "hardware"}
     engine = json.loads(kept["engine"])
     assert engine["kind"] == "llamacpp" and len(engine.pop("binary_sha256")) == 64

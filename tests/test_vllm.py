@@ -222,6 +222,8 @@ def test_ctrl_c_while_a_server_starts_leaves_none(tmp_path):
      "engine.binary='/nonexistent/vllm' is not an executable file"),
     (["method=prompt_lookup", "+engine.methods.prompt_lookup.params.bogus=1"],
      "engine.methods.prompt_lookup.params.bogus is not a knob of engine=vllm"),
+    (["method=prompt_lookup", "budget.request_rate=[4]"],     # its streaming is not wired yet
+     "budget.request_rate=[4] is invalid for engine=vllm"),
 ])
 def test_bad_vllm_input_gets_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as caught:

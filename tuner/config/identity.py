@@ -29,15 +29,18 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
                 device: torch.device, threads: Any = "auto",
                 concurrency: tuple[int, ...] = (1,),
                 engine: Mapping[str, Any] | None = None,
-                data_sha256: str | None = None) -> dict[str, str]:
+                data_sha256: str | None = None,
+                traffic: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Flat ``{key: canonical JSON}``: easy to store, compare and report key by key.
 
     ``threads``: an explicit intra-op thread count is part of the identity; ``auto`` (one per CPU
     the process may use) is not a key, so a study made before threads were recorded keeps its
     fingerprint (the count is recorded on every trial either way). ``data_sha256``: the content of
-    a user's prompt file (a key only for such tasks).
+    a user's prompt file (a key only for such tasks). ``traffic``: request rates, their size and
+    the SLO (a key only where rates are measured; ``search.slo`` is read only there, so it is
+    kept out of the ``search`` key and every older study keeps its name).
     """
-    search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout")}
+    search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout", "slo")}
     digest = hashlib.sha256(_canonical([tuning_ids, held_out_ids]).encode()).hexdigest()[:16]
     raw = {
         "task.name": task["name"], "task.template": task.get("template"),
@@ -58,6 +61,8 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
         raw["task.data_sha256"] = data_sha256   # (shipped task files never change under a study)
     if tuple(concurrency) != (1,):   # one request at a time: the key every older study lacks
         raw["budget.concurrency"] = list(concurrency)
+    if traffic is not None:
+        raw["traffic"] = dict(traffic)
     if engine is not None:           # engine=hf (every older study): not a key
         raw["engine"] = dict(engine)
     head = (method.get("params") or {}).get("head")

@@ -38,7 +38,8 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                           f"distinct names from {list(OBJECTIVES)} or auto (the engine's own "
                           "paired speedup), or with an engine server "
                           "speedup@c<level>, decode_speedup@c<level>, throughput_ratio@c<level>, "
-                          "tokens_per_s@c<level>, throughput_ratio")
+                          "tokens_per_s@c<level>, throughput_ratio, and with budget.request_rate "
+                          "goodput@r<rate>, tpot_ms_p90@r<rate>, ... (tuner/search/objectives.py)")
     if search.get("pruner") and objectives not in (["speedup"], ["decode_speedup"]):
         raise ConfigError(f"search.pruner is set with search.objectives={objectives}: the pruner "
                           "is fed per-prompt paired speedups, so allowed is objectives=[speedup] "
@@ -68,6 +69,36 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                 raise ConfigError(str(err)) from None
     for key in OPTUNA_KINDS:
         check_optuna(key, search.get(key))
+
+
+def check_traffic(search: Mapping[str, Any], budget: Mapping[str, Any]) -> None:
+    """``search.slo`` and rate objectives (``…@r<rate>``) against ``budget.request_rate``."""
+    from tuner.measure.traffic import SLO_KEYS
+    from tuner.search.objectives import RATE, rate_value
+    rates = [float(r) for r in budget.get("request_rate") or []]
+    slo = search.get("slo")
+    if slo is not None:
+        if not isinstance(slo, Mapping) or not slo or any(
+                key not in SLO_KEYS or isinstance(v, bool) or not isinstance(v, (int, float))
+                or not math.isfinite(v) or v <= 0 for key, v in slo.items()):
+            raise ConfigError(f"search.slo={slo!r} is invalid: allowed is null or a mapping of "
+                              f"per-request bounds in milliseconds > 0 with keys from "
+                              f"{list(SLO_KEYS)}, e.g. {{tpot_ms: 50}}")
+        if not rates:
+            raise ConfigError(f"search.slo={slo} is set but budget.request_rate=[] measures no "
+                              "rate: allowed is search.slo with budget.request_rate=[...] "
+                              "(e.g. [1,4]), or search.slo=null")
+    for name in search.get("objectives") or []:
+        base, rated, rate = str(name).partition(RATE)
+        if not rated:
+            continue
+        if rate_value(rate) not in rates:
+            raise ConfigError(f"search.objectives: {name} names request rate {rate}, which "
+                              f"budget.request_rate={budget.get('request_rate')} does not "
+                              "measure")
+        if base.startswith("goodput") and slo is None:
+            raise ConfigError(f"search.objectives: {name} needs search.slo (the bounds a "
+                              "request must meet to count), e.g. search.slo={tpot_ms:50}")
 
 
 def check_quality(search: Mapping[str, Any], task: Mapping[str, Any]) -> None:

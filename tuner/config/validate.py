@@ -37,7 +37,13 @@ from tuner.config.models import (
     check_head_fits,
     check_models,
 )
-from tuner.config.search import SEARCH_KINDS, check_optuna, check_quality, check_search
+from tuner.config.search import (
+    SEARCH_KINDS,
+    check_optuna,
+    check_quality,
+    check_search,
+    check_traffic,
+)
 from tuner.config.stores import (
     TRACKING,
     check_folder,
@@ -94,6 +100,7 @@ def validate(cfg: DictConfig, engines: Callable[[DictConfig], EngineChecks]) -> 
     search = {**plain(cfg.search), "objectives": checks.objectives(cfg)}   # auto resolved
     check_search(search, method.get("space") or {}, task.get("task_class", "LH"))
     check_quality(search, task)
+    check_traffic(search, plain(cfg.budget))
     check_numbers(cfg)
     check_context(models, method["needs_draft"], *generation_budget(cfg, task, models))
     check_storage(cfg.storage)
@@ -132,6 +139,20 @@ def check_budget(budget: Any) -> None:
             isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
         raise ConfigError(f"budget.concurrency={levels!r} is invalid: allowed is a list of "
                           "distinct integers >= 1 (requests in flight at once), e.g. [1,4,8]")
+    rates = budget.get("request_rate", [])
+    if not isinstance(rates, list) or len(set(rates)) < len(rates) or any(
+            isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r)
+            or not 0 < r <= 1000 for r in rates):
+        raise ConfigError(f"budget.request_rate={rates!r} is invalid: allowed is a list of "
+                          "distinct numbers of requests per second in (0, 1000], e.g. [1,4], "
+                          "or [] for none")
+    from tuner.measure.traffic import MAX_REQUESTS
+    count = budget.get("requests_per_rate", 8)
+    integer("budget.requests_per_rate", count, 1,
+            f"an integer from 1 to {MAX_REQUESTS} (requests in each rate's schedule)")
+    if count > MAX_REQUESTS:
+        raise ConfigError(f"budget.requests_per_rate={count!r} is invalid: allowed is an integer "
+                          f"from 1 to {MAX_REQUESTS} (requests in each rate's schedule)")
 
 
 def check_numbers(cfg: DictConfig) -> None:

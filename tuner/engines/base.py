@@ -47,6 +47,7 @@ class Engine:
     counters: ClassVar[tuple[str, ...]] = ()  # acceptance counts its answers carry
     # what search.objectives' ``auto`` stands for (tuner.search.objectives.resolve)
     default_objective: ClassVar[str] = "speedup"
+    streams: ClassVar[bool] = False     # serves budget.request_rate (streamed, timed per token)
 
     # -- config ------------------------------------------------------------------------------
 
@@ -57,6 +58,11 @@ class Engine:
         self.check_objectives(objectives if isinstance(objectives, list) else [], levels)
         if max(levels) > self.max_concurrency:
             self.refuse_levels(levels)
+        rates = plain(cfg.budget).get("request_rate") or []
+        if rates and not self.streams:
+            raise ConfigError(f"budget.request_rate={rates} is invalid for engine={self.name}: "
+                              "traffic at a request rate is sent to an engine server that "
+                              "streams its tokens (engine=llamacpp); allowed is [] here")
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "

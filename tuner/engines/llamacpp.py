@@ -47,6 +47,7 @@ class LlamaCppEngine(ServerEngine):
     counters = ("draft_n", "draft_n_accepted", "accepted per position (/metrics, concurrency 1)",
                 "prefill and decode ms")
     program = "llama-server"
+    streams = True                      # /completion with stream: true, one token per event
     program_allowed = "a llama-server binary, or null for the one `make engines` builds"
     install_hint = ("llama-server is not built for this CPU: build it with `make engines` "
                     "(scripts/engines.sh llamacpp, a few minutes), or set "
@@ -151,6 +152,14 @@ class LlamaCppEvaluator(ServerEvaluator):
                 "top_p": float(sampling["top_p"]), "min_p": 0.0, "seed": s.seed,
                 "samplers": ["top_k", "top_p", "temperature"], "cache_prompt": False,
                 "return_tokens": True, "stream": False}
+
+    @staticmethod
+    def parse_stream(chunk: Mapping[str, Any]) -> tuple[Sequence[int], int, bool]:
+        """One server-sent event of a streamed ``/completion``: a partial result carries the
+        token it just sampled (``tokens``; the first event of a request may carry none), the
+        last one ``stop: true``, no token and the request's timings."""
+        ids = chunk.get("tokens") or []
+        return ids, len(ids), bool(chunk.get("stop"))
 
     def measurement(self, prompt: Prompt, body: Mapping[str, Any], wall_s: float, level: int,
                     batch_wall_s: float, counted: tuple | None) -> Measurement:

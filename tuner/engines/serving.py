@@ -36,12 +36,15 @@ from decoding.models import load_tokenizer
 from tuner.config.errors import ConfigError
 from tuner.config.validate import check_generation_fits
 from tuner.engines.client import send_batch
+from tuner.engines.stream import send_schedule
 from tuner.engines.server import EngineError, EngineServer
 from tuner.measure.evaluator import BaselineStore, Evaluation, MeasureSettings, Paired
 from tuner.measure.hygiene import allowed_cpus, configure_threads, sample_other_load
 from tuner.measure.lossless import Gap, ulp
 from tuner.measure.measurement import Measurement
 from tuner.measure.paired import assess, measure_pairs
+from tuner.measure.rates import measure_rates
+from tuner.measure.traffic import StreamedRequest
 
 if TYPE_CHECKING:
     from tuner.tasks.task import Prompt
@@ -75,6 +78,7 @@ class ServerEvaluator:
         self.threads = 0
         self.baseline_name = f"{self.display}'s own non-speculative output"
         self.quality_cache: dict[tuple, dict] = {}
+        self.rated: dict[str, float] = {}    # the last measure's request-rate figures
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -101,6 +105,12 @@ class ServerEvaluator:
     def measurement(self, prompt: Prompt, body: Mapping[str, Any], wall_s: float, level: int,
                     batch_wall_s: float, counted: tuple | None) -> Measurement:
         """A server's answer as a ``Measurement`` (``counted``: ``counters`` delta or None)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def parse_stream(chunk: Mapping[str, Any]) -> tuple[Sequence[int], int, bool]:
+        """One streamed event: (its token ids, how many tokens it carries, whether it is the
+        last); engines that stream (``Engine.streams``) define it."""
         raise NotImplementedError
 
     def counters(self, server: EngineServer) -> tuple | None:
@@ -210,7 +220,11 @@ class ServerEvaluator:
                 parity: int, store: BaselineStore | None = None) -> Iterator[Paired]:
         """The paired protocol with the method server of ``params`` (a server engine always
         measures its baseline beside it: ``baseline=per_trial``)."""
-        yield from measure_pairs(self, self._method_server(self.spec(params)), prompts, parity)
+        server = self._method_server(self.spec(params))
+        self.rated = {}
+        yield from measure_pairs(self, server, prompts, parity)
+        self.rated = measure_rates(self, server, [p for _, p in prompts], self.settings.traffic,
+                                   self.settings.seed, parity, self.say)
 
     def warm_up(self, method: EngineServer, baseline: bool) -> None:
         for srv, is_method in ((self.baseline, False), (method, True)):
@@ -245,6 +259,14 @@ class ServerEvaluator:
         return [self.measurement(prompt, r.body, r.wall_s, level, wall, counted)
                 for (_, prompt), r in zip(batch, replies)]
 
+    def stream(self, server: EngineServer | None, prompts: Sequence[Prompt],
+               offsets: Sequence[float], method: bool) -> list[StreamedRequest]:
+        """``prompts[i]`` streamed from ``server`` (None: the baseline) at ``offsets[i]``
+        (``tuner.measure.rates``)."""
+        target = self.baseline if server is None else server
+        payloads = [{**self.payload(p, method), "stream": True} for p in prompts]
+        return send_schedule(target.url + self.endpoint, payloads, offsets, self.parse_stream)
+
     def gap(self, prompt: Prompt, prefix: Sequence[int], chosen: int, other: int) -> Gap:
         """The two tokens' log-probabilities in the baseline's answer after prompt + prefix
         (they differ exactly by their logit gap), against ``near_tie_ulps`` units of
@@ -261,7 +283,12 @@ class ServerEvaluator:
     # -- after the timed window ------------------------------------------------------------------
 
     def assess(self, pairs: Sequence[Paired]) -> Evaluation:
-        return assess(self, pairs)
+        """The paired protocol's summary, with the request rates' figures of the same
+        ``measure`` (none where it stopped early: a pruned trial)."""
+        evaluation = assess(self, pairs)
+        evaluation.summary.update(self.rated)
+        self.rated = {}
+        return evaluation
 
     def energy(self, ms: Sequence[Measurement]) -> None:
         """Servers run on this machine's CPU here: no NVML reading (``energy_note``)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
 
 from tuner.measure.hygiene import ContentionGuard
+from tuner.measure.rates import Traffic
 
 if TYPE_CHECKING:
     import torch
@@ -84,6 +85,7 @@ class MeasureSettings(MethodView):
     scores_perplexity: bool            # perplexity is scored after the timed window
     work_dir: str                      # the study's own folder (an engine's server logs)
     head_identity: str | None = None   # method.head's recorded identity (JSON), if any
+    traffic: Traffic = Traffic()       # request rates (engine servers; tuner.measure.rates)
 
     def contention_guard(self) -> ContentionGuard:
         """The ``contention=`` policy every backend applies before each measured pair."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.measure.quality import feasible
+from tuner.measure.rates import rate_key
 from tuner.search.objectives import objective_values
 from tuner.search.space import active_params
 from tuner.study.record import FIGURES, TrialRecord
@@ -116,6 +117,10 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     confirmed = confirm(settings, evaluator, params, say)
     folder = Path(settings.studies_dir) / "best"
     deploy = evaluator.deployment(params, level_winners(settings, study, confirmed))
+    if settings.traffic.rates:
+        deploy = {**deploy, "per_rate": json.dumps({
+            rate: decision[0] for rate in rates_of(settings)
+            if (decision := rate_decision(settings, study, confirmed, rate)) is not None})}
     path = report.write_best_yaml(folder, settings, params, best, confirmed, deploy)
     record = TrialRecord.read(winner)
     summary = {**record.figures, **({} if record.feasible is None else
@@ -130,6 +135,8 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                                settings.bound.describe() if settings.bound.active or
                                not settings.lossless else None, settings.objectives[0])
     rows += level_rows(settings, study, confirmed)
+    rows += [(f"request rate {rate}/s", decision[1]) for rate in rates_of(settings)
+             if (decision := rate_decision(settings, study, confirmed, rate)) is not None]
     rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
     advice = report.recommendation(confirmed, settings.min_held_out_prompts,
                                    settings.objectives[0])
@@ -203,7 +210,7 @@ def held_out_record(settings: StudySettings, evaluation: Evaluation) -> dict[str
     quality = {k: v for k, v in s.items() if k.startswith(QUALITY_PREFIXES) or
                k in PERPLEXITY_KEYS}
     out.update(quality)
-    out.update({k: v for k, v in s.items() if "@c" in k or k == "throughput_ratio"})
+    out.update({k: v for k, v in s.items() if "@c" in k or "@r" in k or k == "throughput_ratio"})
     if settings.bound.active:
         out["feasible"] = float(feasible(settings.bound.constraints(quality, settings.lossless)))
     return {f"held_out_{k}": v for k, v in out.items()}
@@ -269,6 +276,68 @@ def level_decision(settings: StudySettings, study: optuna.Study,
     if held <= 1.0:
         return None, line + ("speculation OFF at this level (faster on the tuning prompts "
                              "only; vanilla was faster on the held-out ones)")
+    return params, line + f"speculation ON: trial #{top.number} {shown}"
+
+
+def rates_of(settings: StudySettings) -> list[str]:
+    """``budget.request_rate`` as the figures' keys name them (``4``, ``0.5``)."""
+    return [rate_key(rate).removeprefix("@r") for rate in settings.traffic.rates]
+
+
+def rate_gain(figures: Mapping[str, float], rate: str, slo: bool,
+              prefix: str = "") -> float | None:
+    """How much better than vanilla at ``rate``: with an SLO, goodput minus vanilla's
+    (requests/s that met it); without, vanilla's TPOT p50 over the method's, minus 1. None
+    where the rate was not measured."""
+    if slo:
+        got, ref = (figures.get(f"{prefix}{side}goodput@r{rate}") for side in ("", "vanilla_"))
+        return None if got is None or ref is None else got - ref
+    ratio = figures.get(f"{prefix}tpot_ratio@r{rate}")
+    return None if ratio is None else ratio - 1.0
+
+
+def rate_decision(settings: StudySettings, study: optuna.Study,
+                  confirmed: Mapping[str, float], rate: str
+                  ) -> tuple[dict[str, Any] | None, str] | None:
+    """(the parameters to run at request rate ``rate``, or None for speculation off; the
+    summary's line), or None where no trial measured it. The same rule as ``level_decision``:
+    ON needs the rate's best tuning trial to beat vanilla there *and* the held-out confirmation
+    (the overall winner) to beat vanilla there; by goodput under ``search.slo``, else by TPOT."""
+    slo = bool(settings.traffic.slo)
+    done = completed(study)
+    gains = {t.number: rate_gain(TrialRecord.read(t).figures, rate, slo) for t in done}
+    measured = [t for t in done if gains[t.number] is not None]
+    if not measured:
+        return None
+    top = max(measured, key=lambda t: gains[t.number])
+    figures = TrialRecord.read(top).figures
+    held = rate_gain(confirmed, rate, slo, "held_out_")
+    params = trial_params(settings, top)
+    shown = active_params(params, settings.space)
+
+    def pair(prefix: str, name: str, label: str, unit: str, digits: int) -> str:
+        source = confirmed if prefix else figures
+        got = source.get(f"{prefix}{name}@r{rate}")
+        ref = source.get(f"{prefix}vanilla_{name}@r{rate}")
+        return f"{label} n/a" if got is None or ref is None else \
+            f"{label} {got:.{digits}f} vs vanilla {ref:.{digits}f} {unit}"
+
+    bounds = ", ".join(f"{k} <= {v:g}" for k, v in (settings.traffic.slo or {}).items())
+    what = ("goodput", f"goodput (SLO {bounds})", "req/s", 2) if slo else \
+        ("tpot_ms_p50", "TPOT p50", "ms", 1)
+    line = (f"best tuning {pair('', *what)} (trial #{top.number}); the winner on held-out "
+            f"prompts {pair('held_out_', *what)}, "
+            f"{pair('held_out_', 'tpot_ms_p90', 'TPOT p90', 'ms', 1)}, "
+            f"{pair('held_out_', 'ttft_ms_p90', 'TTFT p90', 'ms', 0)}; ")
+    if gains[top.number] <= 0:
+        return None, line + ("speculation OFF at this rate (vanilla "
+                             f"{'met the SLO as often' if slo else 'is as fast or faster'})")
+    if held is None:
+        return params, line + (f"not confirmed (no held-out prompts at this rate): tuning "
+                               f"favours trial #{top.number} {shown}")
+    if held <= 0:
+        return None, line + ("speculation OFF at this rate (better on the tuning prompts "
+                             "only; not on the held-out ones)")
     return params, line + f"speculation ON: trial #{top.number} {shown}"
 
 

@@ -22,11 +22,12 @@ FIGURES = ("speedup", "decode_speedup", "ttft_ms", "tokens_per_s", "mean_accepte
            "contended_prompts", "other_load_max", "throughput_ratio", "engine_restart_s",
            "engine_varies")
 LEVEL = "@c"                    # <name>@c<level>: a figure at one concurrency level
+RATE = "@r"                     # <name>@r<rate>: a figure at one request rate (tuner.measure.rates)
 
 
 def kept(key: str) -> bool:
     """Whether a summary number is kept on the trial."""
-    return key in FIGURES or LEVEL in key
+    return key in FIGURES or LEVEL in key or RATE in key
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ class TrialRecord:
     @property
     def engine_varies(self) -> bool:
         return bool(self.figures.get("engine_varies"))
+
+    def at_rate(self, name: str, rate: str) -> float | None:
+        """``name`` measured at request rate ``rate`` (as in the key: ``4``, ``0.5``)."""
+        return self.figures.get(f"{name}{RATE}{rate}")
 
     def at_level(self, name: str, level: int) -> float | None:
         """``name`` measured at concurrency ``level`` (None: not measured there)."""

@@ -27,6 +27,7 @@ from tuner.measure.energy import EnergyMeter
 from tuner.measure.evaluator import MeasureSettings, MethodView
 from tuner.measure.hygiene import DEFAULT_WINDOW_S
 from tuner.measure.quality import QualityBound
+from tuner.measure.rates import Traffic
 from tuner.search.objectives import ENERGY, PERPLEXITY, better_first, directions
 from tuner.study.storage import journal_path
 from tuner.tasks.task import Prompt, Task
@@ -73,6 +74,7 @@ class StudySettings(MethodView):
     config_yaml: str                   # the resolved config (an MLflow artifact)
     min_held_out_prompts: int = 3      # fewer held-out prompts: no non-vanilla recommendation
     notices: tuple[str, ...] = ()      # lines to print before the study starts
+    traffic: Traffic = Traffic()       # budget.request_rate, requests_per_rate, search.slo
 
     # -- derived ---------------------------------------------------------------------------------
 
@@ -112,7 +114,7 @@ class StudySettings(MethodView):
             contention_window_s=self.contention_window_s,
             scores_perplexity=self.scores_perplexity,
             work_dir=str(Path(self.studies_dir) / self.name),
-            head_identity=self.fingerprint.get("method.head"))
+            head_identity=self.fingerprint.get("method.head"), traffic=self.traffic)
 
     # -- building ------------------------------------------------------------------------------
 
@@ -140,6 +142,9 @@ class StudySettings(MethodView):
         sampling = plain(cfg.sampling)
         threads = cfg.get("threads", "auto")
         concurrency = tuple(cfg.budget.concurrency)
+        budget_cfg = plain(cfg.budget)
+        traffic = Traffic(tuple(float(r) for r in budget_cfg.get("request_rate") or ()),
+                          int(budget_cfg.get("requests_per_rate", 8)), search.get("slo"))
         print_ = fingerprint(
             task=task_cfg, tuning_ids=[p.id for p in tuning],
             held_out_ids=[p.id for p in held_out], budget=budget, sampling=sampling,
@@ -147,7 +152,7 @@ class StudySettings(MethodView):
             baseline=str(cfg.baseline), warmup_prompts=int(cfg.warmup_prompts),
             near_tie_ulps=float(cfg.near_tie_ulps), device=device, threads=threads,
             concurrency=concurrency, engine=engine_object.identity(engine),
-            data_sha256=task.data_sha256)
+            data_sha256=task.data_sha256, traffic=traffic.identity())
         family = f"{cfg.study_prefix}-{short_hash(print_)}"
         tag = cfg.get("study_tag")
         name = str(cfg.study_name or (f"{family}-{tag}" if tag else family))
@@ -171,7 +176,7 @@ class StudySettings(MethodView):
             studies_dir=str(cfg.studies_dir), heartbeat=plain(cfg.get("heartbeat")) or {},
             tracking=plain(cfg.tracking), phase=str(cfg.get("phase", "all")),
             resume=str(cfg.resume), config_yaml=resolved_yaml(cfg), notices=notices,
-            min_held_out_prompts=int(cfg.get("min_held_out_prompts", 3)))
+            min_held_out_prompts=int(cfg.get("min_held_out_prompts", 3)), traffic=traffic)
 
 
 def resolve_budget(cfg: DictConfig, on_gpu: bool) -> tuple[dict[str, int], tuple[str, ...]]:
