@@ -42,7 +42,8 @@ NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 amx_faults() {   # exit 0: the CPU lists AMX but a tile load faults here
   grep -m1 '^flags' /proc/cpuinfo | grep -qw amx_tile || return 1
-  local key; key=$( { grep -m1 '^flags' /proc/cpuinfo; uname -r; } | sha256sum | cut -c1-12)
+  local key; key=$( { grep -m1 '^flags' /proc/cpuinfo; uname -r; gcc --version | head -n1; } \
+    | sha256sum | cut -c1-12)
   local note="$CACHE/amx-probe-$key"
   if [ ! -f "$note" ]; then
     local probe; probe=$(mktemp -d)
@@ -71,8 +72,9 @@ int main(void) {
 }
 C
     mkdir -p "$CACHE"
-    if gcc -O2 -fopenmp -mamx-tile "$probe/amx.c" -o "$probe/amx" 2>/dev/null \
-        && sh -c "$probe/amx" > /dev/null 2>&1; then   # sh reports the crash, to /dev/null
+    if ! gcc -O2 -fopenmp -mamx-tile "$probe/amx.c" -o "$probe/amx" 2>/dev/null; then
+      echo unknown > "$note.tmp"    # no AMX-aware compiler (or no OpenMP): no flags added
+    elif sh -c "$probe/amx" > /dev/null 2>&1; then   # sh reports the crash, to /dev/null
       echo works > "$note.tmp"
     else
       echo faults > "$note.tmp"

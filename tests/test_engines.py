@@ -34,6 +34,11 @@ LOOKUP = ["method=prompt_lookup", "~engine.methods.prompt_lookup.space",
           "engine.methods.prompt_lookup.params.size_n=2",
           "engine.methods.prompt_lookup.params.size_m=8"]
 LEVELS = ["budget.concurrency=[1,4]", "search.objectives=[throughput_ratio]"]
+# F32 weights where batches of 4 are judged token by token: with Q4_1 the speculative server's
+# batched verification sometimes picks a token whose log-probability trails the plain server's by
+# ~0.2 at concurrency 4 (a real divergence of the quantised kernels, seen on AMD EPYC and on an
+# Intel Xeon with AVX-512), beyond the near-tie rule and not what these tests are about
+F32 = ["engine.target_type=match_dtype"]
 
 pytestmark = pytest.mark.usefixtures("in_tmp")
 
@@ -73,8 +78,8 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys
     SLO: both trials complete with the server's own counts, per-level and per-rate figures; the
     summary answers per rate; the answer is a 4-slot launch line that, started as printed,
     reproduces the winner's tokens; no server or port outlives the study."""
-    result = run_study(tmp_path, *ENGINE, *LOOKUP, *LEVELS, "search=grid", "search.ranges=full",
-                       "tracking.experiment=eng", "budget.request_rate=[4]",
+    result = run_study(tmp_path, *ENGINE, *LOOKUP, *LEVELS, *F32, "search=grid",
+                       "search.ranges=full", "tracking.experiment=eng", "budget.request_rate=[4]",
                        "budget.requests_per_rate=4", "search.slo={tpot_ms:1000}")
     out = capsys.readouterr().out
     study = load_study(tmp_path)
@@ -120,7 +125,7 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys
     argv[0] = require_llama_server()
     argv[argv.index("--port") + 1] = "{port}"
     request = json.loads(best["deploy"]["request"])
-    settings, ev = evaluator(tmp_path, *LOOKUP, *LEVELS)
+    settings, ev = evaluator(tmp_path, *LOOKUP, *LEVELS, *F32)
     ev.open()
     try:
         prompt = settings.held_out[0]
@@ -241,8 +246,7 @@ def test_four_requests_in_flight_are_all_answered_per_level(tmp_path):
     from tuner.engines.client import send_batch
     from tuner.engines.server import EngineServer
     from tuner.measure.paired import batches
-    settings, ev = evaluator(tmp_path, *LOOKUP, "budget.concurrency=[1,4]",
-                             "engine.target_type=match_dtype")
+    settings, ev = evaluator(tmp_path, *LOOKUP, "budget.concurrency=[1,4]", *F32)
     ev.open()
     try:
         pairs = list(ev.measure(settings.default, list(enumerate(settings.tuning)), parity=0))
@@ -379,6 +383,14 @@ def test_ctrl_c_stops_both_servers(tmp_path):
     (["method=prompt_lookup", "search.objectives=[throughput_ratio@c8]"],
      "throughput_ratio@c8 names concurrency level 8, which budget.concurrency=[1] does not "
      "measure"),
+    (["method=prompt_lookup", "budget.request_rate=[4]", "search.slo={tpot_ms:50}",
+      "search.objectives=[goodput@r4.0]"],          # the figures say @r4: never measured
+     "search.objectives: goodput@r4.0 is spelled goodput@r4 in the trials' figures"),
+    (["method=prompt_lookup", "budget.request_rate=[4]", "search.slo={tpot_ms:50}",
+      "search.objectives=[goodput_ratio@r4]"],      # absent where vanilla met the SLO never
+     "search.objectives: goodput_ratio@r4 is not an objective"),
+    (["method=prompt_lookup", "budget.request_rate=[4]", "search.objectives=[goodput@r4]"],
+     "search.objectives: goodput@r4 needs search.slo"),
     (["method=prompt_lookup", "engine.extra_args=[-np,1]"],      # would serve levels in turn
      "engine.extra_args has '-np': the tuner sets it (slots = the largest budget.concurrency "
      "level); allowed are other llama-server flags"),

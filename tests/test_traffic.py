@@ -93,6 +93,38 @@ def test_rate_figures_compare_the_sides():
     assert "goodput@r4" not in rate_figures(4.0, method, vanilla, with_slo=False)
 
 
+def test_tokens_are_counted_by_the_servers_running_count():
+    """llama-server holds back a token that ends inside a multi-byte character and sends the
+    next event with only its own id: its running count (tokens_predicted) still says both
+    arrived. An error event inside the stream fails the request with the server's message."""
+    from tuner.engines.client import RequestFailed
+    from tuner.engines.llamacpp import LlamaCppEvaluator
+    from tuner.engines.stream import arrived
+    parse = LlamaCppEvaluator.parse_stream
+    events = [{"tokens": [5], "tokens_predicted": 1, "stop": False},
+              {"tokens": [9], "tokens_predicted": 3, "stop": False},   # a held-back token
+              {"tokens": [], "tokens_predicted": 3, "stop": True, "timings": {}}]
+    seen, counts = 0, []
+    for event in events:
+        ids, total, last = parse(event)
+        counts.append(arrived(seen, ids, total))
+        seen += counts[-1]
+    assert counts == [1, 2, 0] and last
+    assert arrived(4, [1, 2], None) == 2            # no running count: the ids it carries
+    with pytest.raises(RequestFailed, match="llama-server stopped the stream: slot busy"):
+        parse({"error": {"code": 500, "message": "slot busy", "type": "server_error"}})
+
+
+def test_a_figure_without_a_value_is_left_out_not_nan():
+    """One-token answers have no TPOT: no tpot_ratio (NaN would rank arbitrarily and read ON)."""
+    single = [StreamedRequest(i, float(i), float(i), (i + 0.1,)) for i in range(3)]
+    side = rate_summary(single, {})
+    assert math.isnan(side["tpot_ms_p50"])
+    out = rate_figures(2.0, side, side, with_slo=False)
+    assert "tpot_ratio@r2" not in out and "tpot_ms_p50@r2" not in out
+    assert out["ttft_ms_p50@r2"] == pytest.approx(100.0)
+
+
 class Recording:
     """A rate backend that records what it was asked to send and answers from a fixed law: the
     method's tokens come twice as fast as the baseline's."""
@@ -139,6 +171,9 @@ BAD = [
     (["search.objectives=[goodput@r4]"], "goodput@r4 names request rate 4, which "
                                          "budget.request_rate=[] does not measure"),
     (["search.objectives=[goodput@rfast]"], "search.objectives=['goodput@rfast'] is invalid"),
+    (["budget.request_rate=[0.01]"], "a schedule at 0.01/s lasts about 800 s per server and "
+                                     "trial: allowed are schedules up to 600 s"),
+    (["budget.request_rate=[1.0000001,1.0000002]"], "two rates share the figures' key"),
 ]
 
 

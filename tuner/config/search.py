@@ -73,6 +73,7 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
 
 def check_traffic(search: Mapping[str, Any], budget: Mapping[str, Any]) -> None:
     """``search.slo`` and rate objectives (``…@r<rate>``) against ``budget.request_rate``."""
+    from tuner.measure.rates import rate_key
     from tuner.measure.traffic import SLO_KEYS
     from tuner.search.objectives import RATE, rate_value
     rates = [float(r) for r in budget.get("request_rate") or []]
@@ -96,6 +97,14 @@ def check_traffic(search: Mapping[str, Any], budget: Mapping[str, Any]) -> None:
             raise ConfigError(f"search.objectives: {name} names request rate {rate}, which "
                               f"budget.request_rate={budget.get('request_rate')} does not "
                               "measure")
+        spelled = f"{base}{rate_key(float(rate))}"
+        if spelled != name:         # the figures' keys: 4 -> @r4, 0.5 -> @r0.5
+            raise ConfigError(f"search.objectives: {name} is spelled {spelled} in the trials' "
+                              f"figures: allowed is {spelled}")
+        if base == "goodput_ratio":
+            raise ConfigError(f"search.objectives: {name} is not an objective (it is not "
+                              "measured where none of vanilla's requests met the SLO): allowed "
+                              f"is goodput{rate_key(float(rate))}")
         if base.startswith("goodput") and slo is None:
             raise ConfigError(f"search.objectives: {name} needs search.slo (the bounds a "
                               "request must meet to count), e.g. search.slo={tpot_ms:50}")

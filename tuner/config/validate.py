@@ -146,13 +146,24 @@ def check_budget(budget: Any) -> None:
         raise ConfigError(f"budget.request_rate={rates!r} is invalid: allowed is a list of "
                           "distinct numbers of requests per second in (0, 1000], e.g. [1,4], "
                           "or [] for none")
-    from tuner.measure.traffic import MAX_REQUESTS
+    from tuner.measure.traffic import MAX_REQUESTS, MAX_SCHEDULE_S
+    from tuner.measure.rates import rate_key
+    if len({rate_key(r) for r in rates}) < len(rates):
+        raise ConfigError(f"budget.request_rate={rates!r} is invalid: two rates share the "
+                          f"figures' key ({[rate_key(r) for r in rates]}): allowed are rates "
+                          "that differ within 6 significant digits")
     count = budget.get("requests_per_rate", 8)
     integer("budget.requests_per_rate", count, 1,
             f"an integer from 1 to {MAX_REQUESTS} (requests in each rate's schedule)")
     if count > MAX_REQUESTS:
         raise ConfigError(f"budget.requests_per_rate={count!r} is invalid: allowed is an integer "
                           f"from 1 to {MAX_REQUESTS} (requests in each rate's schedule)")
+    slow = [r for r in rates if count / r > MAX_SCHEDULE_S]
+    if slow:
+        raise ConfigError(f"budget.request_rate={rates!r} with budget.requests_per_rate={count}: "
+                          f"a schedule at {slow[0]:g}/s lasts about {count / slow[0]:.0f} s per "
+                          f"server and trial: allowed are schedules up to {MAX_SCHEDULE_S} s "
+                          "(a higher rate or fewer requests)")
 
 
 def check_numbers(cfg: DictConfig) -> None:

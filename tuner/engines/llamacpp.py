@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.config.errors import ConfigError
-from tuner.engines.client import get_text, send_batch
+from tuner.engines.client import RequestFailed, get_text, send_batch
 from tuner.engines.gguf import model_files
 from tuner.engines.server import EngineServer
 from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf
@@ -154,12 +154,18 @@ class LlamaCppEvaluator(ServerEvaluator):
                 "return_tokens": True, "stream": False}
 
     @staticmethod
-    def parse_stream(chunk: Mapping[str, Any]) -> tuple[Sequence[int], int, bool]:
+    def parse_stream(chunk: Mapping[str, Any]) -> tuple[Sequence[int], int | None, bool]:
         """One server-sent event of a streamed ``/completion``: a partial result carries the
-        token it just sampled (``tokens``; the first event of a request may carry none), the
-        last one ``stop: true``, no token and the request's timings."""
-        ids = chunk.get("tokens") or []
-        return ids, len(ids), bool(chunk.get("stop"))
+        token it just sampled (``tokens``) and the count so far (``tokens_predicted``; a token
+        that ends inside a multi-byte character is held back and counted with the next), the
+        last one ``stop: true`` and the request's timings; an error arrives as ``error``."""
+        if "error" in chunk:
+            error = chunk["error"]
+            detail = error.get("message", error) if isinstance(error, Mapping) else error
+            raise RequestFailed(f"llama-server stopped the stream: {str(detail)[:300]}")
+        total = chunk.get("tokens_predicted")
+        return chunk.get("tokens") or [], None if total is None else int(total), \
+            bool(chunk.get("stop"))
 
     def measurement(self, prompt: Prompt, body: Mapping[str, Any], wall_s: float, level: int,
                     batch_wall_s: float, counted: tuple | None) -> Measurement:

@@ -108,9 +108,10 @@ class ServerEvaluator:
         raise NotImplementedError
 
     @staticmethod
-    def parse_stream(chunk: Mapping[str, Any]) -> tuple[Sequence[int], int, bool]:
-        """One streamed event: (its token ids, how many tokens it carries, whether it is the
-        last); engines that stream (``Engine.streams``) define it."""
+    def parse_stream(chunk: Mapping[str, Any]) -> tuple[Sequence[int], int | None, bool]:
+        """One streamed event: (its token ids, the tokens generated so far by the server's
+        count or None, whether it is the last; ``tuner.engines.stream.Parse``); engines that
+        stream (``Engine.streams``) define it."""
         raise NotImplementedError
 
     def counters(self, server: EngineServer) -> tuple | None:
@@ -223,8 +224,9 @@ class ServerEvaluator:
         server = self._method_server(self.spec(params))
         self.rated = {}
         yield from measure_pairs(self, server, prompts, parity)
-        self.rated = measure_rates(self, server, [p for _, p in prompts], self.settings.traffic,
-                                   self.settings.seed, parity, self.say)
+        in_order = [p for _, p in sorted(prompts, key=lambda pair: pair[0])]   # not shuffled:
+        self.rated = measure_rates(self, server, in_order, self.settings.traffic,  # every trial
+                                   self.settings.seed, parity, self.say)           # the same
 
     def warm_up(self, method: EngineServer, baseline: bool) -> None:
         for srv, is_method in ((self.baseline, False), (method, True)):

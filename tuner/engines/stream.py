@@ -22,8 +22,18 @@ from tuner.measure.traffic import MAX_REQUESTS, StreamedRequest
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
-# an answer's chunk -> (token ids it carries, how many tokens it carries, whether it is the last)
-Parse = Callable[[Mapping[str, Any]], tuple[Sequence[int], int, bool]]
+# an answer's event -> (the token ids it carries, the tokens generated so far by the server's own
+# count, or None where it gives none, whether it is the last event); raises RequestFailed for an
+# error the server sends inside the stream
+Parse = Callable[[Mapping[str, Any]], tuple[Sequence[int], "int | None", bool]]
+READ_BUFSIZE = 1 << 22          # a final event may echo a long prompt: lines up to 8 MiB
+
+
+def arrived(seen: int, ids: Sequence[int], total: int | None) -> int:
+    """Tokens that arrived with an event: by the server's running count where it gives one (an
+    event may hold back a token that ends inside a multi-byte character and the next carry only
+    its own id: the count still says two), else the ids it carries."""
+    return max(total - seen, 0) if total is not None else len(ids)
 
 
 def send_schedule(url: str, payloads: Sequence[Mapping[str, Any]], offsets: Sequence[float],
@@ -44,7 +54,8 @@ async def _schedule(url: str, payloads: Sequence[Mapping[str, Any]], offsets: Se
     import aiohttp
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                     read_bufsize=READ_BUFSIZE) as session:
         start = time.perf_counter()
         tasks = [asyncio.create_task(_one(session, url, i, payload, offset, start, parse))
                  for i, (payload, offset) in enumerate(zip(payloads, offsets))]
@@ -67,6 +78,7 @@ async def _one(session: Any, url: str, index: int, payload: Mapping[str, Any], o
     sent = time.perf_counter() - start
     times: list[float] = []
     tokens: list[int] = []
+    last = False
     try:
         async with session.post(url, json=dict(payload)) as answer:
             if answer.status != 200:
@@ -79,12 +91,16 @@ async def _one(session: Any, url: str, index: int, payload: Mapping[str, Any], o
                 data = line[5:].strip()
                 if data == b"[DONE]":
                     break
-                ids, count, last = parse(json.loads(data))
+                ids, total, last = parse(json.loads(data))
                 now = time.perf_counter() - start
-                times += [now] * count
+                times += [now] * arrived(len(times), ids, total)
                 tokens += [int(t) for t in ids]
                 if last:
                     break
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+    except (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError,
+            asyncio.TimeoutError, OSError, ValueError) as err:
         raise RequestFailed(f"POST {url}: {type(err).__name__}: {err}") from None
+    if not last:
+        raise RequestFailed(f"POST {url}: request {index} of the schedule ended before its last "
+                            f"event ({len(times)} tokens in)")
     return StreamedRequest(index, offset, sent, tuple(times), tuple(tokens))

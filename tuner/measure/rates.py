@@ -21,6 +21,7 @@ check runs at the concurrency levels.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
@@ -111,16 +112,14 @@ def rate_figures(rate: float, method: Mapping[str, float], vanilla: Mapping[str,
     key = rate_key(rate)
     out: dict[str, float] = {}
     for name in KEPT + (("goodput", "good_fraction") if with_slo else ()):
-        out[f"{name}{key}"] = method[name]
-        out[f"vanilla_{name}{key}"] = vanilla[name]
-    out[f"tpot_ratio{key}"] = vanilla["tpot_ms_p50"] / method["tpot_ms_p50"]
+        if math.isfinite(method[name]) and math.isfinite(vanilla[name]):   # NaN: not measured
+            out[f"{name}{key}"] = method[name]
+            out[f"vanilla_{name}{key}"] = vanilla[name]
+    if method["tpot_ms_p50"] > 0 and math.isfinite(vanilla["tpot_ms_p50"]):   # NaN: one token
+        out[f"tpot_ratio{key}"] = vanilla["tpot_ms_p50"] / method["tpot_ms_p50"]
     out[f"throughput_ratio{key}"] = method["output_tokens_per_s"] / vanilla["output_tokens_per_s"]
     if with_slo and vanilla["goodput"] > 0:     # none of vanilla's requests met it: no ratio
         out[f"goodput_ratio{key}"] = method["goodput"] / vanilla["goodput"]
     return out
 
 
-def any_rate(summary: Mapping[str, Any]) -> list[str]:
-    """The rates (as in their keys: ``4``, ``0.5``) a summary holds figures of."""
-    return sorted({k.rsplit("@r", 1)[1] for k in summary if k.startswith("tpot_ratio@r")},
-                  key=float)

@@ -29,6 +29,7 @@ import torch
 
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")      # per-request bounds (milliseconds)
 MAX_REQUESTS = 1000             # requests in one schedule, at most (budget.requests_per_rate)
+MAX_SCHEDULE_S = 600            # a schedule's expected length (requests / rate), at most
 PERCENTILES = (50, 90, 99)
 
 

@@ -13,6 +13,7 @@ how to resume.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -140,6 +141,7 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
     advice = report.recommendation(confirmed, settings.min_held_out_prompts,
                                    settings.objectives[0])
+    advice = rate_advice(settings, study, confirmed) or advice
     files = [("best", path)] + [("plots", plot) for plot in (
         report.plots_png(study, path.with_suffix(".history.png")),
         report.plots_html(study, path.with_suffix(".plots.html"))) if plot]
@@ -291,9 +293,11 @@ def rate_gain(figures: Mapping[str, float], rate: str, slo: bool,
     where the rate was not measured."""
     if slo:
         got, ref = (figures.get(f"{prefix}{side}goodput@r{rate}") for side in ("", "vanilla_"))
-        return None if got is None or ref is None else got - ref
-    ratio = figures.get(f"{prefix}tpot_ratio@r{rate}")
-    return None if ratio is None else ratio - 1.0
+        gain = None if got is None or ref is None else got - ref
+    else:
+        ratio = figures.get(f"{prefix}tpot_ratio@r{rate}")
+        gain = None if ratio is None else ratio - 1.0
+    return gain if gain is not None and math.isfinite(gain) else None
 
 
 def rate_decision(settings: StudySettings, study: optuna.Study,
@@ -339,6 +343,21 @@ def rate_decision(settings: StudySettings, study: optuna.Study,
         return None, line + ("speculation OFF at this rate (better on the tuning prompts "
                              "only; not on the held-out ones)")
     return params, line + f"speculation ON: trial #{top.number} {shown}"
+
+
+def rate_advice(settings: StudySettings, study: optuna.Study,
+                confirmed: Mapping[str, float]) -> str | None:
+    """The recommendation of a study chosen by a request-rate objective (``goodput@r4``): the
+    rate's own decision (``rate_decision``), so the advice and the rate's line agree; None for
+    any other objective."""
+    objective = settings.objectives[0]
+    _, rated, rate = objective.partition("@r")
+    decision = rate_decision(settings, study, confirmed, rate) if rated and confirmed else None
+    if decision is None:
+        return None
+    params, line = decision
+    verdict = "use the best parameters" if params is not None else "use vanilla decoding"
+    return f"at {rate} requests/s (the objective {objective}): {verdict}; {line}"
 
 
 def level_best(study: optuna.Study, name: str, level: int) -> optuna.trial.FrozenTrial | None:
