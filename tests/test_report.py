@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from tuner.study.finish import finish_lock
-from tuner.tracking.report import recommendation, relative
+from tuner.tracking.report import recommendation, relative, with_exceptions
 from tuner.tracking.trackers import trials_csv, trials_markdown
 
 
@@ -37,6 +37,19 @@ def test_a_loss_says_how_much_slower():
     text = recommendation(held_out(0.84, 5), min_held_out=3)
     assert "16 % slower than vanilla" in text and "use vanilla decoding" in text
     assert relative(1.0) == "as fast as vanilla"
+
+
+def test_a_vanilla_recommendation_names_the_levels_and_rates_that_say_on():
+    """The overall verdict (vanilla) and a rate's own line (ON) answer different questions: the
+    recommendation says so instead of reading as a contradiction; a win or no ON line is left
+    alone."""
+    text = with_exceptions(recommendation(held_out(0.97, 5), 3), ["4 requests/s"])
+    assert "use vanilla decoding" in text and "except where the lines above say ON " \
+        "(4 requests/s)" in text and "deploy.per_rate" in text
+    win = recommendation(held_out(1.25, 3), 3)
+    assert with_exceptions(win, ["concurrency 4"]) == win
+    assert with_exceptions(recommendation(held_out(0.9, 5), 3), []) == \
+        recommendation(held_out(0.9, 5), 3)
 
 
 def test_no_held_out_prompts_means_unconfirmed():

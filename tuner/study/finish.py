@@ -142,6 +142,12 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     advice = report.recommendation(confirmed, settings.min_held_out_prompts,
                                    settings.objectives[0])
     advice = rate_advice(settings, study, confirmed) or advice
+    on_at = [f"concurrency {level}" for level, chosen in
+             level_winners(settings, study, confirmed).items() if chosen is not None]
+    on_at += [f"{rate} requests/s" for rate in rates_of(settings)
+              if (decision := rate_decision(settings, study, confirmed, rate)) is not None
+              and decision[0] is not None]
+    advice = report.with_exceptions(advice, on_at)
     files = [("best", path)] + [("plots", plot) for plot in (
         report.plots_png(study, path.with_suffix(".history.png")),
         report.plots_html(study, path.with_suffix(".plots.html"))) if plot]

@@ -182,6 +182,15 @@ def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3,
             f"{prompts} held-out prompts, min {low:.2f}x, max {high:.2f}x{lossy}")
 
 
+def with_exceptions(advice: str, on_at: list[str]) -> str:
+    """A vanilla recommendation that names the levels / rates whose own lines say ON (their
+    settings are in the best YAML's ``deploy``), so the summary never reads as two answers."""
+    if not on_at or not advice.startswith(("nothing beat vanilla", "use vanilla")):
+        return advice
+    return (f"{advice}; except where the lines above say ON ({', '.join(on_at)}): there the "
+            "setting they name (deploy.per_rate / the per-batch-size schedule in the best YAML)")
+
+
 def print_summary(rows: list[tuple[str, str]], advice: str, say) -> None:
     say("\n" + "=" * 78)
     for key, value in rows:
