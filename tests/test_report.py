@@ -187,6 +187,44 @@ def test_a_level_is_on_only_where_the_held_out_run_was_faster(held, on):
     assert winners[4] is None
 
 
+@pytest.mark.parametrize("held,on", [((1.6, 1.2), True), ((1.2, 1.2), False), (None, None)])
+def test_a_rate_is_on_only_where_the_held_out_goodput_was_higher(held, on):
+    """By goodput under an SLO at 4 requests/s (the tuning trial: 1.5 vs vanilla 1.0 req/s): ON
+    where the held-out goodput beat vanilla's, OFF on a tie (said so), not confirmed without
+    held-out figures; a trial that did not beat vanilla at a rate is never ON there."""
+    from types import SimpleNamespace
+
+    from tuner.measure.rates import Traffic
+    from tuner.study.finish import rate_decision, rates_of
+    import optuna
+    study = levels_study((SIMPLE, {1: 1.3}))        # trial 0: no rate measured
+    for params, figures in (({"spec_type": "ngram-mod", "size_n": 3, "mod_n_match": 4},
+                             {"goodput@r4": 1.0, "vanilla_goodput@r4": 1.1,      # trial 1
+                              "goodput@r0.5": 0.4, "vanilla_goodput@r0.5": 0.5}),
+                            (SIMPLE, {"goodput@r4": 1.5, "vanilla_goodput@r4": 1.0,  # trial 2
+                                      "goodput@r0.5": 0.5, "vanilla_goodput@r0.5": 0.5})):
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=study.trials[0].distributions, value=1.0,
+            user_attrs=figures))
+    settings = SimpleNamespace(**vars(level_settings()),
+                               traffic=Traffic((0.5, 4.0), 8, {"tpot_ms": 50}))
+    assert rates_of(settings) == ["0.5", "4"]
+    confirmed = {} if held is None else {"held_out_goodput@r4": held[0],
+                                         "held_out_vanilla_goodput@r4": held[1]}
+    params, line = rate_decision(settings, study, confirmed, "4")
+    assert "goodput (SLO tpot_ms <= 50) 1.50 vs vanilla 1.00 req/s" in line
+    if on:
+        assert line.endswith("speculation ON: trial #2 {'spec_type': 'ngram-simple', "
+                             "'size_n': 3}") and params == SIMPLE
+    elif on is False:
+        assert "speculation OFF at this rate (better on the tuning prompts only" in line
+        assert params is None
+    else:
+        assert "not confirmed (no held-out prompts at this rate)" in line and params == SIMPLE
+    params, line = rate_decision(settings, study, confirmed, "0.5")      # a tie when tuning
+    assert params is None and "OFF at this rate (vanilla met the SLO as often)" in line
+
+
 def test_a_level_line_shows_only_the_parameters_that_act():
     """ngram-simple's size_n is shown, ngram-mod's mod_n_match (not acting there) is not."""
     from tuner.search.space import active_params

@@ -276,15 +276,25 @@ def level_decision(settings: StudySettings, study: optuna.Study,
     shown = active_params(params, settings.space)
     line = (f"best tuning throughput {ratio:.3f}x vanilla (trial #{top.number}); the winner on "
             f"held-out prompts {'n/a' if held is None else f'{held:.3f}x'}; ")
-    if ratio <= 1.0:
-        return None, line + "speculation OFF at this level (vanilla is faster)"
-    if held is None:
-        return params, line + (f"not confirmed (no held-out prompts at this level): tuning "
-                               f"favours trial #{top.number} {shown}")
-    if held <= 1.0:
-        return None, line + ("speculation OFF at this level (faster on the tuning prompts "
-                             "only; vanilla was faster on the held-out ones)")
-    return params, line + f"speculation ON: trial #{top.number} {shown}"
+    return on_off(line, "level", ratio > 1.0, None if held is None else held > 1.0, params,
+                  f"trial #{top.number} {shown}", "vanilla is faster",
+                  "faster on the tuning prompts only; vanilla was faster on the held-out ones")
+
+
+def on_off(line: str, where: str, tuning_better: bool, held_better: bool | None,
+           params: dict[str, Any], chosen: str, tuning_lost: str, held_lost: str
+           ) -> tuple[dict[str, Any] | None, str]:
+    """The rule every level and rate line follows: ON needs the best tuning trial there to beat
+    vanilla *and* the held-out confirmation to beat it there; "not confirmed" without held-out
+    figures; OFF says which one lost."""
+    if not tuning_better:
+        return None, line + f"speculation OFF at this {where} ({tuning_lost})"
+    if held_better is None:
+        return params, line + (f"not confirmed (no held-out prompts at this {where}): tuning "
+                               f"favours {chosen}")
+    if not held_better:
+        return None, line + f"speculation OFF at this {where} ({held_lost})"
+    return params, line + f"speculation ON: {chosen}"
 
 
 def rates_of(settings: StudySettings) -> list[str]:
@@ -339,16 +349,10 @@ def rate_decision(settings: StudySettings, study: optuna.Study,
             f"prompts {pair('held_out_', *what)}, "
             f"{pair('held_out_', 'tpot_ms_p90', 'TPOT p90', 'ms', 1)}, "
             f"{pair('held_out_', 'ttft_ms_p90', 'TTFT p90', 'ms', 0)}; ")
-    if gains[top.number] <= 0:
-        return None, line + ("speculation OFF at this rate (vanilla "
-                             f"{'met the SLO as often' if slo else 'is as fast or faster'})")
-    if held is None:
-        return params, line + (f"not confirmed (no held-out prompts at this rate): tuning "
-                               f"favours trial #{top.number} {shown}")
-    if held <= 0:
-        return None, line + ("speculation OFF at this rate (better on the tuning prompts "
-                             "only; not on the held-out ones)")
-    return params, line + f"speculation ON: trial #{top.number} {shown}"
+    return on_off(line, "rate", gains[top.number] > 0, None if held is None else held > 0,
+                  params, f"trial #{top.number} {shown}",
+                  f"vanilla {'met the SLO as often' if slo else 'is as fast or faster'}",
+                  "better on the tuning prompts only; not on the held-out ones")
 
 
 def rate_advice(settings: StudySettings, study: optuna.Study,
