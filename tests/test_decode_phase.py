@@ -64,6 +64,8 @@ def test_a_study_can_optimise_the_decode_phase(tmp_path, in_tmp, capsys):
     verdict = re.search(r"RECOMMENDATION: .*?([0-9.]+)x(?: vanilla)? in the decode phase", out)
     row = re.search(r"held-out decode-phase speedup +([0-9.]+)x", out)
     assert verdict and row and float(verdict[1]) == pytest.approx(float(row[1]), abs=0.006)
+    header = (tmp_path / "studies" / "best" / "t.yaml").read_text().splitlines()[1]
+    assert f"(held-out decode-phase speedup {row[1]}x vs vanilla)" in header
 
 
 def test_the_pruner_takes_the_decode_speedup_but_no_other_objective():

@@ -217,9 +217,12 @@ def write_best_yaml(folder: Path, settings: Any, params: Mapping[str, Any],
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{settings.name}.yaml"
     speed = confirmed.get("held_out_speedup")
+    key = verdict_key(settings.objectives[0], confirmed)      # what the verdict read
+    shown = confirmed.get(f"held_out_{key}")
+    kind = "decode-phase speedup" if key == "decode_speedup" else "speedup"
     task = settings.task.name
     header = (f"# @package _global_\n# Best configuration of study {settings.name}"
-              f"{f' (held-out speedup {speed:.3f}x vs vanilla)' if speed else ''}.\n"
+              f"{f' (held-out {kind} {shown:.3f}x vs vanilla)' if shown else ''}.\n"
               f"# Replay (a fresh paired measurement against vanilla on the study's held-out "
               f"prompts and budget):\n#   python -m tuner +task={task} "
               f"method={settings.method_choice} +best={settings.name}\n")
