@@ -386,6 +386,9 @@ def test_ctrl_c_stops_both_servers(tmp_path):
     (["method=prompt_lookup", "budget.request_rate=[4]", "search.slo={tpot_ms:50}",
       "search.objectives=[goodput@r4.0]"],          # the figures say @r4: never measured
      "search.objectives: goodput@r4.0 is spelled goodput@r4 in the trials' figures"),
+    (["method=prompt_lookup", "budget.request_rate=[0.3333333]",
+      "search.objectives=[tpot_ms_p90@r0.3333333]"],  # keys keep 6 significant digits
+     "tpot_ms_p90@r0.3333333 is spelled tpot_ms_p90@r0.333333 in the trials' figures"),
     (["method=prompt_lookup", "budget.request_rate=[4]", "search.slo={tpot_ms:50}",
       "search.objectives=[goodput_ratio@r4]"],      # absent where vanilla met the SLO never
      "search.objectives: goodput_ratio@r4 is not an objective"),

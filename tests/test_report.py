@@ -43,9 +43,12 @@ def test_a_vanilla_recommendation_names_the_levels_and_rates_that_say_on():
     """The overall verdict (vanilla) and a rate's own line (ON) answer different questions: the
     recommendation says so instead of reading as a contradiction; a win or no ON line is left
     alone."""
-    text = with_exceptions(recommendation(held_out(0.97, 5), 3), ["4 requests/s"])
-    assert "use vanilla decoding" in text and "except where the lines above say ON " \
-        "(4 requests/s)" in text and "deploy.per_rate" in text
+    text = with_exceptions(recommendation(held_out(0.97, 5), 3), ["request rate 4/s"])
+    assert "use vanilla decoding" in text and text.endswith(
+        "except where the lines above say ON (request rate 4/s): there, the setting that line "
+        "names")
+    few = recommendation(held_out(1.4, 1), 3)           # "keep vanilla decoding": too few
+    assert "except where" in with_exceptions(few, ["concurrency 4"])
     win = recommendation(held_out(1.25, 3), 3)
     assert with_exceptions(win, ["concurrency 4"]) == win
     assert with_exceptions(recommendation(held_out(0.9, 5), 3), []) == \

@@ -93,7 +93,8 @@ def check_traffic(search: Mapping[str, Any], budget: Mapping[str, Any]) -> None:
         base, rated, rate = str(name).partition(RATE)
         if not rated:
             continue
-        if rate_value(rate) not in rates:
+        if rate_value(rate) is None or \
+                rate_key(float(rate)) not in {rate_key(r) for r in rates}:
             raise ConfigError(f"search.objectives: {name} names request rate {rate}, which "
                               f"budget.request_rate={budget.get('request_rate')} does not "
                               "measure")

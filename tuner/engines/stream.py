@@ -86,10 +86,14 @@ async def _one(session: Any, url: str, index: int, payload: Mapping[str, Any], o
                 raise RequestFailed(f"POST {url}: HTTP {answer.status}: {detail}")
             async for raw in answer.content:              # one SSE line at a time
                 line = raw.strip()
+                if line.startswith(b"error:"):            # some servers' error event
+                    raise RequestFailed(f"POST {url}: the server stopped the stream: "
+                                        f"{line[6:].strip().decode(errors='replace')[:300]}")
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == b"[DONE]":
+                if data == b"[DONE]":                     # OpenAI-style end of a whole answer
+                    last = True
                     break
                 ids, total, last = parse(json.loads(data))
                 now = time.perf_counter() - start

@@ -142,11 +142,8 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     advice = report.recommendation(confirmed, settings.min_held_out_prompts,
                                    settings.objectives[0])
     advice = rate_advice(settings, study, confirmed) or advice
-    on_at = [f"concurrency {level}" for level, chosen in
-             level_winners(settings, study, confirmed).items() if chosen is not None]
-    on_at += [f"{rate} requests/s" for rate in rates_of(settings)
-              if (decision := rate_decision(settings, study, confirmed, rate)) is not None
-              and decision[0] is not None]
+    on_at = [key for key, line in rows if key.startswith(("concurrency ", "request rate "))
+             and "speculation ON" in line]
     advice = report.with_exceptions(advice, on_at)
     files = [("best", path)] + [("plots", plot) for plot in (
         report.plots_png(study, path.with_suffix(".history.png")),
@@ -357,16 +354,25 @@ def rate_decision(settings: StudySettings, study: optuna.Study,
 
 def rate_advice(settings: StudySettings, study: optuna.Study,
                 confirmed: Mapping[str, float]) -> str | None:
-    """The recommendation of a study chosen by a request-rate objective (``goodput@r4``): the
-    rate's own decision (``rate_decision``), so the advice and the rate's line agree; None for
-    any other objective."""
+    """The recommendation of a study chosen by a request-rate objective (``goodput@r4``), from
+    that rate's own line (``rate_decision``), so the two agree; None (the usual recommendation)
+    for any other objective, without held-out figures, or where the usual gates speak first (the
+    winner broke the quality bound, or too few held-out prompts)."""
     objective = settings.objectives[0]
     _, rated, rate = objective.partition("@r")
-    decision = rate_decision(settings, study, confirmed, rate) if rated and confirmed else None
+    if not rated or not confirmed or confirmed.get("held_out_feasible") == 0.0 or \
+            int(confirmed.get("held_out_prompts", 0)) < settings.min_held_out_prompts:
+        return None
+    decision = rate_decision(settings, study, confirmed, rate)
     if decision is None:
         return None
     params, line = decision
-    verdict = "use the best parameters" if params is not None else "use vanilla decoding"
+    if params is None:
+        verdict = "use vanilla decoding"
+    elif "speculation ON" in line:
+        verdict = "use the setting this line names (deploy.per_rate in the best YAML)"
+    else:
+        verdict = "keep vanilla decoding until held-out prompts confirm the setting it names"
     return f"at {rate} requests/s (the objective {objective}): {verdict}; {line}"
 
 

@@ -183,12 +183,12 @@ def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3,
 
 
 def with_exceptions(advice: str, on_at: list[str]) -> str:
-    """A vanilla recommendation that names the levels / rates whose own lines say ON (their
-    settings are in the best YAML's ``deploy``), so the summary never reads as two answers."""
-    if not on_at or not advice.startswith(("nothing beat vanilla", "use vanilla")):
+    """A recommendation to stay with vanilla that names the levels / rates whose own lines say
+    ON, so the summary never reads as two answers."""
+    if not on_at or "vanilla decoding" not in advice:
         return advice
-    return (f"{advice}; except where the lines above say ON ({', '.join(on_at)}): there the "
-            "setting they name (deploy.per_rate / the per-batch-size schedule in the best YAML)")
+    return (f"{advice}; except where the lines above say ON ({', '.join(on_at)}): there, the "
+            "setting that line names")
 
 
 def print_summary(rows: list[tuple[str, str]], advice: str, say) -> None:
