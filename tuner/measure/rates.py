@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from tuner.measure.traffic import StreamedRequest, arrival_schedule, rate_summary
+from tuner.search.objectives import RATE
 
 if TYPE_CHECKING:
     from tuner.tasks.task import Prompt
@@ -65,7 +66,7 @@ class RateBackend(Protocol):
 
 def rate_key(rate: float) -> str:
     """``@r4`` for 4 requests/s, ``@r0.5`` for 0.5."""
-    return f"@r{rate:g}"
+    return f"{RATE}{rate:g}"
 
 
 def schedule(rate: float, place: int, count: int, seed: int) -> tuple[float, ...]:

@@ -118,10 +118,10 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     confirmed = confirm(settings, evaluator, params, say)
     folder = Path(settings.studies_dir) / "best"
     deploy = evaluator.deployment(params, level_winners(settings, study, confirmed))
+    per_rate = {rate: decision for rate in rates_of(settings)       # measured rates only
+                if (decision := rate_decision(settings, study, confirmed, rate)) is not None}
     if settings.traffic.rates:
-        deploy = {**deploy, "per_rate": json.dumps({
-            rate: decision[0] for rate in rates_of(settings)
-            if (decision := rate_decision(settings, study, confirmed, rate)) is not None})}
+        deploy = {**deploy, "per_rate": json.dumps({rate: d[0] for rate, d in per_rate.items()})}
     path = report.write_best_yaml(folder, settings, params, best, confirmed, deploy)
     record = TrialRecord.read(winner)
     summary = {**record.figures, **({} if record.feasible is None else
@@ -136,12 +136,11 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                                settings.bound.describe() if settings.bound.active or
                                not settings.lossless else None, settings.objectives[0])
     rows += level_rows(settings, study, confirmed)
-    rows += [(f"request rate {rate}/s", decision[1]) for rate in rates_of(settings)
-             if (decision := rate_decision(settings, study, confirmed, rate)) is not None]
+    rows += [(f"request rate {rate}/s", line) for rate, (_, line) in per_rate.items()]
     rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
     advice = report.recommendation(confirmed, settings.min_held_out_prompts,
                                    settings.objectives[0])
-    advice = rate_advice(settings, study, confirmed) or advice
+    advice = rate_advice(settings, confirmed, per_rate) or advice
     on_at = [key for key, line in rows if key.startswith(("concurrency ", "request rate "))
              and "speculation ON" in line]
     advice = report.with_exceptions(advice, on_at)
@@ -352,10 +351,11 @@ def rate_decision(settings: StudySettings, study: optuna.Study,
                   "better on the tuning prompts only; not on the held-out ones")
 
 
-def rate_advice(settings: StudySettings, study: optuna.Study,
-                confirmed: Mapping[str, float]) -> str | None:
+def rate_advice(settings: StudySettings, confirmed: Mapping[str, float],
+                per_rate: Mapping[str, tuple[dict[str, Any] | None, str]]) -> str | None:
     """The recommendation of a study chosen by a request-rate objective (``goodput@r4``), from
-    that rate's own line (``rate_decision``), so the two agree; None (the usual recommendation)
+    that rate's own line (``per_rate``: ``rate_decision`` per measured rate), so the two agree;
+    None (the usual recommendation)
     for any other objective, without held-out figures, or where the usual gates speak first (the
     winner broke the quality bound, or too few held-out prompts)."""
     objective = settings.objectives[0]
@@ -363,10 +363,9 @@ def rate_advice(settings: StudySettings, study: optuna.Study,
     if not rated or not confirmed or confirmed.get("held_out_feasible") == 0.0 or \
             int(confirmed.get("held_out_prompts", 0)) < settings.min_held_out_prompts:
         return None
-    decision = rate_decision(settings, study, confirmed, rate)
-    if decision is None:
+    if rate not in per_rate:
         return None
-    params, line = decision
+    params, line = per_rate[rate]
     if params is None:
         verdict = "use vanilla decoding"
     elif "speculation ON" in line:

@@ -13,6 +13,8 @@ from typing import Any, Mapping
 
 from optuna.trial import FrozenTrial
 
+from tuner.search.objectives import RATE
+
 # summary numbers kept on every trial (the summary table and best_* metrics read them); per-level
 # numbers (``<name>@c<level>``, tuner.measure.levels) are kept too: the schedule reads them
 FIGURES = ("speedup", "decode_speedup", "ttft_ms", "tokens_per_s", "mean_accepted_tokens",
@@ -22,7 +24,7 @@ FIGURES = ("speedup", "decode_speedup", "ttft_ms", "tokens_per_s", "mean_accepte
            "contended_prompts", "other_load_max", "throughput_ratio", "engine_restart_s",
            "engine_varies")
 LEVEL = "@c"                    # <name>@c<level>: a figure at one concurrency level
-RATE = "@r"                     # <name>@r<rate>: a figure at one request rate (tuner.measure.rates)
+# <name>@r<rate>: a figure at one request rate (tuner.measure.rates)
 
 
 def kept(key: str) -> bool:
@@ -77,10 +79,6 @@ class TrialRecord:
     @property
     def engine_varies(self) -> bool:
         return bool(self.figures.get("engine_varies"))
-
-    def at_rate(self, name: str, rate: str) -> float | None:
-        """``name`` measured at request rate ``rate`` (as in the key: ``4``, ``0.5``)."""
-        return self.figures.get(f"{name}{RATE}{rate}")
 
     def at_level(self, name: str, level: int) -> float | None:
         """``name`` measured at concurrency ``level`` (None: not measured there)."""
