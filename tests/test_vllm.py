@@ -49,7 +49,7 @@ def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_p
     """Prompt lookup, grid over prompt_lookup_min in {1, 6} with max 5: vLLM refuses min > max,
     so that trial (the default point, trial 0) fails alone (its server exits while starting) and
     the study goes on; the other completes with the server's own acceptance counts at
-    concurrency 1 and 4, and its server, still up, measures the held-out prompts (three server
+    concurrency 1 and 4 and the streamed figures at a request rate of 2/s, and its server, still up, measures the held-out prompts (three server
     starts in all); the answer is a `vllm serve` line and a per-batch-size schedule; no server
     outlives the study."""
     result = run_study(tmp_path, *ENGINE, "method=prompt_lookup", "models=smollm2",
@@ -57,7 +57,8 @@ def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_p
                        "~engine.methods.prompt_lookup.space",
                        "+engine.methods.prompt_lookup.space={prompt_lookup_min:{type:categorical,"
                        "choices:[1,6]}}", "engine.methods.prompt_lookup.params.prompt_lookup_min=6",
-                       "tracking.experiment=vllm")
+                       "tracking.experiment=vllm", "budget.request_rate=[2]",
+                       "budget.requests_per_rate=4", "search.slo={tpot_ms:5000}")
     trials = {t.params["prompt_lookup_min"]: t for t in load_study(tmp_path).trials}
     assert {k: t.state for k, t in trials.items()} == {1: TrialState.COMPLETE,
                                                        6: TrialState.FAIL}
@@ -73,6 +74,10 @@ def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_p
     for level in (1, 4):           # decode phase: vLLM's own first-to-last-token time
         assert done[f"throughput_ratio@c{level}"] > 0 and done[f"tokens_per_s@c{level}"] > 0
         assert done[f"decode_speedup@c{level}"] > 0
+    # a 4-request Poisson schedule at 2/s streamed to both servers (trial and held-out run)
+    assert done["tpot_ratio@r2"] > 0 and done["vanilla_tpot_ms_p90@r2"] > 0
+    assert 0 < done["goodput@r2"] <= done["request_throughput@r2"]
+    assert done["late_send_ms_max@r2"] < 50
     assert not all_gone(server_groups(logs.parent))   # every process of the 3 servers
     best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
     launch = best["deploy"]["launch"]
@@ -80,6 +85,7 @@ def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_p
     config = json.loads(re.search(r"--speculative-config '(\{.*?\})'", launch).group(1))
     assert config == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
                       "prompt_lookup_max": 5} and result["params"]["prompt_lookup_min"] == 1
+    assert list(json.loads(best["deploy"]["per_rate"])) == ["2"]
     schedule = json.loads(best["deploy"]["schedule"])["num_speculative_tokens_per_batch_size"]
     assert [s[:2] for s in schedule] == [[1, 3], [4, 4]] and all(s[2] in (0, 3) for s in schedule)
     import mlflow
@@ -136,6 +142,7 @@ def test_draft_model_block_verification_and_the_shipped_eagle_head_equal_vllms_g
     try:
         prompts = list(enumerate(settings.tuning))
         token = list(ev.measure(settings.default, prompts, parity=0))
+        streamed = stream_both(ev, settings)
         ev.mapping = {**ev.mapping, "flags": {**ev.mapping["flags"],
                                               "rejection_sample_method": "block"}}
         block = list(ev.measure(settings.default, prompts, parity=1))
@@ -153,9 +160,38 @@ def test_draft_model_block_verification_and_the_shipped_eagle_head_equal_vllms_g
     finally:
         ev.close()
     lossless_with_drafts(eagle)
+    check_streams(streamed, token)
     first = sum(p.method.accepted_per_position[0] for p in eagle)
     drafted = sum(p.method.drafted_per_position[0] for p in eagle)
     assert drafted > 20 and first / drafted > 0.05
+
+
+def stream_both(ev, settings):
+    """An open-loop schedule (6 requests at 8/s, the tuning prompts cycled) streamed from the
+    baseline server and from the running method server."""
+    from tuner.measure.rates import schedule
+    prompts = [settings.tuning[i % len(settings.tuning)] for i in range(6)]
+    offsets = schedule(8.0, 0, 6, settings.seed)
+    return {side: (prompts, offsets, ev.stream(server, prompts, offsets, server is not None))
+            for side, server in (("baseline", None), ("method", ev.method_server))}
+
+
+def check_streams(streamed, pairs) -> None:
+    """Streamed requests (tuner.engines.stream, vLLM's chunks): sent on schedule (±50 ms);
+    each streams exactly the tokens of the same request unstreamed (T=0), every token timed;
+    the method's chunks carry several tokens where a verification accepted drafts (tokens
+    sharing one arrival time)."""
+    whole = {p.baseline.prompt_id: p.baseline.tokens for p in pairs}
+    bursts = {}
+    for side, (prompts, offsets, requests) in streamed.items():
+        assert [r.scheduled for r in requests] == list(offsets)
+        assert all(0 <= r.sent - r.scheduled < 0.05 for r in requests), \
+            [round(r.sent - r.scheduled, 3) for r in requests]
+        for r, prompt in zip(requests, prompts):
+            assert r.tokens == whole[prompt.id] and len(r.token_times) == len(r.tokens)
+            assert r.sent < r.token_times[0] and list(r.token_times) == sorted(r.token_times)
+        bursts[side] = sum(len(r.token_times) - len(set(r.token_times)) for r in requests)
+    assert bursts["method"] > 0, bursts     # (vLLM may merge steps a slow reader missed)
 
 
 def lossless_with_drafts(pairs) -> None:
@@ -222,8 +258,6 @@ def test_ctrl_c_while_a_server_starts_leaves_none(tmp_path):
      "engine.binary='/nonexistent/vllm' is not an executable file"),
     (["method=prompt_lookup", "+engine.methods.prompt_lookup.params.bogus=1"],
      "engine.methods.prompt_lookup.params.bogus is not a knob of engine=vllm"),
-    (["method=prompt_lookup", "budget.request_rate=[4]"],     # its streaming is not wired yet
-     "budget.request_rate=[4] is invalid for engine=vllm"),
 ])
 def test_bad_vllm_input_gets_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as caught:

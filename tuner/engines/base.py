@@ -62,7 +62,8 @@ class Engine:
         if rates and not self.streams:
             raise ConfigError(f"budget.request_rate={rates} is invalid for engine={self.name}: "
                               "traffic at a request rate is sent to an engine server that "
-                              "streams its tokens (engine=llamacpp); allowed is [] here")
+                              "streams its tokens (engine=llamacpp, engine=vllm); allowed is [] "
+                              "here")
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "

