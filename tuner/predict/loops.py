@@ -1,0 +1,106 @@
+"""Measure our own loops' cost surface (``engine=hf``): timed KV-cached forwards of the target
+(and of the draft model) at the shapes the methods use, and the loop's time per step beyond its
+forwards.
+
+Each cell of the grid is a forward of ``rows`` tokens after ``context`` cached tokens, as a
+verification step makes it (``logits_to_keep = rows``: every fed row is scored), repeated
+``repeats`` times after one warm-up, the median kept; the cache is cropped back to ``context``
+after each. Prefill cells are forwards over a whole prompt with an empty cache. The per-step
+overhead is measured by running vanilla and prompt lookup (whose steps replay exactly,
+``decoding.replay``) on a prompt and taking (wall time − the surface's forwards) / steps.
+Timing wants a quiet machine, as every measurement does.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import torch
+
+from decoding.runtime import forward_logits, new_cache
+from tuner.predict.surface import CostSurface
+
+if TYPE_CHECKING:
+    from torch import nn
+
+CONTEXTS = (16, 128, 384, 768)        # cached tokens
+TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 11, 16)   # vanilla 1, a chain γ + 1, a trie its nodes + 1
+DRAFT_ROWS = (1, 2)                   # a draft model feeds one or two tokens per forward
+PREFILL = (16, 64, 256, 512)          # prompt tokens
+
+
+def _seconds(run: Callable[[], Any], repeats: int) -> float:
+    run()                             # warm-up (allocations, kernels' first use)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_surface(model: nn.Module, *, contexts: Sequence[int] = CONTEXTS,
+                    rows: Sequence[int] = TARGET_ROWS, prefill: Sequence[int] = PREFILL,
+                    repeats: int = 5, seed: int = 0,
+                    progress: Callable[[str], None] = lambda line: None) -> CostSurface:
+    """The grid of the module docstring for ``model`` (random token ids: cost does not depend on
+    which tokens)."""
+    device = next(model.parameters()).device
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    generator = torch.Generator().manual_seed(seed)
+    longest = max(max(contexts) + max(rows), max(prefill, default=0))
+    ids = torch.randint(0, vocab, (longest,), generator=generator).to(device)     # [N]
+    seconds = []
+    for context in contexts:
+        cache = new_cache(model, context + max(rows))
+        forward_logits(model, ids[None, :context], cache, 0, 1)
+        line = []
+        for n in rows:
+            def step(n: int = n) -> None:
+                forward_logits(model, ids[None, context:context + n], cache, context, n)
+                cache.crop(-n)            # back to `context` rows (reserved_cache)
+            line.append(_seconds(step, repeats))
+        seconds.append(tuple(line))
+        progress(f"  context {context}: " + ", ".join(f"{n} rows {1e3 * s:.1f} ms"
+                                                      for n, s in zip(rows, line)))
+    prefills = []
+    for n in prefill:
+        prefills.append((n, _seconds(lambda n=n: forward_logits(
+            model, ids[None, :n], new_cache(model, n), 0, 1), max(1, repeats // 2))))
+    return CostSurface(tuple(contexts), tuple(rows), tuple(seconds), tuple(prefills))
+
+
+@torch.inference_mode()
+def step_overheads(target: nn.Module, surface: CostSurface, prompt_ids: Sequence[int],
+                   max_new_tokens: int = 48) -> dict[str, float]:
+    """The loop's own seconds per step beyond its forwards: vanilla's and the draft → verify
+    loop's (by prompt lookup, whose steps ``decoding.replay`` knows exactly); at least 0."""
+    from decoding.prompt_lookup import PromptLookup
+    from decoding.replay import prompt_lookup_steps
+    from decoding.vanilla import Vanilla
+    from tuner.predict.predict import forward_seconds, vanilla_forward_seconds
+    prompt = torch.tensor(list(prompt_ids))
+    out = {}
+    vanilla = Vanilla(target, eos_token_ids=[])
+    wall = _seconds(lambda: list(vanilla.stream(prompt, max_new_tokens)), 2)
+    out["vanilla"] = max(0.0, (wall - vanilla_forward_seconds(surface, len(prompt),
+                                                              max_new_tokens)) / max_new_tokens)
+    lookup = PromptLookup(target, eos_token_ids=[])
+    steps = []
+
+    def run() -> None:
+        steps[:] = list(lookup.stream(prompt, max_new_tokens))
+    wall = _seconds(run, 2)
+    tokens = [t for s in steps for t in s.tokens]
+    replayed = prompt_lookup_steps(list(prompt_ids), tokens, max_new_tokens, min_ngram=1,
+                                   max_ngram=3, num_draft_tokens=10)
+    out["loop"] = max(0.0, (wall - forward_seconds(replayed, surface, None)) / len(replayed))
+    return out
+
+
+def describe_models(models: Mapping[str, Any]) -> dict[str, Any]:
+    return {"target": dict(models["target"]),
+            "draft": dict(models["draft"]) if models.get("draft") else None}

@@ -1,0 +1,116 @@
+"""Predicted speed = acceptance × cost: a replayed (or observed) sequence of verification steps
+priced by a cost surface, against vanilla on the same surface.
+
+A generation's predicted seconds are the sum over its steps of
+  * the target forward: the prompt's prefill (plus the first draft) on the first step, else
+    ``rows`` = uncached committed tokens + draft after ``context − 1`` cached tokens;
+  * the draft model's forwards (methods with one): its prefill on the first step, then one
+    forward per drafted token;
+  * the loop's own time per step (``HardwareProfile.step_overhead_s``).
+Vanilla's are its prefill plus one 1-row forward per further token (with vanilla's overhead). The
+predicted paired speedup of a prompt is vanilla's seconds over the method's for the same tokens;
+a trial's is the geometric mean over its prompts, as the measured ``speedup`` is
+(``tuner.measure.measurement.summarize``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from decoding.replay import ReplayedStep
+    from tuner.predict.surface import CostSurface, HardwareProfile
+
+
+def forward_seconds(steps: Sequence[ReplayedStep], target: CostSurface,
+                    draft: CostSurface | None, overhead_s: float = 0.0) -> float:
+    """Predicted seconds of a method's generation (see the module docstring)."""
+    total = 0.0
+    for i, step in enumerate(steps):
+        if i == 0:
+            total += target.prefill_s(step.fed)
+        else:
+            total += target.step_s(step.context - 1, step.fed)
+        if draft is not None and step.draft_forwards:
+            later = step.draft_forwards - (1 if i == 0 else 0)
+            if i == 0:
+                total += draft.prefill_s(step.context)
+            total += later * draft.step_s(step.context, 1)
+        total += overhead_s
+    return total
+
+
+def vanilla_forward_seconds(target: CostSurface, prompt_len: int, new_tokens: int,
+                            overhead_s: float = 0.0) -> float:
+    """Predicted seconds of vanilla's ``new_tokens`` after a prompt of ``prompt_len``."""
+    total = target.prefill_s(prompt_len) + overhead_s
+    for i in range(1, new_tokens):
+        total += target.step_s(prompt_len + i - 1, 1) + overhead_s
+    return total
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A trial's predicted figures and where their acceptance came from."""
+
+    speedup: float                       # geometric mean over prompts
+    mean_accepted_tokens: float          # 1 + accepted / steps, over all prompts
+    source: str                          # "replay" (vanilla trajectory + drafter), "observed"
+    per_prompt: tuple[float, ...] = ()   # [prompts] predicted paired speedups
+
+
+def predict(generations: Sequence[tuple[int, Sequence[ReplayedStep]]], profile: HardwareProfile,
+            source: str, uses_draft: bool) -> Prediction:
+    """``generations``: (prompt length, steps) per prompt."""
+    overhead = profile.step_overhead_s
+    ratios, accepted, steps = [], 0, 0
+    for prompt_len, replayed in generations:
+        new_tokens = sum(s.committed for s in replayed)
+        method_s = forward_seconds(replayed, profile.target,
+                                   profile.draft if uses_draft else None,
+                                   overhead.get("loop", 0.0))
+        vanilla_s = vanilla_forward_seconds(profile.target, prompt_len, new_tokens,
+                                            overhead.get("vanilla", 0.0))
+        ratios.append(vanilla_s / method_s)
+        accepted += sum(s.accepted for s in replayed)
+        steps += len(replayed)
+    speedup = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    return Prediction(speedup, 1.0 + accepted / steps if steps else 0.0, source, tuple(ratios))
+
+
+def calibration(pairs: Sequence[tuple[float, float]], names: Sequence[str] | None = None,
+                tolerance: float = 0.15) -> dict[str, object]:
+    """Predicted vs measured: median |predicted / measured − 1|, Spearman's ρ (None with fewer
+    than 3 points or no spread), and the names of the points off by more than ``tolerance``."""
+    errors = [abs(p / m - 1.0) for p, m in pairs]
+    out: dict[str, object] = {"points": len(pairs),
+                              "median_abs_error": statistics.median(errors) if errors else None,
+                              "spearman": spearman([p for p, _ in pairs], [m for _, m in pairs])}
+    if names is not None:
+        out["off"] = [n for n, e in zip(names, errors) if e > tolerance]
+    return out
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (scipy; average ranks for ties); None with fewer than 3
+    points or no spread."""
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    from scipy.stats import spearmanr
+    return float(spearmanr(xs, ys).statistic)
+
+
+def summary_line(calib: Mapping[str, object]) -> str:
+    """E.g. 'prediction vs measurement over 12 trials: median error 6.1 %, Spearman 0.83'."""
+    err, rho = calib.get("median_abs_error"), calib.get("spearman")
+    text = (f"prediction vs measurement over {calib['points']} trials: median error "
+            f"{100 * err:.1f} %" if err is not None else "no prediction to compare")
+    if rho is not None:
+        text += f", Spearman {rho:.2f}"
+    off = calib.get("off") or []
+    if off:
+        text += f"; off by > 15 %: {', '.join(map(str, off))}"
+    return text
