@@ -163,6 +163,9 @@ class DecodingMethod:
     """
 
     name = "base"
+    # at T = 0 its per-step acceptance is replayed exactly from one vanilla generation
+    # (``decoding.replay.drafter_steps``: its drafter reads only the committed prefix)
+    replayable: ClassVar[bool] = False
     # the loop drives the target through ``decoding.target_cache.TargetCache`` (so it can run on
     # a ``decoding.compiled.CompiledTarget``); lookahead keeps its own cache arithmetic
     supports_compiled: ClassVar[bool] = False

@@ -95,6 +95,7 @@ class PromptLookup(DraftVerifyLoop):
     """
 
     name = "prompt_lookup"
+    replayable = True
 
     def __init__(self, target: nn.Module, *, max_ngram: int = 3, min_ngram: int = 1,
                  num_draft_tokens: int = 10, num_matches: int = 1, temperature: float = 0.0,

@@ -89,6 +89,7 @@ class SpeculativeDecoding(DraftVerifyLoop):
     """
 
     name = "speculative"
+    replayable = True
     verify_rule: VerifyRule = staticmethod(token_verify)
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, num_draft_tokens: int = 4,

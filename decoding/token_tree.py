@@ -266,6 +266,7 @@ class TreeDecoding(DraftVerifyLoop):
     """
 
     name = "tree"
+    replayable = True
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, shape: Shape = "dynamic",
                  siblings: str = "topk", width: int = 4, depth: int = 4,

@@ -5,13 +5,19 @@ other models, another engine, another version and a corrupt file with one line e
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from decoding.replay import ReplayedStep
 from tuner.config.errors import ConfigError
-from tuner.predict.predict import (calibration, forward_seconds, predict, spearman,
-                                   vanilla_forward_seconds)
+from tuner.predict.predict import (
+    calibration,
+    forward_seconds,
+    predict,
+    spearman,
+    vanilla_forward_seconds,
+)
 from tuner.predict.surface import CostSurface, HardwareProfile, load_profile
 
 # target: 10 ms per forward of 1 row, 14 ms of 5 rows at context 0; +50 % at context 100
@@ -114,7 +120,8 @@ def test_the_profile_command_measures_a_surface_and_refuses_bad_input(tmp_path, 
     loaded = load_profile(out, models=cli.preset_models("tiny"), engine="hf")
     assert loaded.target.contexts == (8, 64) and loaded.target.rows == (1, 3)
     assert loaded.draft is not None and loaded.draft.rows == (1, 2)
-    assert set(loaded.step_overhead_s) == {"vanilla", "loop"} and loaded.threads >= 1
+    assert set(loaded.step_overhead_s) == {"vanilla", "loop", "draft_loop"}
+    assert loaded.threads >= 1
     assert loaded.build["torch"]
     for argv, line in ((["--models", "nope"], "--models='nope' is unknown"),
                        (["--rows", "4", "2"], "--rows=[4, 2] is invalid"),
@@ -124,3 +131,142 @@ def test_the_profile_command_measures_a_surface_and_refuses_bad_input(tmp_path, 
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert line in err and err.count("\n") == 1, err
+
+
+# -- in a study: search.profile ------------------------------------------------------------------
+
+# on top of tests/conftest.py's FAST study (speculative, tiny models, 2 tuning prompts)
+STUDY = ["task.n_held_out=1", "task.max_new_tokens=24", "search=grid", "search.ranges=full",
+         "tracking=none"]
+
+
+@pytest.fixture
+def tiny_profile(tmp_path):
+    from tuner import profile as cli
+    path = tmp_path / "tiny.json"
+    assert cli.main(["--models", "tiny", "--repeats", "1", "--contexts", "8", "128",
+                     "--rows", "1", "4", "8", "--out", str(path)]) == 0
+    return path
+
+
+def test_a_study_records_a_prediction_beside_every_measurement(tmp_path, monkeypatch, capsys,
+                                                               tiny_profile):
+    """search.profile: every completed trial of a γ grid records its predicted speedup and the
+    replayed mean accepted tokens, which equal the measured ones (the replay is exact); the
+    summary shows the calibration; the study's name does not change with the profile."""
+    from tests.conftest import compose_cfg, load_study, run_study
+    from tuner.study.settings import StudySettings
+    monkeypatch.chdir(tmp_path)
+    grid = ["method=speculative", "method.space.num_draft_tokens.high=3",
+            "method.params.num_draft_tokens=2"]
+    run_study(tmp_path, *STUDY, *grid, f"search.profile={tiny_profile}")
+    out = capsys.readouterr().out
+    trials = load_study(tmp_path).get_trials()
+    assert len(trials) == 3
+    for t in trials:
+        figures = t.user_attrs
+        assert figures["predicted_speedup"] > 0 and figures["predicted_by_replay"] == 1.0
+        assert figures["predicted_mean_accepted_tokens"] == \
+            pytest.approx(figures["mean_accepted_tokens"])
+    assert "prediction (search.profile)" in out and "prediction vs measurement over 3 " \
+        "trials: median error" in out and "Spearman" in out
+    names = {StudySettings.from_config(compose_cfg(tmp_path, *STUDY, *grid, *extra)).name
+             for extra in ([], [f"search.profile={tiny_profile}"])}
+    assert len(names) == 1
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["method=prompt_lookup", "engine=llamacpp"],
+     "search.profile='{p}' is invalid for engine=llamacpp: predictions from a hardware profile"),
+    (["method=speculative", "sampling.temperature=0.7"],
+     "search.profile='{p}' needs sampling.temperature=0"),
+    (["method=speculative", "models=smollm2"],
+     "search.profile='{p}' was made for models.target="),
+])
+def test_a_profile_that_cannot_serve_the_study_is_refused_with_one_line(
+        tmp_path, monkeypatch, tiny_profile, overrides, message):
+    from tests.conftest import compose_cfg
+    from tuner.study.settings import StudySettings
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=message.format(p=tiny_profile).replace(
+            "(", r"\(").replace(".", r"\.")) as err:
+        StudySettings.from_config(compose_cfg(tmp_path, *STUDY, *overrides,
+                                              f"search.profile={tiny_profile}"))
+    assert "\n" not in str(err.value)
+
+
+# -- search=predict ----------------------------------------------------------------------------
+
+
+def test_the_predict_plan_measures_the_default_the_best_predicted_and_a_spread():
+    from tuner.search.plans import PredictPlan, point_key
+    space = {"num_draft_tokens": {"type": "int", "low": 1, "high": 8}}
+    plan = PredictPlan(space, {"num_draft_tokens": 4}, "full", None, top=2, spread=2)
+    assert plan.size() == 5 and [p["num_draft_tokens"] for p in plan.points][0] == 4
+    with pytest.raises(RuntimeError, match="after they are ranked"):
+        plan.next_point({})
+    predicted = {1: 1.0, 2: 1.3, 3: 1.2, 4: 0.9, 5: 1.25, 6: 0.8, 7: 0.7, 8: 0.6}
+    chosen = plan.rank([predicted[p["num_draft_tokens"]] for p in plan.points])
+    got = [(p["num_draft_tokens"], stage) for p, stage in chosen]
+    # the rest by prediction: 3, 1, 6, 7, 8 (indices 0-4) -> at its thirds: indices 1, 3 -> 1, 7
+    assert got == [(4, "default"), (2, "top"), (5, "top"), (1, "spread"), (7, "spread")]
+    results = {point_key({"num_draft_tokens": 4}): 1.0}
+    assert plan.next_point(results, {point_key({"num_draft_tokens": 2})}) == \
+        ({"num_draft_tokens": 5}, "top")
+    done = {point_key(p): 1.0 for p, _ in chosen}
+    assert plan.next_point(done) is None
+
+
+def test_search_predict_measures_fewer_points_than_the_grid(tmp_path, monkeypatch, capsys,
+                                                           tiny_profile):
+    """γ 1–6 on the tiny pair: 6 points ranked by prediction, 4 measured (the default, the top
+    two, one spread point), each with its prediction beside its measurement."""
+    from tests.conftest import load_study, run_study
+    monkeypatch.chdir(tmp_path)
+    run_study(tmp_path, *STUDY, "search=predict", "method.space.num_draft_tokens.high=6",
+              "search.top=2", "search.spread=1", f"search.profile={tiny_profile}")
+    out = capsys.readouterr().out
+    trials = load_study(tmp_path).get_trials()
+    assert len(trials) == 4 < 6
+    assert sorted(t.user_attrs["stage"] for t in trials) == ["default", "spread", "top", "top"]
+    assert all(t.user_attrs["predicted_speedup"] > 0 for t in trials)
+    ranked = re.search(r"search=predict: predicting 6 points .*\npredicted in [0-9.]+ s; "
+                       r"measuring (.*)", out)
+    assert ranked, out[-2000:]
+    top = [t for t in trials if t.user_attrs["stage"] == "top"]
+    spread = next(t for t in trials if t.user_attrs["stage"] == "spread")
+    assert min(t.user_attrs["predicted_speedup"] for t in top) >= \
+        spread.user_attrs["predicted_speedup"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["search=predict"], "search.profile=None is invalid for search=predict"),
+    (["search=predict", "search.profile=x.json", "search.top=0"], "search.top=0 is invalid"),
+    (["method=ouroboros", "search.profile={p}"],
+     "search.profile='{p}' is invalid for method=ouroboros: its acceptance is not replayed"),
+])
+def test_search_predict_bad_input_gets_one_line(tmp_path, monkeypatch, tiny_profile, overrides,
+                                                message):
+    from tests.conftest import compose_cfg
+    from tuner.study.settings import StudySettings
+    monkeypatch.chdir(tmp_path)
+    overrides = [o.format(p=tiny_profile) for o in overrides]
+    with pytest.raises(ConfigError) as err:
+        StudySettings.from_config(compose_cfg(tmp_path, *STUDY, *overrides))
+    assert message.format(p=tiny_profile) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_replayable_methods_say_so_and_their_drafters_replay(tiny_pairs):
+    """The config check's class flag (decoding.base.DecodingMethod.replayable) agrees with what
+    the replay accepts (decoding.replay.replayable) for every method with a drafter."""
+    from decoding import build_method
+    from decoding.api import discover_methods
+    from decoding.replay import replayable
+    for name, cls in discover_methods().items():
+        try:
+            method = build_method(name, tiny_pairs["related"])
+        except (TypeError, ValueError):
+            continue
+        drafter = getattr(method, "drafter", None)
+        assert cls.replayable == (drafter is not None and replayable(drafter) and
+                                  name not in ("specinfer", "mjsd")), name

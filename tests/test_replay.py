@@ -9,8 +9,14 @@ import pytest
 import torch
 
 from decoding import build_method
-from decoding.replay import (chain_steps, draft_agreement, drafter_steps, prompt_lookup_steps,
-                             replayable, trajectory)
+from decoding.replay import (
+    chain_steps,
+    draft_agreement,
+    drafter_steps,
+    prompt_lookup_steps,
+    replayable,
+    trajectory,
+)
 
 PROMPTS = [[5, 9, 17, 5, 9, 23, 41, 5, 9], list(range(3, 40, 3)) + [3, 6, 9]]
 MAX_NEW = 40

@@ -483,7 +483,9 @@ def test_a_bad_optuna_sampler_or_pruner_is_refused(overrides, fragment):
 
 def test_every_shipped_search_config_instantiates():
     for name in sorted(p.stem for p in (ROOT / "conf" / "search").glob("*.yaml")):
-        if name != "pareto_energy":          # needs GPU energy readings: refused elsewhere
+        # pareto_energy needs GPU energy readings (refused elsewhere); predict needs a hardware
+        # profile (tests/test_prediction.py runs it with one)
+        if name not in ("pareto_energy", "predict"):
             accepted(f"search={name}")
 
 

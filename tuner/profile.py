@@ -69,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     vanilla = profile.target.step_s(profile.target.contexts[0], 1)
     print(f"wrote {out}: {profile.describe()}; target forward {1e3 * vanilla:.1f} ms for one "
           f"token, {profile.target.step_s(profile.target.contexts[0], 5) / vanilla:.2f}x that "
-          f"for 5 tokens; loop overhead per step {1e3 * profile.step_overhead_s['loop']:.2f} ms")
+          f"for 5 tokens; the loop's own time per step: " + ", ".join(
+              f"{key} {1e3 * value:.2f} ms" for key, value in profile.step_overhead_s.items()))
     return 0
 
 
@@ -82,7 +83,7 @@ def make_profile(models: dict, args: argparse.Namespace):
 
     from decoding.hardware import hardware
     from decoding.models import load_pair
-    from tuner.engines import DEFAULT     # our own loops (engine=hf)
+    from tuner.engines import DEFAULT  # our own loops (engine=hf)
     from tuner.measure.hygiene import configure_threads
     from tuner.predict import loops
     from tuner.predict.surface import HardwareProfile
@@ -99,7 +100,7 @@ def make_profile(models: dict, args: argparse.Namespace):
         draft = loops.measure_surface(pair.draft, rows=loops.DRAFT_ROWS, repeats=args.repeats,
                                       progress=print, **grid)
     prompt = list(range(100, 164)) + list(range(100, 132))   # repeats: prompt lookup drafts
-    overheads = loops.step_overheads(pair.target, target, prompt)
+    overheads = loops.step_overheads(pair.target, target, prompt, pair.draft, draft)
     import transformers
     return HardwareProfile(
         kind="measured", machine=hardware(torch.device("cpu")), engine=DEFAULT,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import signal
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import optuna
 from hydra.utils import instantiate
@@ -31,6 +31,7 @@ from tuner.study.finish import confirm, held_out_record, measure
 from tuner.study.finish import finish as finish_study
 from tuner.study.objective import Objective
 from tuner.study.optimize import optimize
+from tuner.search.plans import point_key
 from tuner.study.points import Points, make_plan
 from tuner.study.settings import StudySettings
 from tuner.study.storage import make_storage, open_study
@@ -76,6 +77,8 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
                 say(f"prepared study {settings.name}: {len(study.trials)} trial(s) recorded")
                 return {"study_name": settings.name, "created": created}
             evaluator.open()
+            if phase in ("all", "work") and getattr(points.plan, "needs_ranking", False):
+                rank_points(points.plan, evaluator, say)
             if phase in ("all", "work"):
                 objective = Objective(settings, evaluator, study, callbacks.prompt_measured)
                 optimize(settings, study, points, objective, callbacks, say,
@@ -93,6 +96,19 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
             raise
         finally:
             evaluator.close()
+
+
+def rank_points(plan: Any, evaluator: Any, say: Callable[[str], None]) -> None:
+    """``search=predict``: every grid point's predicted speedup (``evaluator.predict_points``),
+    then the points the plan will measure."""
+    import time
+    say(f"search=predict: predicting {len(plan.points)} points from replayed acceptance ...")
+    start = time.perf_counter()
+    predicted = evaluator.predict_points(plan.points)
+    chosen = plan.rank(predicted)
+    say(f"predicted in {time.perf_counter() - start:.1f} s; measuring " + ", ".join(
+        f"{dict(point)} ({stage}, predicted {plan.predicted[point_key(point)]:.3f}x)"
+        for point, stage in chosen))
 
 
 def quiet_third_parties() -> None:

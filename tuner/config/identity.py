@@ -38,9 +38,14 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
     fingerprint (the count is recorded on every trial either way). ``data_sha256``: the content of
     a user's prompt file (a key only for such tasks). ``traffic``: request rates, their size and
     the SLO (a key only where rates are measured; ``search.slo`` is read only there, so it is
-    kept out of the ``search`` key and every older study keeps its name).
+    kept out of the ``search`` key and every older study keeps its name). ``search.profile`` only
+    adds predictions beside the measurements: not a key either, except under ``search=predict``,
+    where it chooses which points are measured.
     """
-    search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout", "slo")}
+    search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout", "slo",
+                                                                   "profile")}
+    if search.get("kind") == "predict":      # there the profile chooses the measured points
+        search_keys["profile"] = search.get("profile")
     digest = hashlib.sha256(_canonical([tuning_ids, held_out_ids]).encode()).hexdigest()[:16]
     raw = {
         "task.name": task["name"], "task.template": task.get("template"),

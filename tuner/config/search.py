@@ -14,7 +14,7 @@ from tuner.config.errors import ConfigError
 from tuner.config.values import get_class, integer
 from tuner.search.space import distributions, grid_names, heuristic_values
 
-SEARCH_KINDS = ("heuristic", "grid", "sampler")
+SEARCH_KINDS = ("heuristic", "grid", "predict", "sampler")
 OPTUNA_KINDS = {"sampler": ("optuna.samplers", "BaseSampler"),
                 "pruner": ("optuna.pruners", "BasePruner")}
 
@@ -54,14 +54,23 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                                   or not math.isfinite(value) or value < low):
             raise ConfigError(f"search.{name}={value!r} is invalid: allowed is a number "
                               f"{allowed}, or null")
-    if kind == "grid":
+    if kind == "predict":
+        if not search.get("profile"):
+            raise ConfigError("search.profile=None is invalid for search=predict: it ranks the "
+                              "grid by predicted speedup, so allowed is a hardware profile JSON "
+                              "(python -m tuner.profile --models <models> --out <file>)")
+        integer("search.top", search.get("top"), 1, "an integer >= 1 (the best-predicted points "
+                "measured)")
+        integer("search.spread", search.get("spread"), 0, "an integer >= 0 (points spread over "
+                "the rest of the ranking, measured to calibrate)")
+    if kind in ("grid", "predict"):
         ranges = search.get("ranges", "heuristic")
         allowed = grid_names(space)
         if ranges not in allowed:
             raise ConfigError(f"search.ranges={ranges!r} is invalid for this method: allowed are "
                               f"{allowed}")
-    if kind == "heuristic" or (kind == "grid" and search.get("ranges", "heuristic") ==
-                               "heuristic"):
+    if kind == "heuristic" or (kind in ("grid", "predict") and
+                               search.get("ranges", "heuristic") == "heuristic"):
         for name, dist in distributions(space).items():
             try:
                 heuristic_values(name, space[name], dist, task_class)

@@ -48,6 +48,9 @@ class Engine:
     # what search.objectives' ``auto`` stands for (tuner.search.objectives.resolve)
     default_objective: ClassVar[str] = "speedup"
     streams: ClassVar[bool] = False     # serves budget.request_rate (streamed, timed per token)
+    # records predictions from a hardware profile (search.profile; tuner.predict) beside its
+    # measurements: acceptance replayed in our own loops, priced by the profile's cost surface
+    predicts: ClassVar[bool] = False
 
     # -- config ------------------------------------------------------------------------------
 
@@ -64,6 +67,24 @@ class Engine:
                               "traffic at a request rate is sent to an engine server that "
                               "streams its tokens (engine=llamacpp, engine=vllm); allowed is [] "
                               "here")
+        profile = plain(cfg.search).get("profile")
+        if profile and not self.predicts:
+            raise ConfigError(f"search.profile={profile!r} is invalid for engine={self.name}: "
+                              "predictions from a hardware profile are made in our own loops "
+                              "(engine=hf) so far; allowed is null here")
+        if profile:
+            from tuner.config.values import get_class
+            target = str(plain(cfg.method).get("_target_", ""))
+            if not getattr(get_class(target), "replayable", False):
+                raise ConfigError(f"search.profile={profile!r} is invalid for method={choice}: "
+                                  "its acceptance is not replayed from a vanilla generation (its "
+                                  "drafts read the target's states or outputs); allowed are "
+                                  "methods speculative, block, tree, prompt_lookup, or null")
+        if profile and float(plain(cfg.sampling).get("temperature", 0)) != 0:
+            raise ConfigError(f"search.profile={profile!r} needs sampling.temperature=0 (the "
+                              "acceptance replay it prices is exact at T=0 only); allowed is "
+                              "null at sampling.temperature="
+                              f"{plain(cfg.sampling).get('temperature')}")
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "

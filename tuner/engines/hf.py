@@ -29,6 +29,7 @@ class HFEngine(Engine):
     max_concurrency = 1
     compiles = True
     counters = ("drafted", "accepted", "accepted per position", "draft and verify time")
+    predicts = True
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} needs an engine server: "

@@ -12,6 +12,7 @@ the machine stayed busy is flagged ``contended``. Quality (task metric, perplexi
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -56,6 +57,8 @@ class HFEvaluator:
         self._log_probs: dict[tuple, float] = {}       # (prompt id, tokens) -> mean log p
         self.quality_cache: dict[tuple, dict] = {}     # vanilla's outputs repeat (fixed seed)
         self.baseline_name = "vanilla"
+        self.trajectories: dict[str, list[int]] = {}   # search.profile: vanilla's, per prompt
+        self.predicting: tuple[Any, list[Prompt]] | None = None   # the last measure's
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -134,6 +137,7 @@ class HFEvaluator:
         ``params``; ``store``: the study's vanilla (``baseline=per_study``)."""
         method = self.build(self.settings.method, params)
         stored, fresh = (None, True) if store is None else self._stored_baseline(store)
+        self.predicting = (method, [p for _, p in prompts])
         yield from measure_pairs(self, method, prompts, parity, stored, fresh)
 
     # -- the backend (tuner.measure.paired.Backend) ------------------------------------------------
@@ -156,7 +160,55 @@ class HFEvaluator:
                          other, self.settings.near_tie_ulps)
 
     def extra_summary(self) -> dict[str, float]:
-        return {}
+        """``search.profile``: the predicted speedup of the evaluation just measured (after its
+        timed window; ``predict``)."""
+        if self.settings.profile is None or self.predicting is None:
+            return {}
+        method, prompts = self.predicting
+        self.predicting = None
+        start = time.perf_counter()
+        got = self.predict(method, prompts)
+        if got is None:
+            return {}
+        return {"predicted_speedup": got.speedup,
+                "predicted_mean_accepted_tokens": got.mean_accepted_tokens,
+                "predicted_by_replay": 1.0, "prediction_s": time.perf_counter() - start}
+
+    def predict(self, method: Any, prompts: Sequence[Prompt]) -> Any:
+        """The predicted speedup of ``method`` on ``prompts`` (``tuner.predict.Prediction``):
+        its acceptance replayed on vanilla's trajectories (``decoding.replay.drafter_steps``,
+        each trajectory computed once per study, untimed), priced by ``search.profile``; None
+        for a method whose acceptance does not replay."""
+        from decoding.replay import drafter_steps, replayable, trajectory
+        from tuner.predict.predict import predict
+        drafter = getattr(method, "drafter", None)
+        if not self.settings.lossless or drafter is None or not replayable(drafter):
+            return None
+        budget = self.settings.budget["max_new_tokens"]
+        generations = []
+        for prompt in prompts:
+            ids = torch.as_tensor(self.ids[prompt.id])
+            if prompt.id not in self.trajectories:
+                self.trajectories[prompt.id] = trajectory(self.pair.target, ids, budget)
+            generations.append((len(ids), drafter_steps(drafter, ids, self.trajectories[
+                prompt.id], budget, tuple(method.eos_ids))))
+        drafter.reset()
+        return predict(generations, self.settings.profile, "replay",
+                       uses_draft=bool(self.settings.method["needs_draft"]))
+
+    def predict_points(self, points: Sequence[Mapping[str, Any]]) -> list[float]:
+        """``search=predict``: every point's predicted speedup on the tuning prompts (a point
+        the method refuses: -inf, never measured first)."""
+        out = []
+        for point in points:
+            try:
+                method = self.build(self.settings.method, {**self.settings.default, **point})
+            except ParametersRefused:
+                out.append(float("-inf"))
+                continue
+            got = self.predict(method, list(self.settings.tuning))
+            out.append(float("-inf") if got is None else got.speedup)
+        return out
 
     def _measure(self, method: Any, prompt: Prompt) -> Measurement:
         s = self.settings

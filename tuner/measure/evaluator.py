@@ -86,6 +86,7 @@ class MeasureSettings(MethodView):
     work_dir: str                      # the study's own folder (an engine's server logs)
     head_identity: str | None = None   # method.head's recorded identity (JSON), if any
     traffic: Traffic = Traffic()       # request rates (engine servers; tuner.measure.rates)
+    profile: Any = None                # search.profile, loaded (tuner.predict.surface), or None
 
     def contention_guard(self) -> ContentionGuard:
         """The ``contention=`` policy every backend applies before each measured pair."""

@@ -6,8 +6,9 @@ Each cell of the grid is a forward of ``rows`` tokens after ``context`` cached t
 verification step makes it (``logits_to_keep = rows``: every fed row is scored), repeated
 ``repeats`` times after one warm-up, the median kept; the cache is cropped back to ``context``
 after each. Prefill cells are forwards over a whole prompt with an empty cache. The per-step
-overhead is measured by running vanilla and prompt lookup (whose steps replay exactly,
-``decoding.replay``) on a prompt and taking (wall time − the surface's forwards) / steps.
+overhead is measured by running vanilla, prompt lookup and (with a draft model) speculative
+decoding on a prompt, whose steps replay exactly (``decoding.replay``), and taking (wall time −
+the surface's forwards) / steps.
 Timing wants a quiet machine, as every measurement does.
 """
 
@@ -25,10 +26,12 @@ from tuner.predict.surface import CostSurface
 if TYPE_CHECKING:
     from torch import nn
 
-CONTEXTS = (16, 128, 384, 768)        # cached tokens
+# cached tokens: chat prompts (GSM8K ~100-200 tokens) to summaries (CNN/DM ~400-1,900): a
+# prediction beyond the grid extends its last segment, so the grid should cover the task
+CONTEXTS = (16, 128, 384, 768, 1536)
 TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 11, 16)   # vanilla 1, a chain γ + 1, a trie its nodes + 1
 DRAFT_ROWS = (1, 2)                   # a draft model feeds one or two tokens per forward
-PREFILL = (16, 64, 256, 512)          # prompt tokens
+PREFILL = (16, 64, 256, 512, 1024, 2048)      # prompt tokens
 
 
 def _seconds(run: Callable[[], Any], repeats: int) -> float:
@@ -75,29 +78,38 @@ def measure_surface(model: nn.Module, *, contexts: Sequence[int] = CONTEXTS,
 
 @torch.inference_mode()
 def step_overheads(target: nn.Module, surface: CostSurface, prompt_ids: Sequence[int],
+                   draft: nn.Module | None = None, draft_surface: CostSurface | None = None,
                    max_new_tokens: int = 48) -> dict[str, float]:
-    """The loop's own seconds per step beyond its forwards: vanilla's and the draft → verify
-    loop's (by prompt lookup, whose steps ``decoding.replay`` knows exactly); at least 0."""
+    """The loop's own seconds per step beyond the surface's forwards (negative where its
+    forwards ran faster inside the loop than alone): ``vanilla``'s; the draft → verify loop's
+    without a draft model (``loop``, by prompt lookup) and with one (``draft_loop``, by
+    speculative decoding with γ = 3: a draft model's forwards interleaved with the target's run
+    slower than alone). Each from a timed run whose steps ``decoding.replay`` reproduces exactly,
+    so only the time per step is fitted, never an acceptance."""
     from decoding.prompt_lookup import PromptLookup
-    from decoding.replay import prompt_lookup_steps
+    from decoding.replay import drafter_steps
+    from decoding.speculative import SpeculativeDecoding
     from decoding.vanilla import Vanilla
     from tuner.predict.predict import forward_seconds, vanilla_forward_seconds
     prompt = torch.tensor(list(prompt_ids))
-    out = {}
     vanilla = Vanilla(target, eos_token_ids=[])
     wall = _seconds(lambda: list(vanilla.stream(prompt, max_new_tokens)), 2)
-    out["vanilla"] = max(0.0, (wall - vanilla_forward_seconds(surface, len(prompt),
-                                                              max_new_tokens)) / max_new_tokens)
-    lookup = PromptLookup(target, eos_token_ids=[])
-    steps = []
+    out = {"vanilla": (wall - vanilla_forward_seconds(surface, len(prompt), max_new_tokens))
+           / max_new_tokens}
+    loops: list[tuple[str, Any, CostSurface | None]] = [
+        ("loop", PromptLookup(target, eos_token_ids=[]), None)]
+    if draft is not None and draft_surface is not None:
+        loops.append(("draft_loop", SpeculativeDecoding(target, draft, num_draft_tokens=3,
+                                                        eos_token_ids=[]), draft_surface))
+    for key, method, priced in loops:
+        steps: list[Any] = []
 
-    def run() -> None:
-        steps[:] = list(lookup.stream(prompt, max_new_tokens))
-    wall = _seconds(run, 2)
-    tokens = [t for s in steps for t in s.tokens]
-    replayed = prompt_lookup_steps(list(prompt_ids), tokens, max_new_tokens, min_ngram=1,
-                                   max_ngram=3, num_draft_tokens=10)
-    out["loop"] = max(0.0, (wall - forward_seconds(replayed, surface, None)) / len(replayed))
+        def run(method: Any = method) -> None:
+            steps[:] = list(method.stream(prompt, max_new_tokens))
+        wall = _seconds(run, 2)
+        tokens = [t for s in steps for t in s.tokens]
+        replayed = drafter_steps(method.drafter, prompt, tokens, max_new_tokens)
+        out[key] = (wall - forward_seconds(replayed, surface, priced)) / len(replayed)
     return out
 
 

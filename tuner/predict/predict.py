@@ -6,7 +6,8 @@ A generation's predicted seconds are the sum over its steps of
     ``rows`` = uncached committed tokens + draft after ``context − 1`` cached tokens;
   * the draft model's forwards (methods with one): its prefill on the first step, then one
     forward per drafted token;
-  * the loop's own time per step (``HardwareProfile.step_overhead_s``).
+  * the loop's own time per step (``HardwareProfile.step_overhead_s``: ``draft_loop`` with a
+    draft model, else ``loop``).
 Vanilla's are its prefill plus one 1-row forward per further token (with vanilla's overhead). The
 predicted paired speedup of a prompt is vanilla's seconds over the method's for the same tokens;
 a trial's is the geometric mean over its prompts, as the measured ``speedup`` is
@@ -69,9 +70,10 @@ def predict(generations: Sequence[tuple[int, Sequence[ReplayedStep]]], profile: 
     ratios, accepted, steps = [], 0, 0
     for prompt_len, replayed in generations:
         new_tokens = sum(s.committed for s in replayed)
+        loop = overhead.get("draft_loop", overhead.get("loop", 0.0)) if uses_draft else \
+            overhead.get("loop", 0.0)
         method_s = forward_seconds(replayed, profile.target,
-                                   profile.draft if uses_draft else None,
-                                   overhead.get("loop", 0.0))
+                                   profile.draft if uses_draft else None, loop)
         vanilla_s = vanilla_forward_seconds(profile.target, prompt_len, new_tokens,
                                             overhead.get("vanilla", 0.0))
         ratios.append(vanilla_s / method_s)

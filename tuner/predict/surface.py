@@ -12,7 +12,8 @@ the first value, above it extends the last segment (never below the last value).
 
 A ``HardwareProfile`` holds the target's surface and, for methods with a draft model, the draft's,
 plus what they were measured on (machine, engine and its build, threads, models and dtypes, when)
-and ``step_overhead_s``: the loop's own time per step beyond its forwards (verification, Python).
+and ``step_overhead_s``: the loop's own time per step beyond its forwards (verification, Python;
+with a draft model also the slowdown of forwards interleaved with the target's).
 ``load_profile`` refuses with one line a file that is not a profile of this version, or one made
 for other models or another engine than the caller names.
 """
@@ -101,7 +102,8 @@ class HardwareProfile:
     models: Mapping[str, Any]                  # {"target": spec, "draft": spec or None}
     target: CostSurface
     draft: CostSurface | None = None
-    step_overhead_s: Mapping[str, float] = field(default_factory=dict)  # {"vanilla", "loop"}
+    # the loop's seconds per step beyond the surface's forwards: vanilla, loop, draft_loop
+    step_overhead_s: Mapping[str, float] = field(default_factory=dict)
     made: str = ""                             # ISO time (UTC)
     note: str = ""                             # e.g. how a roofline was computed
     version: int = PROFILE_VERSION

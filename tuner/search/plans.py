@@ -16,6 +16,8 @@ is being evaluated elsewhere (the next stage depends on their values), or None w
     its default, so the point builds the same method as the one already measured.
   * ``GridPlan``: every point of a grid (the heuristic ranges, the whole space, or a named grid such
     as Ouroboros Table 9), the default first.
+  * ``PredictPlan`` (``search=predict``): a grid ranked by predicted speedup (``tuner.predict``),
+    of which only the default, the best-predicted and a few calibration points are measured.
 Samplers (TPE, random, NSGA, ...) are Optuna's own, built from the search config.
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Mapping, Sequence
 
 from tuner.search.space import canonical, is_active, search_values
 
@@ -97,3 +99,53 @@ class GridPlan:
 
     def size(self) -> int:
         return len(self.points)
+
+
+class PredictPlan:
+    """``search=predict``: the grid's points ranked by predicted speedup (``rank``, once the
+    models are loaded), then measured: the default, the ``top`` best-predicted, and ``spread``
+    points at even intervals over the rest of the ranking (to calibrate the prediction). Ties in
+    prediction keep the grid's order, so every worker and a resumed study rank alike."""
+
+    needs_ranking = True
+
+    def __init__(self, space: Mapping[str, Mapping[str, Any]], default: Mapping[str, Any],
+                 ranges: str, task_class: str | None, top: int, spread: int) -> None:
+        grid = GridPlan(space, default, ranges, task_class)
+        self.points, self.holds_default = grid.points, grid.holds_default
+        self.default_key = point_key(default)
+        self.top, self.spread = top, spread
+        self.chosen: list[tuple[Point, str]] | None = None
+        self.predicted: dict[tuple, float] = {}
+
+    def rank(self, predicted: Sequence[float]) -> list[tuple[Point, str]]:
+        """``predicted[i]``: point i's predicted speedup (higher is better)."""
+        if len(predicted) != len(self.points):
+            raise ValueError(f"{len(predicted)} predictions for {len(self.points)} points")
+        self.predicted = {point_key(p): v for p, v in zip(self.points, predicted)}
+        order = sorted(range(len(self.points)), key=lambda i: -predicted[i])
+        rest = [self.points[i] for i in order if point_key(self.points[i]) != self.default_key]
+        chosen = [(p, "default") for p in self.points if point_key(p) == self.default_key]
+        chosen += [(p, "top") for p in rest[: self.top]]
+        remaining = rest[self.top:]
+        last = len(remaining) - 1           # at even quantiles of the rest, its ends excluded
+        picks = sorted({round((k + 1) * last / (self.spread + 1)) for k in range(self.spread)}
+                       & set(range(len(remaining))))
+        chosen += [(remaining[i], "spread") for i in picks]
+        self.chosen = chosen
+        return chosen
+
+    def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
+                   ) -> tuple[Point, str] | None:
+        if self.chosen is None:
+            raise RuntimeError("search=predict: the points are measured after they are ranked "
+                               "(PredictPlan.rank)")
+        for point, stage in self.chosen:
+            key = point_key(point)
+            if key not in results and key not in taken:
+                return point, stage
+        return None
+
+    def size(self) -> int:
+        rest = len(self.points) - (1 if self.holds_default else 0)
+        return (1 if self.holds_default else 0) + min(rest, self.top + self.spread)

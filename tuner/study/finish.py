@@ -25,6 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.measure.quality import feasible
 from tuner.measure.rates import rate_key
+from tuner.predict.predict import calibration, summary_line
 from tuner.search.objectives import objective_values
 from tuner.search.space import active_params
 from tuner.study.record import FIGURES, TrialRecord
@@ -101,6 +102,17 @@ def _stale(path: Path) -> bool:
     return False
 
 
+def prediction_calibration(study: optuna.Study) -> dict[str, Any] | None:
+    """Predicted vs measured paired speedup over the completed trials that recorded a
+    prediction (``search.profile``); None where none did."""
+    points = [(t.user_attrs["predicted_speedup"], t.user_attrs["speedup"], f"trial {t.number}")
+              for t in completed(study) if "predicted_speedup" in t.user_attrs
+              and "speedup" in t.user_attrs]
+    if not points:
+        return None
+    return calibration([(p, m) for p, m, _ in points], [n for _, _, n in points])
+
+
 def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
             callbacks: Callback, say: Callable[[str], None]) -> dict[str, Any]:
     winner = choose_winner(settings, study, evaluator, say)
@@ -137,6 +149,10 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                                not settings.lossless else None, settings.objectives[0])
     rows += level_rows(settings, study, confirmed)
     rows += [(f"request rate {rate}/s", line) for rate, (_, line) in per_rate.items()]
+    calib = prediction_calibration(study)
+    if calib is not None:
+        rows.append(("prediction (search.profile)", summary_line(calib) +
+                     f"; {settings.profile.describe()}"))
     rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
     advice = report.recommendation(confirmed, settings.min_held_out_prompts,
                                    settings.objectives[0])
@@ -151,6 +167,10 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                **{f"best_{k}": v for k, v in confirmed.items()}}
     tags = {"best_params": json.dumps(params), "best_trial": str(winner.number),
             **{f"deploy_{key}": value for key, value in deploy.items()}}
+    if calib is not None and calib["median_abs_error"] is not None:
+        metrics["prediction_median_abs_error"] = float(calib["median_abs_error"])
+        if calib["spearman"] is not None:
+            metrics["prediction_spearman"] = float(calib["spearman"])
     if settings.bound.active:
         tags["best_feasible"] = "true"
         metrics["infeasible_trials"] = float(sum(TrialRecord.read(t).infeasible

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import optuna
 from optuna.trial import TrialState
 
-from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, point_key
+from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, PredictPlan, point_key
 from tuner.search.space import suggest
 from tuner.study.holding import enqueue, held_point
 from tuner.study.record import TrialRecord
@@ -50,6 +50,10 @@ def make_plan(settings: StudySettings, say: Callable[[str], None]):
     kind, default = settings.search["kind"], settings.searched(settings.default)
     if kind == "heuristic":
         return HeuristicPlan(settings.space, settings.task.task_class, settings.seed, default)
+    if kind == "predict":
+        return PredictPlan(settings.space, default, settings.search.get("ranges", "heuristic"),
+                           settings.task.task_class, int(settings.search["top"]),
+                           int(settings.search["spread"]))
     if kind != "grid":
         return None
     ranges = settings.search.get("ranges", "heuristic")

@@ -75,6 +75,7 @@ class StudySettings(MethodView):
     min_held_out_prompts: int = 3      # fewer held-out prompts: no non-vanilla recommendation
     notices: tuple[str, ...] = ()      # lines to print before the study starts
     traffic: Traffic = Traffic()       # budget.request_rate, requests_per_rate, search.slo
+    profile: Any = None                # search.profile loaded (tuner.predict.surface) or None
 
     # -- derived ---------------------------------------------------------------------------------
 
@@ -114,7 +115,8 @@ class StudySettings(MethodView):
             contention_window_s=self.contention_window_s,
             scores_perplexity=self.scores_perplexity,
             work_dir=str(Path(self.studies_dir) / self.name),
-            head_identity=self.fingerprint.get("method.head"), traffic=self.traffic)
+            head_identity=self.fingerprint.get("method.head"), traffic=self.traffic,
+            profile=self.profile)
 
     # -- building ------------------------------------------------------------------------------
 
@@ -145,6 +147,11 @@ class StudySettings(MethodView):
         budget_cfg = plain(cfg.budget)
         traffic = Traffic(tuple(float(r) for r in budget_cfg.get("request_rate") or ()),
                           int(budget_cfg.get("requests_per_rate", 8)), search.get("slo"))
+        profile = None
+        if search.get("profile"):          # one line for a profile of other models or engine
+            from tuner.predict.surface import load_profile
+            profile = load_profile(str(search["profile"]), models=plain(cfg.models),
+                                   engine=engine_object.name, setting="search.profile")
         print_ = fingerprint(
             task=task_cfg, tuning_ids=[p.id for p in tuning],
             held_out_ids=[p.id for p in held_out], budget=budget, sampling=sampling,
@@ -176,7 +183,8 @@ class StudySettings(MethodView):
             studies_dir=str(cfg.studies_dir), heartbeat=plain(cfg.get("heartbeat")) or {},
             tracking=plain(cfg.tracking), phase=str(cfg.get("phase", "all")),
             resume=str(cfg.resume), config_yaml=resolved_yaml(cfg), notices=notices,
-            min_held_out_prompts=int(cfg.get("min_held_out_prompts", 3)), traffic=traffic)
+            min_held_out_prompts=int(cfg.get("min_held_out_prompts", 3)), traffic=traffic,
+            profile=profile)
 
 
 def resolve_budget(cfg: DictConfig, on_gpu: bool) -> tuple[dict[str, int], tuple[str, ...]]:
