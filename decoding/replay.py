@@ -173,13 +173,15 @@ def replayable(drafter: Drafter) -> bool:
 @torch.inference_mode()
 def drafter_steps(drafter: Drafter, prompt_ids: torch.Tensor, tokens: Sequence[int],
                   max_new_tokens: int, eos_ids: Sequence[int] = (),
-                  generator: torch.Generator | None = None) -> list[ReplayedStep]:
+                  generator: torch.Generator | None = None,
+                  device: torch.device | str | None = None) -> list[ReplayedStep]:
     """The loop's steps (``decoding.loop.DraftVerifyLoop.stream`` at T = 0) with the target's
     forwards replaced by the trajectory: the real drafter proposes from the committed prefix with
     the loop's budgets and is rolled back as the loop rolls it back, so its forwards have the
     loop's shapes (exact for drafters whose numerics depend on them); the loop's own greedy
     verification (``greedy_match``, ``greedy_tree`` over merged slots) runs on rows whose argmax
-    is the trajectory's next token. One drafter pass per setting, no target forward."""
+    is the trajectory's next token. One drafter pass per setting, no target forward.
+    ``device``: where the drafter's model is (default: ``prompt_ids``'s device)."""
     from decoding.loop import DraftVerifyLoop
     if not replayable(drafter):
         raise ValueError(f"{type(drafter).__name__} reads the target's states or logits: its "
@@ -188,7 +190,9 @@ def drafter_steps(drafter: Drafter, prompt_ids: torch.Tensor, tokens: Sequence[i
         raise ValueError(f"a replay of {max_new_tokens} tokens needs a trajectory that long "
                          f"(got {len(tokens)})")
     prompt = torch.as_tensor(prompt_ids)
-    ahead = torch.as_tensor(list(tokens[:max_new_tokens]), dtype=torch.long)    # [N]
+    prompt = prompt.to(device if device is not None else prompt.device)
+    ahead = torch.as_tensor(list(tokens[:max_new_tokens]), dtype=torch.long,
+                            device=prompt.device)                               # [N]
     sequence = torch.cat([prompt, ahead])
     vocab = int(sequence.max()) + 1
     drafter.reset()
@@ -215,7 +219,8 @@ def drafter_steps(drafter: Drafter, prompt_ids: torch.Tensor, tokens: Sequence[i
                                                vocab).float()           # [S+1, V]
             verdict = greedy_tree(node_tokens, parents, slot_of, rows)
             slots = slot_of
-        emitted = [int(draft.tokens[n]) for n in verdict.nodes] + [verdict.next_token]
+        emitted = [int(t) for t in draft.tokens[list(verdict.nodes)].tolist()] + \
+            [verdict.next_token]
         committed, stop = len(emitted), False
         for i, t in enumerate(emitted):
             if t in eos_ids:

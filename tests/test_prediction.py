@@ -215,6 +215,12 @@ def test_the_predict_plan_measures_the_default_the_best_predicted_and_a_spread()
         ({"num_draft_tokens": 5}, "top")
     done = {point_key(p): 1.0 for p, _ in chosen}
     assert plan.next_point(done) is None
+    # a short rest: the spread picks stay distinct; a point the method refuses is never chosen
+    wide = PredictPlan(space, {"num_draft_tokens": 4}, "full", None, top=2, spread=5)
+    refused = {**predicted, 2: float("-inf")}
+    chosen = wide.rank([refused[p["num_draft_tokens"]] for p in wide.points])
+    picked = [p["num_draft_tokens"] for p, _ in chosen]
+    assert len(picked) == len(set(picked)) == 8 - 1 and 2 not in picked
 
 
 def test_search_predict_measures_fewer_points_than_the_grid(tmp_path, monkeypatch, capsys,
@@ -242,6 +248,8 @@ def test_search_predict_measures_fewer_points_than_the_grid(tmp_path, monkeypatc
 @pytest.mark.parametrize("overrides,message", [
     (["search=predict"], "search.profile=None is invalid for search=predict"),
     (["search=predict", "search.profile=x.json", "search.top=0"], "search.top=0 is invalid"),
+    (["search=predict", "search.profile=x.json", "search.objectives=[perplexity]"],
+     "search.objectives=['perplexity'] is invalid for search=predict"),
     (["method=ouroboros", "search.profile={p}"],
      "search.profile='{p}' is invalid for method=ouroboros: its acceptance is not replayed"),
 ])

@@ -91,7 +91,8 @@ def make_profile(models: dict, args: argparse.Namespace):
     draft_spec = models["draft"] or {"kind": "none"}
     pair = load_pair(models["target"], draft_spec)
     grid = {"contexts": tuple(args.contexts or loops.CONTEXTS)}
-    print(f"profiling {pair.target_name} on {hardware(torch.device('cpu'))}, {threads} threads")
+    device = next(pair.target.parameters()).device
+    print(f"profiling {pair.target_name} on {hardware(device)}, {threads} threads")
     target = loops.measure_surface(pair.target, rows=tuple(args.rows or loops.TARGET_ROWS),
                                    repeats=args.repeats, progress=print, **grid)
     draft = None
@@ -103,7 +104,7 @@ def make_profile(models: dict, args: argparse.Namespace):
     overheads = loops.step_overheads(pair.target, target, prompt, pair.draft, draft)
     import transformers
     return HardwareProfile(
-        kind="measured", machine=hardware(torch.device("cpu")), engine=DEFAULT,
+        kind="measured", machine=hardware(device), engine=DEFAULT,
         build={"torch": torch.__version__, "transformers": transformers.__version__,
                "python": platform.python_version()},
         threads=threads, models=loops.describe_models(models), target=target, draft=draft,

@@ -44,8 +44,11 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
     """
     search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout", "slo",
                                                                    "profile")}
-    if search.get("kind") == "predict":      # there the profile chooses the measured points
-        search_keys["profile"] = search.get("profile")
+    if search.get("kind") == "predict":      # there the profile chooses the measured points:
+        from pathlib import Path             # its content, not its path, is the identity
+        path = Path(str(search.get("profile")))
+        search_keys["profile"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16] \
+            if path.is_file() else str(path)
     digest = hashlib.sha256(_canonical([tuning_ids, held_out_ids]).encode()).hexdigest()[:16]
     raw = {
         "task.name": task["name"], "task.template": task.get("template"),

@@ -59,6 +59,10 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
             raise ConfigError("search.profile=None is invalid for search=predict: it ranks the "
                               "grid by predicted speedup, so allowed is a hardware profile JSON "
                               "(python -m tuner.profile --models <models> --out <file>)")
+        if objectives not in (["auto"], ["speedup"]):
+            raise ConfigError(f"search.objectives={objectives} is invalid for search=predict: it "
+                              "ranks points by predicted paired speedup, so allowed is [auto] or "
+                              "[speedup]")
         integer("search.top", search.get("top"), 1, "an integer >= 1 (the best-predicted points "
                 "measured)")
         integer("search.spread", search.get("spread"), 0, "an integer >= 0 (points spread over "

@@ -182,8 +182,10 @@ class HFEvaluator:
         from decoding.replay import drafter_steps, replayable, trajectory
         from tuner.predict.predict import predict
         drafter = getattr(method, "drafter", None)
-        if not self.settings.lossless or drafter is None or not replayable(drafter):
+        if not self.settings.lossless or not getattr(method, "replayable", False) or \
+                drafter is None or not replayable(drafter):
             return None
+        device = next(self.pair.target.parameters()).device
         budget = self.settings.budget["max_new_tokens"]
         generations = []
         for prompt in prompts:
@@ -191,7 +193,7 @@ class HFEvaluator:
             if prompt.id not in self.trajectories:
                 self.trajectories[prompt.id] = trajectory(self.pair.target, ids, budget)
             generations.append((len(ids), drafter_steps(drafter, ids, self.trajectories[
-                prompt.id], budget, tuple(method.eos_ids))))
+                prompt.id], budget, tuple(method.eos_ids), device=device)))
         drafter.reset()
         return predict(generations, self.settings.profile, "replay",
                        uses_draft=bool(self.settings.method["needs_draft"]))

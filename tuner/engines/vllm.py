@@ -267,7 +267,8 @@ class VllmEvaluator(ServerEvaluator):
         if "error" in chunk:
             error = chunk["error"]
             detail = error.get("message", error) if isinstance(error, Mapping) else error
-            raise RequestFailed(f"vllm serve stopped the stream: {str(detail)[:300]}")
+            line = " ".join(str(detail).split())              # one line
+            raise RequestFailed(f"vllm serve stopped the stream: {line[:300]}")
         choices = chunk.get("choices") or []
         ids = (choices[0].get("token_ids") or []) if choices else []
         usage = chunk.get("usage") or {}

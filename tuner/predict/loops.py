@@ -34,14 +34,20 @@ DRAFT_ROWS = (1, 2)                   # a draft model feeds one or two tokens pe
 PREFILL = (16, 64, 256, 512, 1024, 2048)      # prompt tokens
 
 
-def _seconds(run: Callable[[], Any], repeats: int) -> float:
-    run()                             # warm-up (allocations, kernels' first use)
-    times = []
-    for _ in range(repeats):
+def _seconds(run: Callable[[], Any], repeats: int, device: torch.device | None = None
+             ) -> float:
+    """Median wall seconds of ``run`` (a CUDA device is synchronised inside the timed region:
+    the time is the kernels', not their launch)."""
+    sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else None
+
+    def timed() -> float:
         start = time.perf_counter()
         run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        if sync is not None:
+            sync(device)
+        return time.perf_counter() - start
+    timed()                           # warm-up (allocations, kernels' first use)
+    return statistics.median(timed() for _ in range(repeats))
 
 
 @torch.inference_mode()
@@ -65,14 +71,14 @@ def measure_surface(model: nn.Module, *, contexts: Sequence[int] = CONTEXTS,
             def step(n: int = n) -> None:
                 forward_logits(model, ids[None, context:context + n], cache, context, n)
                 cache.crop(-n)            # back to `context` rows (reserved_cache)
-            line.append(_seconds(step, repeats))
+            line.append(_seconds(step, repeats, device))
         seconds.append(tuple(line))
         progress(f"  context {context}: " + ", ".join(f"{n} rows {1e3 * s:.1f} ms"
                                                       for n, s in zip(rows, line)))
     prefills = []
     for n in prefill:
         prefills.append((n, _seconds(lambda n=n: forward_logits(
-            model, ids[None, :n], new_cache(model, n), 0, 1), max(1, repeats // 2))))
+            model, ids[None, :n], new_cache(model, n), 0, 1), max(1, repeats // 2), device)))
     return CostSurface(tuple(contexts), tuple(rows), tuple(seconds), tuple(prefills))
 
 
@@ -91,9 +97,10 @@ def step_overheads(target: nn.Module, surface: CostSurface, prompt_ids: Sequence
     from decoding.speculative import SpeculativeDecoding
     from decoding.vanilla import Vanilla
     from tuner.predict.predict import forward_seconds, vanilla_forward_seconds
-    prompt = torch.tensor(list(prompt_ids))
+    device = next(target.parameters()).device
+    prompt = torch.tensor(list(prompt_ids), device=device)
     vanilla = Vanilla(target, eos_token_ids=[])
-    wall = _seconds(lambda: list(vanilla.stream(prompt, max_new_tokens)), 2)
+    wall = _seconds(lambda: list(vanilla.stream(prompt, max_new_tokens)), 2, device)
     out = {"vanilla": (wall - vanilla_forward_seconds(surface, len(prompt), max_new_tokens))
            / max_new_tokens}
     loops: list[tuple[str, Any, CostSurface | None]] = [
@@ -106,7 +113,7 @@ def step_overheads(target: nn.Module, surface: CostSurface, prompt_ids: Sequence
 
         def run(method: Any = method) -> None:
             steps[:] = list(method.stream(prompt, max_new_tokens))
-        wall = _seconds(run, 2)
+        wall = _seconds(run, 2, device)
         tokens = [t for s in steps for t in s.tokens]
         replayed = drafter_steps(method.drafter, prompt, tokens, max_new_tokens)
         out[key] = (wall - forward_seconds(replayed, surface, priced)) / len(replayed)

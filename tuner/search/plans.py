@@ -124,13 +124,19 @@ class PredictPlan:
             raise ValueError(f"{len(predicted)} predictions for {len(self.points)} points")
         self.predicted = {point_key(p): v for p, v in zip(self.points, predicted)}
         order = sorted(range(len(self.points)), key=lambda i: -predicted[i])
-        rest = [self.points[i] for i in order if point_key(self.points[i]) != self.default_key]
+        rest = [self.points[i] for i in order if point_key(self.points[i]) != self.default_key
+                and predicted[i] > float("-inf")]           # -inf: the method refuses it
         chosen = [(p, "default") for p in self.points if point_key(p) == self.default_key]
         chosen += [(p, "top") for p in rest[: self.top]]
         remaining = rest[self.top:]
         last = len(remaining) - 1           # at even quantiles of the rest, its ends excluded
-        picks = sorted({round((k + 1) * last / (self.spread + 1)) for k in range(self.spread)}
-                       & set(range(len(remaining))))
+        picks: list[int] = []
+        for k in range(min(self.spread, len(remaining))):
+            i = round((k + 1) * last / (self.spread + 1))
+            while i in picks:               # a collision on a short rest: the next free one
+                i = (i + 1) % len(remaining)
+            picks.append(i)
+        picks.sort()
         chosen += [(remaining[i], "spread") for i in picks]
         self.chosen = chosen
         return chosen

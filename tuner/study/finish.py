@@ -151,8 +151,8 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     rows += [(f"request rate {rate}/s", line) for rate, (_, line) in per_rate.items()]
     calib = prediction_calibration(study)
     if calib is not None:
-        rows.append(("prediction (search.profile)", summary_line(calib) +
-                     f"; {settings.profile.describe()}"))
+        shown = f"; profile {settings.profile.describe()}" if settings.profile else ""
+        rows.append(("prediction (search.profile)", summary_line(calib) + shown))
     rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
     advice = report.recommendation(confirmed, settings.min_held_out_prompts,
                                    settings.objectives[0])
