@@ -18,7 +18,6 @@ no target states, no feedback from the target's logits) every step is a function
   position (``draft_agreement``); a step accepts the leading run of agreements capped at γ_eff.
   Exact where the teacher-forced argmax is the loop's (fp32 drafts away from near-ties); not for
   drafts whose numerics depend on the forward's rows (use ``drafter_steps`` there);
-* ``prompt_lookup_steps``: prompt lookup's drafts recomputed from the history, no model.
 
 The step arithmetic is the loop's (``decoding.loop``): γ_eff = min(γ, max_new − produced − 1), the
 target forward takes the uncached committed tokens (the prompt on the first step, then the last
@@ -33,9 +32,8 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from decoding.base import Draft, DraftContext, Drafter
-from decoding.prompt_lookup import find_continuations
-from decoding.runtime import forward_logits, new_cache
-from decoding.tree import Forest, merge_duplicates, node_depths
+from decoding.runtime import forward_logits, new_cache, truncate_at_eos
+from decoding.tree import merge_duplicates, node_depths
 from decoding.verify import greedy_match, greedy_tree
 
 if TYPE_CHECKING:
@@ -90,16 +88,6 @@ def draft_agreement(draft: nn.Module, prompt_ids: torch.Tensor, tokens: Sequence
     return [g == t for g, t in zip(guesses, tokens)]
 
 
-def _commit(tokens: Sequence[int], produced: int, accepted: int,
-            eos_ids: Sequence[int]) -> tuple[int, bool]:
-    """Tokens a step commits (accepted + 1, cut after the first EOS) and whether it stops."""
-    emitted = tokens[produced: produced + accepted + 1]
-    for i, t in enumerate(emitted):
-        if t in eos_ids:
-            return i + 1, True
-    return len(emitted), False
-
-
 def chain_steps(agreement: Sequence[bool], tokens: Sequence[int], prompt_len: int,
                 num_draft_tokens: int, max_new_tokens: int,
                 eos_ids: Sequence[int] = ()) -> list[ReplayedStep]:
@@ -116,48 +104,11 @@ def chain_steps(agreement: Sequence[bool], tokens: Sequence[int], prompt_len: in
         accepted = 0
         while accepted < gamma and agreement[produced + accepted]:
             accepted += 1
-        committed, stop = _commit(tokens, produced, accepted, eos_ids)
+        emitted, stop = truncate_at_eos(list(tokens[produced: produced + accepted + 1]),
+                                        eos_ids)
+        committed = len(emitted)
         steps.append(ReplayedStep(accepted, gamma, committed, prompt_len + produced,
                                   uncached + gamma, gamma))
-        produced, uncached = produced + committed, 1
-        if stop:
-            break
-    return steps
-
-
-def prompt_lookup_steps(prompt_ids: Sequence[int], tokens: Sequence[int], max_new_tokens: int,
-                        *, min_ngram: int, max_ngram: int, num_draft_tokens: int,
-                        num_matches: int = 1, eos_ids: Sequence[int] = ()
-                        ) -> list[ReplayedStep]:
-    """The steps of prompt lookup (``decoding.prompt_lookup``) along ``tokens``: its drafts
-    from the committed sequence, the accepted depth the longest drafted path that ``tokens``
-    continues."""
-    if len(tokens) < max_new_tokens:
-        raise ValueError(f"a replay of {max_new_tokens} tokens needs a trajectory that long "
-                         f"(got {len(tokens)})")
-    prompt = [int(t) for t in prompt_ids]
-    sequence = torch.tensor(prompt + [int(t) for t in tokens[:max_new_tokens]],
-                            dtype=torch.long)
-    steps: list[ReplayedStep] = []
-    produced, uncached = 0, len(prompt)
-    while produced < max_new_tokens:
-        budget = max_new_tokens - produced - 1
-        found = find_continuations(sequence[: len(prompt) + produced], min_ngram, max_ngram,
-                                   min(num_draft_tokens, budget), num_matches) if budget else []
-        ahead = list(tokens[produced: produced + budget])
-        accepted = max((_leading(path, ahead) for path in found), default=0)
-        sizes = None
-        if len(found) <= 1:
-            drafted = len(found[0]) if found else 0
-        else:
-            forest = Forest()
-            forest.trie(found, -1)
-            depths = node_depths(forest.parents)
-            drafted = len(forest.tokens)
-            sizes = tuple(depths.count(d) for d in range(1, max(depths) + 1))
-        committed, stop = _commit(tokens, produced, accepted, eos_ids)
-        steps.append(ReplayedStep(accepted, drafted, committed, len(prompt) + produced,
-                                  uncached + drafted, 0, sizes))
         produced, uncached = produced + committed, 1
         if stop:
             break
@@ -221,23 +172,13 @@ def drafter_steps(drafter: Drafter, prompt_ids: torch.Tensor, tokens: Sequence[i
             slots = slot_of
         emitted = [int(t) for t in draft.tokens[list(verdict.nodes)].tolist()] + \
             [verdict.next_token]
-        committed, stop = len(emitted), False
-        for i, t in enumerate(emitted):
-            if t in eos_ids:
-                committed, stop = i + 1, True
-                break
+        emitted, stop = truncate_at_eos(emitted, eos_ids)
+        committed = len(emitted)
         drafter.commit(length + verdict.accepted)
-        step = DraftVerifyLoop._step(emitted[:committed], draft, verdict, slots, None)
+        step = DraftVerifyLoop._step(emitted, draft, verdict, slots, None)
         steps.append(ReplayedStep(step.accepted, step.drafted, committed, length,
                                   uncached + step.drafted, draft.forwards, step.level_sizes))
         produced, uncached = produced + committed, 1
         if stop:
             break
     return steps
-
-
-def _leading(path: Sequence[int], ahead: Sequence[int]) -> int:
-    n = 0
-    while n < len(path) and n < len(ahead) and path[n] == ahead[n]:
-        n += 1
-    return n

@@ -13,7 +13,6 @@ from decoding.replay import (
     chain_steps,
     draft_agreement,
     drafter_steps,
-    prompt_lookup_steps,
     replayable,
     trajectory,
 )
@@ -60,8 +59,8 @@ def test_prompt_lookup_replays_exactly_chains_and_tries(tiny_pairs):
         tokens = trajectory(pair.target, torch.tensor(prompt), MAX_NEW)
         for params in settings:
             method = build_method("prompt_lookup", pair, **params)
-            steps = prompt_lookup_steps(prompt, tokens, MAX_NEW, eos_ids=tuple(method.eos_ids),
-                                        **params)
+            steps = drafter_steps(method.drafter, torch.tensor(prompt), tokens, MAX_NEW,
+                                  tuple(method.eos_ids))
             assert replayed(steps) == loop_steps(method, prompt), params
             tried_trees += sum(s.level_sizes is not None for s in steps)
     assert tried_trees > 0                      # the trie path was exercised
@@ -80,8 +79,8 @@ def test_a_trajectory_with_one_wrong_token_does_not_replay_the_loop(tiny_pairs):
     assert replayed(chain_steps(agreement, wrong, len(prompt), 4, MAX_NEW)) != \
         loop_steps(method, prompt)
     lookup = build_method("prompt_lookup", pair)
-    assert replayed(prompt_lookup_steps(prompt, wrong, MAX_NEW, min_ngram=1, max_ngram=3,
-                                        num_draft_tokens=10)) != loop_steps(lookup, prompt)
+    assert replayed(drafter_steps(lookup.drafter, torch.tensor(prompt), wrong, MAX_NEW)) != \
+        loop_steps(lookup, prompt)
 
 
 def test_a_short_trajectory_is_refused():

@@ -16,10 +16,11 @@ a trial's is the geometric mean over its prompts, as the measured ``speedup`` is
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
+
+from tuner.measure.measurement import geometric_mean
 
 if TYPE_CHECKING:
     from decoding.replay import ReplayedStep
@@ -79,7 +80,7 @@ def predict(generations: Sequence[tuple[int, Sequence[ReplayedStep]]], profile: 
         ratios.append(vanilla_s / method_s)
         accepted += sum(s.accepted for s in replayed)
         steps += len(replayed)
-    speedup = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    speedup = geometric_mean(ratios)
     return Prediction(speedup, 1.0 + accepted / steps if steps else 0.0, source, tuple(ratios))
 
 
