@@ -153,13 +153,20 @@ def test_a_study_records_a_prediction_beside_every_measurement(tmp_path, monkeyp
                                                                tiny_profile):
     """search.profile: every completed trial of a γ grid records its predicted speedup and the
     replayed mean accepted tokens, which equal the measured ones (the replay is exact); the
-    summary shows the calibration; the study's name does not change with the profile."""
+    summary shows the calibration. search.predict_for (an H100 roofline): every trial records
+    the speedup predicted there too, and the summary ranks the grid for it, marked an estimate
+    not measured here, its best the best of the trials' own predictions there. The study's name
+    changes with neither."""
     from tests.conftest import compose_cfg, load_study, run_study
+    from tuner import profile as cli
     from tuner.study.settings import StudySettings
     monkeypatch.chdir(tmp_path)
+    h100 = tmp_path / "h100.json"
+    assert cli.main(["--models", "tiny", "--roofline", "h100", "--out", str(h100)]) == 0
     grid = ["method=speculative", "method.space.num_draft_tokens.high=3",
             "method.params.num_draft_tokens=2"]
-    run_study(tmp_path, *STUDY, *grid, f"search.profile={tiny_profile}")
+    run_study(tmp_path, *STUDY, *grid, f"search.profile={tiny_profile}",
+              f"search.predict_for={h100}")
     out = capsys.readouterr().out
     trials = load_study(tmp_path).get_trials()
     assert len(trials) == 3
@@ -168,10 +175,20 @@ def test_a_study_records_a_prediction_beside_every_measurement(tmp_path, monkeyp
         assert figures["predicted_speedup"] > 0 and figures["predicted_by_replay"] == 1.0
         assert figures["predicted_mean_accepted_tokens"] == \
             pytest.approx(figures["mean_accepted_tokens"])
+        assert figures["predicted_speedup_for"] > 0
+        assert figures["predicted_speedup_for"] != figures["predicted_speedup"]
     assert "prediction (search.profile)" in out and "prediction vs measurement over 3 " \
         "trials: median error" in out and "Spearman" in out
+    there = re.search(r"on NVIDIA H100 SXM5 80GB, an ESTIMATE \(roofline\), not measured here: "
+                      r"best of 3 points \{'num_draft_tokens': (\d)\} ([0-9.]+)x \(predicted\)",
+                      out)
+    assert there, out[-3000:]
+    best = max(trials, key=lambda t: t.user_attrs["predicted_speedup_for"])
+    assert int(there.group(1)) == best.params["num_draft_tokens"]
+    assert float(there.group(2)) == pytest.approx(best.user_attrs["predicted_speedup_for"],
+                                                  abs=0.006)
     names = {StudySettings.from_config(compose_cfg(tmp_path, *STUDY, *grid, *extra)).name
-             for extra in ([], [f"search.profile={tiny_profile}"])}
+             for extra in ([], [f"search.profile={tiny_profile}", f"search.predict_for={h100}"])}
     assert len(names) == 1
 
 

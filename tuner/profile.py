@@ -8,6 +8,13 @@ Times KV-cached forwards of the target (and of the draft model, where the preset
 grid of contexts × rows and prompt prefills, and the loop's own time per step
 (``tuner.predict.loops``). Bad input gets one line before any model loads; a quiet machine is
 wanted (the contention check of a study is not run here: check ``uptime`` first).
+
+    python -m tuner.profile --models smollm2 --roofline H100
+    python -m tuner.profile --models smollm2 --roofline cpu --compare profiles/smollm2-cpu.json
+
+``--roofline NAME`` writes instead a roofline profile (an ESTIMATE, ``tuner.predict.roofline``)
+for a named GPU from its datasheet, or for this CPU from its bandwidth and matmul throughput
+measured here; ``--compare`` prints its error against a measured profile, cell by cell.
 """
 
 from __future__ import annotations
@@ -45,6 +52,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per cell")
     parser.add_argument("--contexts", type=int, nargs="+", default=None)
     parser.add_argument("--rows", type=int, nargs="+", default=None)
+    parser.add_argument("--roofline", default=None, metavar="NAME",
+                        help="write a roofline ESTIMATE for a GPU (H100, H200, A100, L40S, L4, "
+                        "RTX4090) or for this cpu instead of measuring forwards")
+    parser.add_argument("--compare", default=None, metavar="PROFILE",
+                        help="with --roofline: its error against this measured profile")
+    parser.add_argument("--compare-json", default=None, metavar="FILE",
+                        help="with --compare: write the cell-by-cell comparison here")
     return parser.parse_args(argv)
 
 
@@ -60,9 +74,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             if values is not None and (min(values) < 1 or sorted(set(values)) != values):
                 raise ConfigError(f"{name}={values} is invalid: allowed are distinct ascending "
                                   "integers >= 1")
+        if args.roofline is not None:
+            from tuner.predict.roofline import machine_named
+            args.roofline = machine_named(args.roofline)
+        if args.compare is not None:
+            if args.roofline is None:
+                raise ConfigError(f"--compare={args.compare!r} needs --roofline: allowed is "
+                                  "--roofline NAME --compare PROFILE")
+            from tuner.predict.surface import load_profile
+            compared = load_profile(args.compare, models=models, setting="--compare")
+            if compared.kind != "measured":
+                raise ConfigError(f"--compare={args.compare!r} is a {compared.kind} profile: "
+                                  "allowed is a measured one (python -m tuner.profile)")
+            args.compared = compared
+        elif args.compare_json is not None:
+            raise ConfigError(f"--compare-json={args.compare_json!r} needs --compare PROFILE")
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.roofline is not None:
+        return roofline_main(models, args)
     profile = make_profile(models, args)
     out = Path(args.out or f"profiles/{args.models}-{slug(profile.machine)}.json")
     profile.save(out)
@@ -72,6 +103,96 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"for 5 tokens; the loop's own time per step: " + ", ".join(
               f"{key} {1e3 * value:.2f} ms" for key, value in profile.step_overhead_s.items()))
     return 0
+
+
+def roofline_main(models: dict, args: argparse.Namespace) -> int:
+    """``--roofline``: write the estimate, and with ``--compare`` print (and write) its error
+    against the measured profile, on that profile's grid."""
+    import json
+
+    from tuner.predict import roofline
+    compared = getattr(args, "compared", None)
+    profile, machine = make_roofline(models, args, compared)
+    out = Path(args.out or f"profiles/{args.models}-roofline-{slug(args.roofline)}.json")
+    profile.save(out)
+    one = profile.target.step_s(profile.target.contexts[0], 1)
+    print(f"wrote {out}: {profile.describe()} ({machine.source}); target forward "
+          f"{1e3 * one:.3f} ms for one token, "
+          f"{profile.target.step_s(profile.target.contexts[0], 5) / one:.2f}x that for 5")
+    if compared is None:
+        return 0
+    report = {"estimate": profile.machine, "measured": compared.machine,
+              "machine": machine.source, "target": roofline.compare(profile.target,
+                                                                     compared.target)}
+    if profile.draft is not None and compared.draft is not None:
+        report["draft"] = roofline.compare(profile.draft, compared.draft)
+    for role in ("target", "draft"):
+        if role in report:
+            print(comparison_table(role, report[role]))
+    if args.compare_json:
+        Path(args.compare_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.compare_json).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.compare_json}")
+    return 0
+
+
+def comparison_table(role: str, result: dict) -> str:
+    """Per context × rows: estimate / measured − 1, and the medians."""
+    cells = result["cells"]
+    rows = sorted({c["rows"] for c in cells})
+    lines = [f"{role}: roofline estimate / measured - 1 (median |error| "
+             f"{100 * result['median_abs_error']:.0f} % per forward, "
+             f"{100 * result['median_abs_ratio_error']:.0f} % on the n-rows / 1-row ratio"
+             + (f", {100 * result['median_abs_prefill_error']:.0f} % on prefill"
+                if result["median_abs_prefill_error"] is not None else "") + ")",
+             "| context | " + " | ".join(f"{n} rows" for n in rows) + " |",
+             "|---|" + "---|" * len(rows)]
+    for context in sorted({c["context"] for c in cells}):
+        line = {c["rows"]: c["error"] for c in cells if c["context"] == context}
+        lines.append(f"| {context} | " + " | ".join(f"{100 * line[n]:+.0f} %" for n in rows)
+                     + " |")
+    return "\n".join(lines)
+
+
+def make_roofline(models: dict, args: argparse.Namespace, compared=None):
+    """The roofline profile for ``args.roofline`` (this CPU measured here), on the grid of
+    ``compared`` when given, else the measured profile's default grid."""
+    import torch
+
+    from decoding.models import load_pair
+    from tuner.engines import DEFAULT  # our own loops (engine=hf)
+    from tuner.measure.hygiene import configure_threads
+    from tuner.predict import loops, roofline
+    from tuner.predict.surface import HardwareProfile
+    threads = configure_threads(None if args.threads == "auto" else args.threads)
+    pair = load_pair(models["target"], models["draft"] or {"kind": "none"})
+    machine = roofline.measure_cpu(threads) if args.roofline == roofline.CPU else \
+        roofline.GPUS[args.roofline]
+    shapes = {"target": roofline.ModelShape.of(pair.target, pair.target_name,
+                                                bf16=machine.bf16)}
+    if pair.draft is not None:
+        shapes["draft"] = roofline.ModelShape.of(pair.draft, pair.draft_name or "draft",
+                                                 bf16=machine.bf16)
+
+    def grid(role: str, rows: tuple) -> dict:
+        measured = getattr(compared, role, None) if compared is not None else None
+        if measured is not None:
+            return {"contexts": measured.contexts, "rows": measured.rows,
+                    "prefill": [n for n, _ in measured.prefill]}
+        return {"contexts": tuple(args.contexts or loops.CONTEXTS),
+                "rows": tuple(args.rows or rows) if role == "target" else rows,
+                "prefill": loops.PREFILL}
+    target = roofline.surface(shapes["target"], machine, **grid("target", loops.TARGET_ROWS))
+    draft = roofline.surface(shapes["draft"], machine, **grid("draft", loops.DRAFT_ROWS)) \
+        if "draft" in shapes else None
+    import transformers
+    return HardwareProfile(
+        kind="roofline", machine=machine.name, engine=DEFAULT,
+        build={"torch": torch.__version__, "transformers": transformers.__version__,
+               "python": platform.python_version()},
+        threads=threads, models=loops.describe_models(models), target=target, draft=draft,
+        made=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        note=roofline.describe(machine, shapes)), machine
 
 
 def slug(text: str) -> str:

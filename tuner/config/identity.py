@@ -40,10 +40,11 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
     the SLO (a key only where rates are measured; ``search.slo`` is read only there, so it is
     kept out of the ``search`` key and every older study keeps its name). ``search.profile`` only
     adds predictions beside the measurements: not a key either, except under ``search=predict``,
-    where it chooses which points are measured.
+    where it chooses which points are measured. ``search.predict_for`` (a prediction for
+    another machine) changes no measurement: never a key.
     """
     search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout", "slo",
-                                                                   "profile")}
+                                                                   "profile", "predict_for")}
     if search.get("kind") == "predict":      # there the profile chooses the measured points:
         from pathlib import Path             # its content, not its path, is the identity
         path = Path(str(search.get("profile")))

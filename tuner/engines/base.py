@@ -67,24 +67,29 @@ class Engine:
                               "traffic at a request rate is sent to an engine server that "
                               "streams its tokens (engine=llamacpp, engine=vllm); allowed is [] "
                               "here")
-        profile = plain(cfg.search).get("profile")
-        if profile and not self.predicts:
-            raise ConfigError(f"search.profile={profile!r} is invalid for engine={self.name}: "
-                              "predictions from a hardware profile are made in our own loops "
-                              "(engine=hf) so far; allowed is null here")
-        if profile:
-            from tuner.config.values import get_class
-            target = str(plain(cfg.method).get("_target_", ""))
-            if not getattr(get_class(target), "replayable", False):
-                raise ConfigError(f"search.profile={profile!r} is invalid for method={choice}: "
-                                  "its acceptance is not replayed from a vanilla generation (its "
-                                  "drafts read the target's states or outputs); allowed are "
-                                  "methods speculative, block, tree, prompt_lookup, or null")
-        if profile and float(plain(cfg.sampling).get("temperature", 0)) != 0:
-            raise ConfigError(f"search.profile={profile!r} needs sampling.temperature=0 (the "
-                              "acceptance replay it prices is exact at T=0 only); allowed is "
-                              "null at sampling.temperature="
-                              f"{plain(cfg.sampling).get('temperature')}")
+        search = plain(cfg.search)
+        for key in ("profile", "predict_for"):
+            if search.get(key):
+                self.check_prediction(cfg, choice, f"search.{key}={search[key]!r}")
+
+    def check_prediction(self, cfg: DictConfig, choice: str, setting: str) -> None:
+        """``search.profile`` / ``search.predict_for``: a prediction needs our own loops, a
+        method whose acceptance replays, and T = 0."""
+        if not self.predicts:
+            raise ConfigError(f"{setting} is invalid for engine={self.name}: predictions from a "
+                              "hardware profile are made in our own loops (engine=hf) so far; "
+                              "allowed is null here")
+        from tuner.config.values import get_class
+        target = str(plain(cfg.method).get("_target_", ""))
+        if not getattr(get_class(target), "replayable", False):
+            raise ConfigError(f"{setting} is invalid for method={choice}: its acceptance is not "
+                              "replayed from a vanilla generation (its drafts read the target's "
+                              "states or outputs); allowed are methods speculative, block, tree, "
+                              "prompt_lookup, or null")
+        if float(plain(cfg.sampling).get("temperature", 0)) != 0:
+            raise ConfigError(f"{setting} needs sampling.temperature=0 (the acceptance replay it "
+                              "prices is exact at T=0 only); allowed is null at "
+                              f"sampling.temperature={plain(cfg.sampling).get('temperature')}")
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "

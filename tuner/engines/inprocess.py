@@ -161,26 +161,34 @@ class HFEvaluator:
 
     def extra_summary(self) -> dict[str, float]:
         """``search.profile``: the predicted speedup of the evaluation just measured (after its
-        timed window; ``predict``)."""
-        if self.settings.profile is None or self.predicting is None:
+        timed window; ``predict``); ``search.predict_for``: the same acceptance priced by the
+        other machine's profile (``predicted_speedup_for``)."""
+        s = self.settings
+        if (s.profile is None and s.predict_for is None) or self.predicting is None:
             return {}
         method, prompts = self.predicting
         self.predicting = None
         start = time.perf_counter()
-        got = self.predict(method, prompts)
-        if got is None:
+        generations = self.replay(method, prompts)
+        if generations is None:
             return {}
-        return {"predicted_speedup": got.speedup,
-                "predicted_mean_accepted_tokens": got.mean_accepted_tokens,
-                "predicted_by_replay": 1.0, "prediction_s": time.perf_counter() - start}
+        out: dict[str, float] = {}
+        if s.profile is not None:
+            got = self.price(generations, s.profile)
+            out.update({"predicted_speedup": got.speedup,
+                        "predicted_mean_accepted_tokens": got.mean_accepted_tokens,
+                        "predicted_by_replay": 1.0})
+        if s.predict_for is not None:
+            out["predicted_speedup_for"] = self.price(generations, s.predict_for).speedup
+        out["prediction_s"] = time.perf_counter() - start
+        return out
 
-    def predict(self, method: Any, prompts: Sequence[Prompt]) -> Any:
-        """The predicted speedup of ``method`` on ``prompts`` (``tuner.predict.Prediction``):
-        its acceptance replayed on vanilla's trajectories (``decoding.replay.drafter_steps``,
-        each trajectory computed once per study, untimed), priced by ``search.profile``; None
-        for a method whose acceptance does not replay."""
+    def replay(self, method: Any, prompts: Sequence[Prompt]) -> list[tuple[int, Any]] | None:
+        """``method``'s verification steps on ``prompts``, (prompt length, steps) each: its
+        acceptance replayed on vanilla's trajectories (``decoding.replay.drafter_steps``, each
+        trajectory computed once per study, untimed); None for a method whose acceptance does
+        not replay."""
         from decoding.replay import drafter_steps, replayable, trajectory
-        from tuner.predict.predict import predict
         drafter = getattr(method, "drafter", None)
         if not self.settings.lossless or not getattr(method, "replayable", False) or \
                 drafter is None or not replayable(drafter):
@@ -195,12 +203,27 @@ class HFEvaluator:
             generations.append((len(ids), drafter_steps(drafter, ids, self.trajectories[
                 prompt.id], budget, tuple(method.eos_ids), device=device)))
         drafter.reset()
-        return predict(generations, self.settings.profile, "replay",
+        return generations
+
+    def price(self, generations: Sequence[tuple[int, Any]], profile: Any) -> Any:
+        """Replayed ``generations`` priced by ``profile`` (``tuner.predict.Prediction``)."""
+        from tuner.predict.predict import predict
+        return predict(generations, profile, "replay",
                        uses_draft=bool(self.settings.method["needs_draft"]))
 
-    def predict_points(self, points: Sequence[Mapping[str, Any]]) -> list[float]:
-        """``search=predict``: every point's predicted speedup on the tuning prompts (a point
-        the method refuses: -inf, never measured first)."""
+    def predict(self, method: Any, prompts: Sequence[Prompt], profile: Any = None) -> Any:
+        """The predicted speedup of ``method`` on ``prompts`` priced by ``profile`` (default
+        ``search.profile``); None for a method whose acceptance does not replay."""
+        generations = self.replay(method, prompts)
+        if generations is None:
+            return None
+        return self.price(generations, profile or self.settings.profile)
+
+    def predict_points(self, points: Sequence[Mapping[str, Any]], profile: Any = None
+                       ) -> list[float]:
+        """Every point's predicted speedup on the tuning prompts, priced by ``profile``
+        (default ``search.profile``; ``search=predict`` ranks by it); a point the method
+        refuses: -inf (never measured first)."""
         out = []
         for point in points:
             try:
@@ -208,7 +231,7 @@ class HFEvaluator:
             except ParametersRefused:
                 out.append(float("-inf"))
                 continue
-            got = self.predict(method, list(self.settings.tuning))
+            got = self.predict(method, list(self.settings.tuning), profile)
             out.append(float("-inf") if got is None else got.speedup)
         return out
 

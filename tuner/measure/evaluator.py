@@ -87,6 +87,7 @@ class MeasureSettings(MethodView):
     head_identity: str | None = None   # method.head's recorded identity (JSON), if any
     traffic: Traffic = Traffic()       # request rates (engine servers; tuner.measure.rates)
     profile: Any = None                # search.profile, loaded (tuner.predict.surface), or None
+    predict_for: Any = None            # search.predict_for: another machine's profile, or None
 
     def contention_guard(self) -> ContentionGuard:
         """The ``contention=`` policy every backend applies before each measured pair."""

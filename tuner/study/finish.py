@@ -113,6 +113,44 @@ def prediction_calibration(study: optuna.Study) -> dict[str, Any] | None:
     return calibration([(p, m) for p, m, _ in points], [n for _, _, n in points])
 
 
+MAX_FOREIGN_POINTS = 512     # search.predict_for ranks at most this many grid points
+
+
+def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Mapping[str, Any],
+                      say: Callable[[str], None]) -> dict[str, Any] | None:
+    """``search.predict_for``: the grid (``search.ranges``) ranked by the speedup predicted on
+    the other machine (acceptance replayed here, priced by its profile): the best point there,
+    and there the default's and this study's winner's. None without ``search.predict_for``."""
+    profile = settings.predict_for
+    if profile is None or not hasattr(evaluator, "predict_points"):
+        return None
+    from tuner.search.plans import GridPlan, point_key
+    default = settings.searched(settings.default)
+    ranges = settings.search.get("ranges", "heuristic")
+    points = GridPlan(settings.space, default, ranges, settings.task.task_class).points
+    points = points[:MAX_FOREIGN_POINTS]
+    winner = settings.searched(params)
+    if point_key(winner) not in {point_key(p) for p in points}:
+        points = points + [winner]
+    say(f"search.predict_for: predicting {len(points)} points of the {ranges} grid for "
+        f"{profile.machine} ...")
+    predicted = evaluator.predict_points(points, profile)
+    by_key = {point_key(p): v for p, v in zip(points, predicted)}
+    best = max(range(len(points)), key=lambda i: predicted[i])
+    if not predicted[best] > float("-inf"):
+        return None
+    shown = active_params(points[best], settings.space)
+    what = "an ESTIMATE (roofline)" if profile.kind == "roofline" else \
+        f"a profile measured there ({profile.made or 'undated'})"
+    line = (f"on {profile.machine}, {what}, not measured here: best of {len(points)} points "
+            f"{shown} {predicted[best]:.2f}x (predicted); this study's winner there "
+            f"{by_key[point_key(winner)]:.2f}x, the default {by_key[point_key(default)]:.2f}x")
+    return {"line": line, "machine": profile.machine, "kind": profile.kind,
+            "params": dict(points[best]), "speedup": predicted[best],
+            "winner_speedup": by_key[point_key(winner)],
+            "default_speedup": by_key[point_key(default)]}
+
+
 def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
             callbacks: Callback, say: Callable[[str], None]) -> dict[str, Any]:
     winner = choose_winner(settings, study, evaluator, say)
@@ -153,6 +191,9 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     if calib is not None:
         shown = f"; profile {settings.profile.describe()}" if settings.profile else ""
         rows.append(("prediction (search.profile)", summary_line(calib) + shown))
+    elsewhere = predict_elsewhere(settings, evaluator, params, say)
+    if elsewhere is not None:
+        rows.append(("predicted for another machine (search.predict_for)", elsewhere["line"]))
     rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
     advice = report.recommendation(confirmed, settings.min_held_out_prompts,
                                    settings.objectives[0])
@@ -171,6 +212,11 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
         metrics["prediction_median_abs_error"] = float(calib["median_abs_error"])
         if calib["spearman"] is not None:
             metrics["prediction_spearman"] = float(calib["spearman"])
+    if elsewhere is not None:
+        tags.update({"predicted_for_machine": f"{elsewhere['machine']} ({elsewhere['kind']})",
+                     "predicted_for_best_params": json.dumps(elsewhere["params"])})
+        metrics.update({"predicted_for_best_speedup": float(elsewhere["speedup"]),
+                        "predicted_for_winner_speedup": float(elsewhere["winner_speedup"])})
     if settings.bound.active:
         tags["best_feasible"] = "true"
         metrics["infeasible_trials"] = float(sum(TrialRecord.read(t).infeasible

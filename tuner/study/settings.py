@@ -76,6 +76,7 @@ class StudySettings(MethodView):
     notices: tuple[str, ...] = ()      # lines to print before the study starts
     traffic: Traffic = Traffic()       # budget.request_rate, requests_per_rate, search.slo
     profile: Any = None                # search.profile loaded (tuner.predict.surface) or None
+    predict_for: Any = None            # search.predict_for loaded: another machine's profile
 
     # -- derived ---------------------------------------------------------------------------------
 
@@ -116,7 +117,7 @@ class StudySettings(MethodView):
             scores_perplexity=self.scores_perplexity,
             work_dir=str(Path(self.studies_dir) / self.name),
             head_identity=self.fingerprint.get("method.head"), traffic=self.traffic,
-            profile=self.profile)
+            profile=self.profile, predict_for=self.predict_for)
 
     # -- building ------------------------------------------------------------------------------
 
@@ -152,6 +153,11 @@ class StudySettings(MethodView):
             from tuner.predict.surface import load_profile
             profile = load_profile(str(search["profile"]), models=plain(cfg.models),
                                    engine=engine_object.name, setting="search.profile")
+        predict_for = None
+        if search.get("predict_for"):      # another machine: our loops' acceptance, its costs
+            from tuner.predict.surface import load_profile
+            predict_for = load_profile(str(search["predict_for"]), models=plain(cfg.models),
+                                       engine=engine_object.name, setting="search.predict_for")
         print_ = fingerprint(
             task=task_cfg, tuning_ids=[p.id for p in tuning],
             held_out_ids=[p.id for p in held_out], budget=budget, sampling=sampling,
@@ -184,7 +190,7 @@ class StudySettings(MethodView):
             tracking=plain(cfg.tracking), phase=str(cfg.get("phase", "all")),
             resume=str(cfg.resume), config_yaml=resolved_yaml(cfg), notices=notices,
             min_held_out_prompts=int(cfg.get("min_held_out_prompts", 3)), traffic=traffic,
-            profile=profile)
+            profile=profile, predict_for=predict_for)
 
 
 def resolve_budget(cfg: DictConfig, on_gpu: bool) -> tuple[dict[str, int], tuple[str, ...]]:
