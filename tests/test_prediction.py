@@ -162,7 +162,8 @@ def test_a_study_records_a_prediction_beside_every_measurement(tmp_path, monkeyp
     from tuner.study.settings import StudySettings
     monkeypatch.chdir(tmp_path)
     h100 = tmp_path / "h100.json"
-    assert cli.main(["--models", "tiny", "--roofline", "h100", "--out", str(h100)]) == 0
+    assert cli.main(["--models", "tiny", "--roofline", "h100", "--batches", "1", "8", "64",
+                     "--out", str(h100)]) == 0
     grid = ["method=speculative", "method.space.num_draft_tokens.high=3",
             "method.params.num_draft_tokens=2"]
     run_study(tmp_path, *STUDY, *grid, f"search.profile={tiny_profile}",
@@ -183,6 +184,12 @@ def test_a_study_records_a_prediction_beside_every_measurement(tmp_path, monkeyp
                       r"best of 3 points \{'num_draft_tokens': (\d)\} ([0-9.]+)x \(predicted\)",
                       out)
     assert there, out[-3000:]
+    # its batch sizes: a schedule row per level, in the summary and in the best YAML
+    assert all(f"predicted schedule               batch {b}: " in out for b in (1, 8, 64))
+    import yaml
+    deploy = yaml.safe_load(next((tmp_path / "studies" / "best").glob("*.yaml")).read_text())
+    deploy = deploy.get("deploy", deploy)
+    assert list(json.loads(deploy["predicted_llamacpp_per_level"])) == ["1", "8", "64"]
     best = max(trials, key=lambda t: t.user_attrs["predicted_speedup_for"])
     assert int(there.group(1)) == best.params["num_draft_tokens"]
     assert float(there.group(2)) == pytest.approx(best.user_attrs["predicted_speedup_for"],

@@ -55,6 +55,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--roofline", default=None, metavar="NAME",
                         help="write a roofline ESTIMATE for a GPU (H100, H200, A100, L40S, L4, "
                         "RTX4090) or for this cpu instead of measuring forwards")
+    parser.add_argument("--batches", type=int, nargs="+", default=None, metavar="B",
+                        help="with --roofline: the surfaces at these batch sizes too (a "
+                        "per-batch-size schedule needs two or more), e.g. 1 2 4 8 16 32 64")
     parser.add_argument("--compare", default=None, metavar="PROFILE",
                         help="with --roofline: its error against this measured profile")
     parser.add_argument("--compare-json", default=None, metavar="FILE",
@@ -77,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.roofline is not None:
             from tuner.predict.roofline import machine_named
             args.roofline = machine_named(args.roofline)
+        if args.batches is not None:
+            check_batches(args.batches, args.roofline)
         if args.compare is not None:
             if args.roofline is None:
                 raise ConfigError(f"--compare={args.compare!r} needs --roofline: allowed is "
@@ -103,6 +108,19 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"for 5 tokens; the loop's own time per step: " + ", ".join(
               f"{key} {1e3 * value:.2f} ms" for key, value in profile.step_overhead_s.items()))
     return 0
+
+
+def check_batches(batches: list[int], roofline: str | None) -> None:
+    """``--batches``: two or more distinct ascending sizes >= 1, with ``--roofline``."""
+    if roofline is None:
+        raise ConfigError(f"--batches={batches} needs --roofline: our own loops are measured at "
+                          "batch 1; allowed is --roofline NAME --batches 1 2 4 ...")
+    if len(batches) < 2:
+        raise ConfigError(f"--batches={batches} asks a per-batch-size schedule for one level "
+                          "only: allowed are two or more batch sizes, e.g. 1 2 4 8 16 32 64")
+    if min(batches) < 1 or sorted(set(batches)) != batches:
+        raise ConfigError(f"--batches={batches} is invalid: allowed are distinct ascending "
+                          "integers >= 1")
 
 
 def roofline_main(models: dict, args: argparse.Namespace) -> int:
@@ -185,6 +203,13 @@ def make_roofline(models: dict, args: argparse.Namespace, compared=None):
     target = roofline.surface(shapes["target"], machine, **grid("target", loops.TARGET_ROWS))
     draft = roofline.surface(shapes["draft"], machine, **grid("draft", loops.DRAFT_ROWS)) \
         if "draft" in shapes else None
+    batches = []
+    for b in sorted({1, *(args.batches or ())}) if args.batches else ():
+        batches.append((b, roofline.surface(shapes["target"], machine, batch=b,
+                                            **grid("target", loops.TARGET_ROWS)),
+                        roofline.surface(shapes["draft"], machine, batch=b,
+                                         **grid("draft", loops.DRAFT_ROWS))
+                        if "draft" in shapes else None))
     import transformers
     return HardwareProfile(
         kind="roofline", machine=machine.name, engine=DEFAULT,
@@ -192,7 +217,7 @@ def make_roofline(models: dict, args: argparse.Namespace, compared=None):
                "python": platform.python_version()},
         threads=threads, models=loops.describe_models(models), target=target, draft=draft,
         made=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        note=roofline.describe(machine, shapes)), machine
+        note=roofline.describe(machine, shapes), batches=tuple(batches)), machine
 
 
 def slug(text: str) -> str:

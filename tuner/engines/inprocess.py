@@ -219,21 +219,27 @@ class HFEvaluator:
             return None
         return self.price(generations, profile or self.settings.profile)
 
-    def predict_points(self, points: Sequence[Mapping[str, Any]], profile: Any = None
-                       ) -> list[float]:
-        """Every point's predicted speedup on the tuning prompts, priced by ``profile``
-        (default ``search.profile``; ``search=predict`` ranks by it); a point the method
-        refuses: -inf (never measured first)."""
+    def replay_points(self, points: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """Every point's replayed steps on the tuning prompts (``replay``); None for a point
+        the method refuses or whose acceptance does not replay."""
         out = []
         for point in points:
             try:
                 method = self.build(self.settings.method, {**self.settings.default, **point})
             except ParametersRefused:
-                out.append(float("-inf"))
+                out.append(None)
                 continue
-            got = self.predict(method, list(self.settings.tuning), profile)
-            out.append(float("-inf") if got is None else got.speedup)
+            out.append(self.replay(method, list(self.settings.tuning)))
         return out
+
+    def predict_points(self, points: Sequence[Mapping[str, Any]], profile: Any = None
+                       ) -> list[float]:
+        """Every point's predicted speedup on the tuning prompts, priced by ``profile``
+        (default ``search.profile``; ``search=predict`` ranks by it); a point the method
+        refuses: -inf (never measured first)."""
+        return [float("-inf") if generations is None else
+                self.price(generations, profile or self.settings.profile).speedup
+                for generations in self.replay_points(points)]
 
     def _measure(self, method: Any, prompt: Prompt) -> Measurement:
         s = self.settings

@@ -14,6 +14,9 @@ A ``HardwareProfile`` holds the target's surface and, for methods with a draft m
 plus what they were measured on (machine, engine and its build, threads, models and dtypes, when)
 and ``step_overhead_s``: the loop's own time per step beyond its forwards (verification, Python;
 with a draft model also the slowdown of forwards interleaved with the target's).
+``batches`` (optional): the same surfaces at further batch sizes (every sequence of the batch
+feeds the cell's rows after the cell's context), for predictions per batch size
+(``at_batch``; a roofline writes them, ``tuner.predict.roofline``).
 ``load_profile`` refuses with one line a file that is not a profile of this version, or one made
 for other models or another engine than the caller names.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -78,6 +81,18 @@ class CostSurface:
             return self.step_s(0, tokens)
         return _interp([n for n, _ in self.prefill], [s for _, s in self.prefill], tokens)
 
+    def blend(self, other: CostSurface, weight: float) -> CostSurface:
+        """(1 − weight) · self + weight · other, cell by cell (the same grid)."""
+        if (self.contexts, self.rows) != (other.contexts, other.rows) or \
+                [n for n, _ in self.prefill] != [n for n, _ in other.prefill]:
+            raise ValueError("surfaces on different grids cannot be blended")
+        mix = lambda a, b: (1.0 - weight) * a + weight * b   # noqa: E731
+        return CostSurface(self.contexts, self.rows,
+                           tuple(tuple(mix(a, b) for a, b in zip(x, y))
+                                 for x, y in zip(self.seconds, other.seconds)),
+                           tuple((n, mix(a, b)) for (n, a), (_, b) in
+                                 zip(self.prefill, other.prefill)))
+
     def to_json(self) -> dict[str, Any]:
         return {"contexts": list(self.contexts), "rows": list(self.rows),
                 "seconds": [list(line) for line in self.seconds],
@@ -107,11 +122,39 @@ class HardwareProfile:
     made: str = ""                             # ISO time (UTC)
     note: str = ""                             # e.g. how a roofline was computed
     version: int = PROFILE_VERSION
+    # (batch size, target, draft) ascending: the surfaces per batch size, batch 1 first; empty
+    # where only batch 1 was measured (``target`` / ``draft``)
+    batches: tuple[tuple[int, CostSurface, CostSurface | None], ...] = ()
+
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(b for b, _, _ in self.batches) or (1,)
+
+    def at_batch(self, batch: int) -> HardwareProfile:
+        """This profile with its surfaces at ``batch`` (linear between the stored batch sizes);
+        ValueError outside them."""
+        sizes = self.batch_sizes()
+        if not sizes[0] <= batch <= sizes[-1]:
+            raise ValueError(f"batch size {batch} is outside this profile's batch sizes "
+                             f"{list(sizes)}")
+        if not self.batches:
+            return self
+        i = max(k for k, b in enumerate(sizes) if b <= batch)
+        lo, target, draft = self.batches[i]
+        if lo != batch:
+            hi, target_hi, draft_hi = self.batches[i + 1]
+            weight = (batch - lo) / (hi - lo)
+            target = target.blend(target_hi, weight)
+            draft = draft.blend(draft_hi, weight) if draft is not None and \
+                draft_hi is not None else None
+        return replace(self, target=target, draft=draft, batches=())
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["target"] = self.target.to_json()
         out["draft"] = self.draft.to_json() if self.draft is not None else None
+        out["batches"] = [{"batch": b, "target": t.to_json(),
+                           "draft": d.to_json() if d is not None else None}
+                          for b, t, d in self.batches]
         return out
 
     def save(self, path: str | Path) -> Path:
@@ -159,7 +202,13 @@ def load_profile(path: str | Path, *, models: Mapping[str, Any] | None = None,
             target=CostSurface.from_json(data["target"]),
             draft=CostSurface.from_json(data["draft"]) if data.get("draft") else None,
             step_overhead_s={k: float(v) for k, v in (data.get("step_overhead_s") or {}).items()},
-            made=str(data.get("made", "")), note=str(data.get("note", "")))
+            made=str(data.get("made", "")), note=str(data.get("note", "")),
+            batches=tuple((int(b["batch"]), CostSurface.from_json(b["target"]),
+                           CostSurface.from_json(b["draft"]) if b.get("draft") else None)
+                          for b in data.get("batches") or ()))
+        sizes = [b for b, _, _ in profile.batches]
+        if sizes and (sizes != sorted(set(sizes)) or sizes[0] != 1):
+            raise ValueError(f"batch sizes {sizes} must ascend from 1")
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"{setting}={str(path)!r} is a corrupt hardware profile "
                           f"({type(err).__name__}: {err}): make it again with "

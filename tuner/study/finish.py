@@ -120,9 +120,11 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
                       say: Callable[[str], None]) -> dict[str, Any] | None:
     """``search.predict_for``: the grid (``search.ranges``) ranked by the speedup predicted on
     the other machine (acceptance replayed here, priced by its profile): the best point there,
-    and there the default's and this study's winner's. None without ``search.predict_for``."""
+    and there the default's and this study's winner's; with a profile of several batch sizes,
+    the per-batch-size schedule of ``num_draft_tokens`` around the winner
+    (``tuner.predict.schedule``). None without ``search.predict_for``."""
     profile = settings.predict_for
-    if profile is None or not hasattr(evaluator, "predict_points"):
+    if profile is None or not hasattr(evaluator, "replay_points"):
         return None
     from tuner.search.plans import GridPlan, point_key
     default = settings.searched(settings.default)
@@ -134,7 +136,10 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
         points = points + [winner]
     say(f"search.predict_for: predicting {len(points)} points of the {ranges} grid for "
         f"{profile.machine} ...")
-    predicted = evaluator.predict_points(points, profile)
+    replayed = evaluator.replay_points(points)
+    one = profile.at_batch(1)
+    predicted = [float("-inf") if g is None else evaluator.price(g, one).speedup
+                 for g in replayed]
     by_key = {point_key(p): v for p, v in zip(points, predicted)}
     best = max(range(len(points)), key=lambda i: predicted[i])
     if not predicted[best] > float("-inf"):
@@ -145,10 +150,37 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
     line = (f"on {profile.machine}, {what}, not measured here: best of {len(points)} points "
             f"{shown} {predicted[best]:.2f}x (predicted); this study's winner there "
             f"{by_key[point_key(winner)]:.2f}x, the default {by_key[point_key(default)]:.2f}x")
-    return {"line": line, "machine": profile.machine, "kind": profile.kind,
-            "params": dict(points[best]), "speedup": predicted[best],
-            "winner_speedup": by_key[point_key(winner)],
-            "default_speedup": by_key[point_key(default)]}
+    out = {"line": line, "machine": profile.machine, "kind": profile.kind,
+           "params": dict(points[best]), "speedup": predicted[best],
+           "winner_speedup": by_key[point_key(winner)],
+           "default_speedup": by_key[point_key(default)]}
+    schedule = batch_schedule(settings, evaluator, profile, winner, points, replayed)
+    if schedule is not None:
+        out["schedule"] = schedule
+    return out
+
+
+def batch_schedule(settings: StudySettings, evaluator: Evaluator, profile: Any,
+                   winner: Mapping[str, Any], points: list, replayed: list) -> Any:
+    """The schedule of ``num_draft_tokens`` over the profile's batch sizes, the winner's other
+    parameters held (``tuner.predict.schedule.plan``); None with one batch size or without
+    ``num_draft_tokens`` in the space."""
+    from tuner.predict.schedule import plan
+    sizes = profile.batch_sizes()
+    if len(sizes) < 2 or "num_draft_tokens" not in settings.space:
+        return None
+    same = {k: v for k, v in winner.items() if k != "num_draft_tokens"}
+    by_k = {int(p["num_draft_tokens"]): g for p, g in zip(points, replayed) if g is not None
+            and {k: v for k, v in p.items() if k != "num_draft_tokens"} == same}
+    if not by_k:
+        return None
+    cache: dict[tuple[int, int], float] = {}
+
+    def speedup(k: int, batch: int) -> float:
+        if (k, batch) not in cache:
+            cache[k, batch] = evaluator.price(by_k[k], profile.at_batch(batch)).speedup
+        return cache[k, batch]
+    return plan(speedup, sorted(by_k), sizes)
 
 
 def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
@@ -172,6 +204,15 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                 if (decision := rate_decision(settings, study, confirmed, rate)) is not None}
     if settings.traffic.rates:
         deploy = {**deploy, "per_rate": json.dumps({rate: d[0] for rate, d in per_rate.items()})}
+    elsewhere = predict_elsewhere(settings, evaluator, params, say)
+    schedule = (elsewhere or {}).get("schedule")
+    if schedule is not None:
+        vllm = schedule.vllm()
+        deploy = {**deploy,
+                  "predicted_vllm_schedule": json.dumps(vllm) if vllm else
+                  "speculation off at every batch size",
+                  "predicted_sglang_adaptive_config_untested": json.dumps(schedule.sglang()),
+                  "predicted_llamacpp_per_level": json.dumps(schedule.llamacpp())}
     path = report.write_best_yaml(folder, settings, params, best, confirmed, deploy)
     record = TrialRecord.read(winner)
     summary = {**record.figures, **({} if record.feasible is None else
@@ -191,9 +232,9 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     if calib is not None:
         shown = f"; profile {settings.profile.describe()}" if settings.profile else ""
         rows.append(("prediction (search.profile)", summary_line(calib) + shown))
-    elsewhere = predict_elsewhere(settings, evaluator, params, say)
     if elsewhere is not None:
         rows.append(("predicted for another machine (search.predict_for)", elsewhere["line"]))
+        rows += [("predicted schedule", line) for line in schedule.lines()] if schedule else []
     rows += [(f"deploy: {key}", value) for key, value in deploy.items()]
     advice = report.recommendation(confirmed, settings.min_held_out_prompts,
                                    settings.objectives[0])
