@@ -3,6 +3,7 @@
 
     python bench/prediction.py [--profile P.json] [--tasks gsm8k cnndm] [--prompts 3]
         [--max-new-tokens 48] [--rounds 2] [--out bench/results_prediction_cpu.json]
+        [--predict-for H100.json ...]
 
 Per task (held-out prompts of ``bench/drafters.py``):
   1. one vanilla trajectory per prompt to ``--max-new-tokens`` without stopping at EOS
@@ -15,6 +16,12 @@ Per task (held-out prompts of ``bench/drafters.py``):
   3. per setting and round: the measured paired speedup, as a study's ``speedup`` is (per prompt
      vanilla's wall time over the method's, end to end, the two in alternating order, one
      untimed warm-up each; the geometric mean over prompts).
+Besides the measured profile, every setting is priced by this CPU's roofline (an ESTIMATE from
+the read bandwidth and matmul throughput measured at the start, ``tuner.predict.roofline``) and
+by each ``--predict-for`` profile (e.g. a GPU's roofline with batch sizes): the CPU roofline's
+error against the measurements is reported as the measured profile's is; for the other profiles
+the predictions and, over their batch sizes, the speculative γ schedule
+(``tuner.predict.schedule``) — predictions only, nothing is measured there.
 Reported: per setting measured (each round), predicted and the error; per task the median
 |predicted/measured − 1|, Spearman's ρ, the measurements' own test–retest spread (median
 |round 1/round 2 − 1|: no prediction can be shown better than that), the seconds spent
@@ -34,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from tuner.predict import roofline
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SETTINGS = [(f"speculative γ={g}", "speculative", {"num_draft_tokens": g}) for g in range(1, 9)] \
@@ -48,7 +57,7 @@ def timed(method, ids, max_new):
     return time.perf_counter() - start, out
 
 
-def run_task(name, pair, prompts, args, profile):
+def run_task(name, pair, prompts, args, profile, others=()):
     from decoding import build_method
     from decoding.replay import drafter_steps, trajectory
     from tuner.predict.predict import calibration, predict
@@ -56,7 +65,7 @@ def run_task(name, pair, prompts, args, profile):
     trajectories = [trajectory(pair.target, torch.tensor(p), args.max_new_tokens)
                     for p in prompts]
     replay_s = time.perf_counter() - start
-    rows, generate_s = [], 0.0
+    rows, generate_s, speculative = [], 0.0, {}
     vanilla = build_method("vanilla", pair)
     for label, name_, params in SETTINGS:
         method = build_method(name_, pair, **params)
@@ -64,8 +73,14 @@ def run_task(name, pair, prompts, args, profile):
         replayed = [drafter_steps(method.drafter, torch.tensor(p), t, args.max_new_tokens,
                                   tuple(method.eos_ids)) for p, t in zip(prompts, trajectories)]
         replay_s += time.perf_counter() - start
-        predicted = predict([(len(p), s) for p, s in zip(prompts, replayed)], profile,
-                            "replay", uses_draft=name_ != "prompt_lookup")
+        generations = [(len(p), s) for p, s in zip(prompts, replayed)]
+        uses_draft = name_ != "prompt_lookup"
+        predicted = predict(generations, profile, "replay", uses_draft=uses_draft)
+        elsewhere = {label_: predict(generations, other.at_batch(1), "replay",
+                                     uses_draft=uses_draft).speedup
+                     for label_, other in others}
+        if label.startswith("speculative"):
+            speculative[params["num_draft_tokens"]] = generations
         rounds, exact = [], True
         for r in range(args.rounds):
             ratios = []
@@ -90,7 +105,7 @@ def run_task(name, pair, prompts, args, profile):
         row = {"task": name, "setting": label, "measured": rounds, "measured_mean": measured,
                "predicted": predicted.speedup, "error": predicted.speedup / measured - 1,
                "mean_accepted_tokens": predicted.mean_accepted_tokens,
-               "replay_equals_loop": exact}
+               "replay_equals_loop": exact, "predicted_for": elsewhere}
         rows.append(row)
         print(f"{name:<7} {label:<24} measured {' / '.join(f'{x:.3f}' for x in rounds)}  "
               f"predicted {predicted.speedup:.3f}  error {100 * row['error']:+.1f} %  "
@@ -109,6 +124,7 @@ def run_task(name, pair, prompts, args, profile):
                          "best_predicted": chosen["setting"],
                          "reached": chosen["measured_mean"] / best["measured_mean"]}
     summary = {"task": name, **calib, "test_retest_median": retest, "replay_s": replay_s,
+               "elsewhere": elsewhere_summary(rows, others, speculative, profile.machine),
                "top1_by_family": picks,
                "generate_s": generate_s, "prompts": len(prompts),
                "max_new_tokens": args.max_new_tokens,
@@ -121,6 +137,39 @@ def run_task(name, pair, prompts, args, profile):
     return rows, summary
 
 
+def elsewhere_summary(rows, others, speculative, here):
+    """Per other profile: for one of this machine (``here``: this CPU's roofline) its
+    calibration against the measurements; for every one its best predicted setting and, with
+    several batch sizes, the speculative γ schedule it predicts."""
+    from tuner.predict.predict import calibration, predict
+    from tuner.predict.schedule import plan
+    out = {}
+    for label, other in others:
+        entry = {"machine": other.machine, "kind": other.kind,
+                 "best_predicted": max(rows, key=lambda r: r["predicted_for"][label])["setting"]}
+        if other.machine == here:
+            entry["calibration_here"] = calibration(
+                [(r["predicted_for"][label], r["measured_mean"]) for r in rows],
+                [r["setting"] for r in rows])
+        if len(other.batch_sizes()) > 1:
+            schedule = plan(lambda k, b: predict(speculative[k], other.at_batch(b), "replay",
+                                                 uses_draft=True).speedup,
+                            sorted(speculative), other.batch_sizes())
+            entry["schedule"] = {"lines": schedule.lines(), "vllm": schedule.vllm(),
+                                 "sglang_untested": schedule.sglang(),
+                                 "llamacpp": schedule.llamacpp()}
+            print(f"  {label} schedule: " + "; ".join(schedule.lines()), flush=True)
+        out[label] = entry
+        calib = entry.get("calibration_here")
+        rho = None if calib is None or calib["spearman"] is None else round(calib["spearman"], 2)
+        shown = "" if calib is None else (
+            f"median error vs this machine's measurements {100 * calib['median_abs_error']:.1f} "
+            f"%, Spearman {rho}; ")
+        print(f"  priced by {label} ({other.machine}): {shown}best predicted "
+              f"{entry['best_predicted']}", flush=True)
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, help="a hardware profile JSON (else measured)")
@@ -129,6 +178,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--predict-for", nargs="*", default=[],
+                        help="further profiles to price every setting by (e.g. a GPU roofline)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     from drafters import bench_prompts
@@ -143,17 +194,42 @@ def main(argv=None) -> None:
     else:
         profile = cli.make_profile(models, cli.parse(["--models", "smollm2"]))
     print(f"profile: {profile.describe()}", flush=True)
+    others = [("cpu roofline", cpu_roofline(pair, profile))]
+    others += [(Path(p).stem, load_profile(p, models=models, engine="hf",
+                                           setting="--predict-for")) for p in args.predict_for]
+    print(f"cpu roofline: {others[0][1].note}", flush=True)
     rows, summaries = [], []
     for name in args.tasks:
         task, held = bench_prompts(name)
         prompts = [task.encode(p, pair.tokenizer) for p in held[: args.prompts]]
-        task_rows, summary = run_task(name, pair, prompts, args, profile)
+        task_rows, summary = run_task(name, pair, prompts, args, profile, others)
         rows += task_rows
         summaries.append(summary)
     if args.out:
         Path(args.out).write_text(json.dumps({
             "profile": profile.to_json(), "threads": torch.get_num_threads(),
+            "cpu_roofline": others[0][1].to_json(),
+            "roofline_vs_measured": {"target": roofline.compare(others[0][1].target,
+                                                                profile.target),
+                                     "draft": roofline.compare(others[0][1].draft,
+                                                               profile.draft)},
             "summaries": summaries, "rows": rows}, indent=1) + "\n")
+
+
+def cpu_roofline(pair, measured):
+    """This CPU's roofline (bandwidth and matmul throughput measured now) on the measured
+    profile's grid, as a profile."""
+    from dataclasses import replace
+    shapes = {"target": roofline.ModelShape.of(pair.target, pair.target_name),
+              "draft": roofline.ModelShape.of(pair.draft, pair.draft_name)}
+    machine = roofline.measure_cpu(torch.get_num_threads())
+
+    def on(surface, shape):
+        return roofline.surface(shape, machine, surface.contexts, surface.rows,
+                                [n for n, _ in surface.prefill])
+    return replace(measured, kind="roofline", target=on(measured.target, shapes["target"]),
+                   draft=on(measured.draft, shapes["draft"]), step_overhead_s={},
+                   note=roofline.describe(machine, shapes), batches=())
 
 
 if __name__ == "__main__":

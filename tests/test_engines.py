@@ -462,3 +462,50 @@ def test_the_engine_is_in_the_fingerprint(tmp_path):
         "decoding.prompt_lookup.PromptLookup"
     assert settings.objectives == ("decode_speedup",)      # search.objectives=[auto]
     assert json.loads(settings.fingerprint["search"])["objectives"] == ["decode_speedup"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine's cost surface from its synthetic-acceptance mode
+
+
+def test_synthetic_acceptance_reports_the_length_asked_and_its_step_times_make_a_profile(
+        tmp_path):
+    """llama.cpp's --spec-synth-len: with k = 2 drafts per step and a mean length of 2.0 asked,
+    the engine's own counts (3 rounds of `level` requests, each its own seed; answers end at EOS
+    or 48 tokens) give 2.0 within 4 standard errors at concurrency 1 and 2 (without
+    speculation exactly 1.0); the same check rejects a run asked 3.0 (every draft accepted), so
+    it can fail. The step times become a llama.cpp profile (levels 1 and 2, rows k + 1) that
+    loads as one and is refused, with one line, by a study of our own loops."""
+    from tuner.predict import synthetic
+    from tuner.predict.surface import load_profile
+    settings, ev = evaluator(tmp_path, "method=speculative", "budget.concurrency=[1,2]",
+                             "task.max_new_tokens=48")
+    ev.open()
+    try:
+        cells = ev.synthetic_costs([2], [1, 2], 2.0, rounds=3)
+        [all_accepted] = [c for c in ev.synthetic_costs([2], [1], 3.0, rounds=3) if c.k == 2]
+    finally:
+        ev.close()
+    by = {(c.level, c.k): c for c in cells}
+    assert sorted(by) == [(1, 0), (1, 2), (2, 0), (2, 2)]
+    for level in (1, 2):
+        plain, drafted = by[level, 0], by[level, 2]
+        assert plain.mean_length == 1.0 and plain.requests == 3 * level
+        assert drafted.decode_steps > 40 and drafted.length_error() > 0
+        assert abs(drafted.mean_length - 2.0) <= 4 * drafted.length_error(), \
+            (drafted.mean_length, drafted.length_error())
+        assert plain.step_s > 0 and drafted.step_s > 0
+    assert abs(all_accepted.mean_length - 2.0) > 4 * all_accepted.length_error() and \
+        all_accepted.mean_length > 2.7
+    made = synthetic.profile(cells, machine="cpu: here", engine="llamacpp",
+                             build={"llamacpp": ev.build_info()}, threads=ev.threads,
+                             models=settings.models, made="now", length=2.0)
+    path = made.save(tmp_path / "llamacpp.json")
+    loaded = load_profile(path, models=settings.models, engine="llamacpp")
+    assert loaded.batch_sizes() == (1, 2) and loaded.target.rows == (1, 3)
+    assert loaded.at_batch(2).target.step_s(0, 3) == pytest.approx(by[2, 2].step_s)
+    assert loaded.target.prefill_s(10) > 0 and "synthetic acceptance" in loaded.note
+    with pytest.raises(ConfigError) as err:
+        load_profile(path, models=settings.models, engine="hf", setting="search.profile")
+    assert "was made for engine=llamacpp, not engine=hf" in str(err.value)
+    assert "\n" not in str(err.value)

@@ -276,6 +276,10 @@ def test_search_predict_measures_fewer_points_than_the_grid(tmp_path, monkeypatc
      "search.objectives=['perplexity'] is invalid for search=predict"),
     (["method=ouroboros", "search.profile={p}"],
      "search.profile='{p}' is invalid for method=ouroboros: its acceptance is not replayed"),
+    (["method=ouroboros", "search.predict_for={p}"],
+     "search.predict_for='{p}' is invalid for method=ouroboros: its acceptance is not replayed"),
+    (["method=speculative", "models=smollm2", "search.predict_for={p}"],
+     "search.predict_for='{p}' was made for models.target="),
 ])
 def test_search_predict_bad_input_gets_one_line(tmp_path, monkeypatch, tiny_profile, overrides,
                                                 message):

@@ -105,6 +105,23 @@ def test_the_command_writes_estimates_compares_and_refuses_bad_input(tmp_path, c
         assert message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("bad,message", [
+    (["--engine", "vllm"], "--engine='vllm': its cost surface is not built yet"),
+    (["--engine", "llamacpp", "--ks", "4", "2"], "--ks=[4, 2] is invalid: allowed are distinct "
+                                                 "ascending integers >= 1"),
+    (["--engine", "llamacpp", "--synth-len", "0.5"], "--synth-len=0.5 is invalid"),
+    (["--engine", "llamacpp", "--roofline", "H100"], "estimates our own loops"),
+    (["--roofline", "H100", "--batches", "8"], "--batches=[8] asks a per-batch-size schedule "
+                                               "for one level only"),
+    (["--batches", "1", "8"], "--batches=[1, 8] needs --roofline")])
+def test_engine_and_batch_settings_are_refused_in_one_line_before_anything_loads(
+        bad, message, capsys):
+    from tuner import profile as cli
+    assert cli.main(["--models", "tiny", *bad]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
 def test_an_unknown_name_is_one_config_error_line():
     with pytest.raises(ConfigError) as err:
         roofline.machine_named("H1OO", setting="search.predict_for")

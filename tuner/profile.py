@@ -12,6 +12,11 @@ wanted (the contention check of a study is not run here: check ``uptime`` first)
     python -m tuner.profile --models smollm2 --roofline H100
     python -m tuner.profile --models smollm2 --roofline cpu --compare profiles/smollm2-cpu.json
 
+    python -m tuner.profile --engine llamacpp --models smollm2 --levels 1 2 4 --ks 1 2 4 8
+
+``--engine llamacpp`` measures llama-server's cost surface instead, from its synthetic-acceptance
+mode (``tuner.predict.synthetic``: k drafted tokens per step accepted at random with mean length
+``--synth-len``), per concurrency level and k, on the task's prompts.
 ``--roofline NAME`` writes instead a roofline profile (an ESTIMATE, ``tuner.predict.roofline``)
 for a named GPU from its datasheet, or for this CPU from its bandwidth and matmul throughput
 measured here; ``--compare`` prints its error against a measured profile, cell by cell.
@@ -58,6 +63,18 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batches", type=int, nargs="+", default=None, metavar="B",
                         help="with --roofline: the surfaces at these batch sizes too (a "
                         "per-batch-size schedule needs two or more), e.g. 1 2 4 8 16 32 64")
+    parser.add_argument("--engine", default="hf", help="hf (our loops) or llamacpp (its "
+                        "synthetic-acceptance mode)")
+    parser.add_argument("--levels", type=int, nargs="+", default=[1], metavar="C",
+                        help="--engine llamacpp: concurrency levels (1 is always measured)")
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4], metavar="K",
+                        help="--engine llamacpp: drafted tokens per step")
+    parser.add_argument("--synth-len", type=float, default=2.5, metavar="L",
+                        help="--engine llamacpp: mean accepted length asked (capped at k + 1)")
+    parser.add_argument("--task", default="gsm8k", help="--engine llamacpp: the prompts' task")
+    parser.add_argument("--prompts", type=int, default=4, help="--engine llamacpp: prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=64,
+                        help="--engine llamacpp: tokens per request")
     parser.add_argument("--compare", default=None, metavar="PROFILE",
                         help="with --roofline: its error against this measured profile")
     parser.add_argument("--compare-json", default=None, metavar="FILE",
@@ -82,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.roofline = machine_named(args.roofline)
         if args.batches is not None:
             check_batches(args.batches, args.roofline)
+        check_engine(args)
         if args.compare is not None:
             if args.roofline is None:
                 raise ConfigError(f"--compare={args.compare!r} needs --roofline: allowed is "
@@ -99,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.roofline is not None:
         return roofline_main(models, args)
+    if args.engine != "hf":
+        return engine_main(models, args)
     profile = make_profile(models, args)
     out = Path(args.out or f"profiles/{args.models}-{slug(profile.machine)}.json")
     profile.save(out)
@@ -108,6 +128,84 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"for 5 tokens; the loop's own time per step: " + ", ".join(
               f"{key} {1e3 * value:.2f} ms" for key, value in profile.step_overhead_s.items()))
     return 0
+
+
+ENGINES = ("hf", "llamacpp")
+
+
+def check_engine(args: argparse.Namespace) -> None:
+    """``--engine`` and its settings, one line each."""
+    if args.engine not in ENGINES:
+        raise ConfigError(f"--engine={args.engine!r}: its cost surface is not built yet "
+                          f"(vLLM's synthetic acceptance is next); allowed are {list(ENGINES)}")
+    if args.engine == "hf":
+        return
+    if args.roofline is not None:
+        raise ConfigError(f"--roofline={args.roofline!r} estimates our own loops: allowed is "
+                          "--engine hf with it")
+    for name, values, low in (("--levels", args.levels, 1), ("--ks", args.ks, 1)):
+        if min(values) < low or sorted(set(values)) != values:
+            raise ConfigError(f"{name}={values} is invalid: allowed are distinct ascending "
+                              f"integers >= {low}")
+    if not args.synth_len >= 1:
+        raise ConfigError(f"--synth-len={args.synth_len} is invalid: allowed is a mean accepted "
+                          "length >= 1 (the target's token included)")
+    if args.prompts < 1 or args.max_new_tokens < 2:
+        raise ConfigError(f"--prompts={args.prompts} --max-new-tokens={args.max_new_tokens}: "
+                          "allowed are >= 1 prompts and >= 2 tokens")
+
+
+def engine_main(models: dict, args: argparse.Namespace) -> int:
+    """``--engine llamacpp``: the engine's synthetic-acceptance cost surface as a profile."""
+    import torch
+
+    from decoding.hardware import hardware
+    from tuner.measure.timing import time_generation
+    from tuner.predict import loops, synthetic
+    from tuner.study.settings import StudySettings
+    levels = sorted({1, *args.levels})
+    cfg = compose(["+task=" + args.task, f"engine={args.engine}", "method=speculative",
+                   f"models={args.models}", f"budget.concurrency=[{','.join(map(str, levels))}]",
+                   f"task.n_prompts={args.prompts}", "task.n_held_out=1",
+                   f"task.max_new_tokens={args.max_new_tokens}", "tracking=none",
+                   "study_name=profile", "warmup_prompts=0",
+                   *([] if args.threads == "auto" else [f"threads={args.threads}"])])
+    settings = StudySettings.from_config(cfg)
+    evaluator = settings.engine_object.evaluator(settings.measuring, time_generation, print)
+    try:
+        evaluator.open()
+        print(f"synthetic acceptance: k {args.ks} at concurrency {levels}, mean length "
+              f"{args.synth_len:g} asked")
+        cells = evaluator.synthetic_costs(args.ks, levels, args.synth_len)
+        profile = synthetic.profile(
+            cells, machine=hardware(torch.device("cpu")), engine=args.engine,
+            build={args.engine: evaluator.build_info()}, threads=evaluator.threads,
+            models=loops.describe_models(models), length=args.synth_len,
+            made=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    finally:
+        evaluator.close()
+    out = Path(args.out or f"profiles/{args.models}-{args.engine}-{slug(profile.machine)}.json")
+    profile.save(out)
+    print(f"wrote {out}: {profile.describe()}")
+    for c in cells:
+        if c.k:
+            print(f"  k={c.k} at concurrency {c.level}: mean length {c.mean_length:.2f} "
+                  f"(asked {c.asked_length:g}, ±{c.length_error():.2f}), "
+                  f"{1e3 * c.step_s:.1f} ms per step")
+    return 0
+
+
+def compose(overrides: list[str]):
+    """The tuner's config as ``python -m tuner <overrides>`` composes it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
 
 
 def check_batches(batches: list[int], roofline: str | None) -> None:

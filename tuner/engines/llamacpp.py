@@ -137,6 +137,17 @@ class LlamaCppEvaluator(ServerEvaluator):
                     else str(value)]
         return out
 
+    def synthetic_spec(self, k: int, length: float) -> list[str]:
+        """Draft-model speculation drafting exactly ``k`` tokens per step (``p_min`` 0, no
+        minimum), accepted at random with mean length ``length`` (``--spec-synth-len``,
+        "benchmarking only": the output is not the target's)."""
+        if "n_max" not in self.mapping["knobs"] or not self.settings.method["needs_draft"]:
+            raise ConfigError(f"method={self.settings.method_choice}: a synthetic-acceptance "
+                              "surface of llama.cpp drafts with a draft model; allowed is "
+                              "method=speculative")
+        params = {**self.settings.default, "n_max": k, "n_min": 0, "p_min": 0.0}
+        return self.flags(params) + ["--spec-synth-len", f"{length:g}"]
+
     def launch_line(self, params: Mapping[str, Any], port: int = 8080) -> str:
         return super().launch_line(params, port)
 

@@ -265,6 +265,47 @@ class ServerEvaluator:
         return [self.measurement(prompt, r.body, r.wall_s, level, wall, counted)
                 for (_, prompt), r in zip(batch, replies)]
 
+    # -- cost surfaces (tuner.predict.synthetic) -------------------------------------------------
+
+    def synthetic_spec(self, k: int, length: float) -> Spec:
+        """The method server's settings drafting ``k`` tokens per step, accepted at random with
+        mean length ``length`` (the engine's synthetic-acceptance mode)."""
+        raise ConfigError(f"engine={self.name}: its synthetic-acceptance cost surface is not "
+                          "built yet; allowed is engine=llamacpp")
+
+    def synthetic_costs(self, ks: Sequence[int], levels: Sequence[int], length: float,
+                        rounds: int = 2) -> list[Any]:
+        """Per k (0: the baseline server) and level: ``rounds`` batches of ``level`` tuning
+        prompts (cycled, each request its own seed), after one untimed request per server;
+        ``tuner.predict.synthetic.cell`` of the engine's own counts and times."""
+        from tuner.predict.synthetic import cell
+        prompts = list(self.settings.tuning)
+        out = []
+        for k in (0, *ks):
+            asked = None if k == 0 else min(float(length), k + 1.0)
+            server = self.baseline if k == 0 else \
+                self._method_server(self.synthetic_spec(k, asked))
+            send_batch(server.url + self.endpoint, [self.payload(prompts[0], k > 0)])
+            for level in levels:
+                runs = []
+                for r in range(rounds):
+                    batch = [prompts[(r * level + i) % len(prompts)] for i in range(level)]
+                    payloads = [{**self.payload(p, k > 0), "seed": self.settings.seed + r * level
+                                 + i} for i, p in enumerate(batch)]
+                    replies, wall = send_batch(server.url + self.endpoint, payloads)
+                    for p, reply in zip(batch, replies):
+                        m = self.measurement(p, reply.body, reply.wall_s, level, wall, None)
+                        runs.append({"tokens": len(m.tokens), "accepted": m.accepted,
+                                     "decode_s": m.decode_s or 0.0,
+                                     "prompt": len(self.ids[p.id]),
+                                     "prompt_s": m.prompt_s or 0.0})
+                got = cell(level, k, asked, runs)
+                out.append(got)
+                self.say(f"  k={k} at concurrency {level}: {1e3 * got.step_s:.1f} ms per step, "
+                         f"mean length {got.mean_length:.2f}"
+                         + (f" (asked {asked:g})" if asked else ""))
+        return out
+
     def stream(self, server: EngineServer | None, prompts: Sequence[Prompt],
                offsets: Sequence[float], method: bool) -> list[StreamedRequest]:
         """``prompts[i]`` streamed from ``server`` (None: the baseline) at ``offsets[i]``

@@ -32,6 +32,7 @@ CONTEXTS = (16, 128, 384, 768, 1536)
 TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 11, 16)   # vanilla 1, a chain γ + 1, a trie its nodes + 1
 DRAFT_ROWS = (1, 2)                   # a draft model feeds one or two tokens per forward
 PREFILL = (16, 64, 256, 512, 1024, 2048)      # prompt tokens
+OVERHEAD_RUNS = 3                     # timed runs per loop for its time per step (the median)
 
 
 def _seconds(run: Callable[[], Any], repeats: int, device: torch.device | None = None
@@ -56,25 +57,37 @@ def measure_surface(model: nn.Module, *, contexts: Sequence[int] = CONTEXTS,
                     repeats: int = 5, seed: int = 0,
                     progress: Callable[[str], None] = lambda line: None) -> CostSurface:
     """The grid of the module docstring for ``model`` (random token ids: cost does not depend on
-    which tokens)."""
+    which tokens). The cells are timed in rounds, each round visiting every cell once (after
+    one untimed round), so a slow spell of the machine spreads over all cells instead of
+    bending one context's row."""
     device = next(model.parameters()).device
     vocab = int(model.get_input_embeddings().weight.shape[0])
     generator = torch.Generator().manual_seed(seed)
     longest = max(max(contexts) + max(rows), max(prefill, default=0))
     ids = torch.randint(0, vocab, (longest,), generator=generator).to(device)     # [N]
-    seconds = []
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    caches = []
     for context in contexts:
         cache = new_cache(model, context + max(rows))
         forward_logits(model, ids[None, :context], cache, 0, 1)
-        line = []
-        for n in rows:
-            def step(n: int = n) -> None:
+        caches.append(cache)
+    times: dict[tuple[int, int], list[float]] = {(c, n): [] for c in contexts for n in rows}
+    for round_ in range(repeats + 1):             # round 0: warm-up, not kept
+        for context, cache in zip(contexts, caches):
+            for n in rows:
+                start = time.perf_counter()
                 forward_logits(model, ids[None, context:context + n], cache, context, n)
-                cache.crop(-n)            # back to `context` rows (reserved_cache)
-            line.append(_seconds(step, repeats, device))
-        seconds.append(tuple(line))
+                if sync is not None:
+                    sync(device)
+                elapsed = time.perf_counter() - start
+                cache.crop(-n)                    # back to `context` rows (reserved_cache)
+                if round_:
+                    times[context, n].append(elapsed)
+    seconds = [tuple(statistics.median(times[c, n]) for n in rows) for c in contexts]
+    for context, line in zip(contexts, seconds):
         progress(f"  context {context}: " + ", ".join(f"{n} rows {1e3 * s:.1f} ms"
                                                       for n, s in zip(rows, line)))
+    del caches
     prefills = []
     for n in prefill:
         prefills.append((n, _seconds(lambda n=n: forward_logits(
@@ -100,7 +113,7 @@ def step_overheads(target: nn.Module, surface: CostSurface, prompt_ids: Sequence
     device = next(target.parameters()).device
     prompt = torch.tensor(list(prompt_ids), device=device)
     vanilla = Vanilla(target, eos_token_ids=[])
-    wall = _seconds(lambda: list(vanilla.stream(prompt, max_new_tokens)), 2, device)
+    wall = _seconds(lambda: list(vanilla.stream(prompt, max_new_tokens)), OVERHEAD_RUNS, device)
     out = {"vanilla": (wall - vanilla_forward_seconds(surface, len(prompt), max_new_tokens))
            / max_new_tokens}
     loops: list[tuple[str, Any, CostSurface | None]] = [
@@ -113,7 +126,7 @@ def step_overheads(target: nn.Module, surface: CostSurface, prompt_ids: Sequence
 
         def run(method: Any = method) -> None:
             steps[:] = list(method.stream(prompt, max_new_tokens))
-        wall = _seconds(run, 2, device)
+        wall = _seconds(run, OVERHEAD_RUNS, device)
         tokens = [t for s in steps for t in s.tokens]
         replayed = drafter_steps(method.drafter, prompt, tokens, max_new_tokens)
         out[key] = (wall - forward_seconds(replayed, surface, priced)) / len(replayed)
