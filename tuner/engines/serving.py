@@ -273,16 +273,18 @@ class ServerEvaluator:
         raise ConfigError(f"engine={self.name}: its synthetic-acceptance cost surface is not "
                           "built yet; allowed is engine=llamacpp")
 
-    def synthetic_costs(self, ks: Sequence[int], levels: Sequence[int], length: float,
-                        rounds: int = 2) -> list[Any]:
+    def synthetic_costs(self, ks: Sequence[int], levels: Sequence[int],
+                        length: float | Mapping[int, float], rounds: int = 2) -> list[Any]:
         """Per k (0: the baseline server) and level: ``rounds`` batches of ``level`` tuning
         prompts (cycled, each request its own seed), after one untimed request per server;
-        ``tuner.predict.synthetic.cell`` of the engine's own counts and times."""
+        ``tuner.predict.synthetic.cell`` of the engine's own counts and times. ``length``: the
+        mean accepted length asked (capped at k + 1), or one per k."""
         from tuner.predict.synthetic import cell
         prompts = list(self.settings.tuning)
         out = []
         for k in (0, *ks):
-            asked = None if k == 0 else min(float(length), k + 1.0)
+            wanted = length.get(k, 1.0) if isinstance(length, Mapping) else length
+            asked = None if k == 0 else min(float(wanted), k + 1.0)
             server = self.baseline if k == 0 else \
                 self._method_server(self.synthetic_spec(k, asked))
             send_batch(server.url + self.endpoint, [self.payload(prompts[0], k > 0)])

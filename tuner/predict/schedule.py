@@ -90,10 +90,11 @@ class Schedule:
 
 
 def plan(speedup: Callable[[int, int], float], ks: Sequence[int], levels: Sequence[int],
-         max_batch: int | None = None) -> Schedule:
+         max_batch: int | None = None, between: bool = True) -> Schedule:
     """The schedule of the module docstring. ``ks``: the k to choose from (0 is added);
     ``levels``: two or more ascending batch sizes; ``max_batch``: the largest batch the table
-    covers (default the last level)."""
+    covers (default the last level); ``between``: ``speedup`` is known between the levels too
+    (a cost surface), else only at them (measurements: each threshold is the upper level)."""
     levels = list(levels)
     if len(levels) < 2:
         raise ValueError(f"levels={levels}: a per-batch-size schedule needs two or more levels")
@@ -114,7 +115,8 @@ def plan(speedup: Callable[[int, int], float], ks: Sequence[int], levels: Sequen
         if low.k == high.k:
             continue
         threshold = next((b for b in range(low.batch + 1, high.batch + 1)
-                          if value(high.k, b) >= value(low.k, b)), high.batch)
+                          if value(high.k, b) >= value(low.k, b)), high.batch) \
+            if between else high.batch
         boundaries.append(Boundary(
             low.batch, high.batch, threshold, low.k, high.k,
             1.0 - value(high.k, low.batch) / low.speedup,

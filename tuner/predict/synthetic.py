@@ -84,7 +84,7 @@ def cell(level: int, k: int, asked: float | None, runs: Sequence[Mapping[str, fl
 
 def profile(cells: Sequence[SyntheticCell], *, machine: str, engine: str,
             build: Mapping[str, str], threads: int, models: Mapping[str, Any], made: str,
-            length: float) -> HardwareProfile:
+            length: float | str) -> HardwareProfile:
     """The cells as a profile: per level a surface of rows k + 1 at the cells' mean context;
     the first level must be 1."""
     levels = sorted({c.level for c in cells})
@@ -98,7 +98,8 @@ def profile(cells: Sequence[SyntheticCell], *, machine: str, engine: str,
                                     ((tuple(by[level, k].step_s for k in ks)),),
                                     ((round(by[level, 0].prompt_tokens), by[level, 0].prompt_s),)),
                  None) for level in levels]
-    note = (f"{engine} synthetic acceptance (mean length {length:g} asked, capped at k + 1): "
+    asked = f"{length:g}" if isinstance(length, (int, float)) else length
+    note = (f"{engine} synthetic acceptance (mean length {asked} asked, capped at k + 1): "
             f"a step's whole time with k drafted tokens (draft forwards included) at {context} "
             "cached tokens; rows = k + 1; prefill: the baseline's median at the mean prompt")
     return HardwareProfile(kind="measured", machine=machine, engine=engine, build=dict(build),
