@@ -15,7 +15,7 @@ its re-typed self-draft, draft-model speculation, greedy, quiet machine).
 3. predicted decode-phase speedup at level c = the engine's mean accepted length at level 1 (at
    T = 0 the outputs, hence the acceptance, are the same at every level) × T(c, 0) / T(c, k),
    with T from a synthetic run asked the fixed ``--synth-len`` and from one asked, per k, the
-   mean length the engine reported at level 1 (``--synth-len observed``: a step's cost depends
+   mean length the engine reported at level 1 (``--synth-observed``: a step's cost depends
    on how far its drafts get, through the rollbacks);
 4. the best k per level by prediction and by measurement (``tuner.predict.schedule.plan``).
 """
@@ -47,19 +47,12 @@ def main(argv=None) -> None:
 
     from decoding.hardware import hardware
     from tuner import profile as cli
-    from tuner.measure.timing import time_generation
     from tuner.predict import loops, synthetic
     from tuner.predict.predict import calibration
     from tuner.predict.schedule import plan
-    from tuner.study.settings import StudySettings
     levels = sorted({1, *args.levels})
-    cfg = cli.compose(["+task=" + args.task, "engine=llamacpp", "method=speculative",
-                       "models=smollm2", f"budget.concurrency=[{','.join(map(str, levels))}]",
-                       f"task.n_prompts={args.prompts}", "task.n_held_out=1",
-                       f"task.max_new_tokens={args.max_new_tokens}", "tracking=none",
-                       "study_name=bench", "warmup_prompts=1"])
-    settings = StudySettings.from_config(cfg)
-    ev = settings.engine_object.evaluator(settings.measuring, time_generation, print)
+    settings, ev = cli.engine_evaluator("llamacpp", "smollm2", args.task, levels, args.prompts,
+                                        args.max_new_tokens, warmup_prompts=1)
     measured: dict[int, dict[str, float]] = {}
     try:
         ev.open()

@@ -66,6 +66,15 @@ def test_a_generation_is_priced_step_by_step():
     assert result.mean_accepted_tokens == pytest.approx(1 + 4 / 2)
 
 
+def test_a_negative_overhead_never_prices_a_step_below_half_its_forwards():
+    """A fitted overhead below minus the forwards (a surface timed slow, e.g. from one repeat)
+    would price steps at zero or less; each step keeps half its forwards instead."""
+    # prompt of 10: prefill 20 ms; 2 more tokens at contexts 10, 11: 10.5, 10.55 ms
+    full = vanilla_forward_seconds(SURFACE, 10, 3)
+    assert vanilla_forward_seconds(SURFACE, 10, 3, -1.0) == pytest.approx(full / 2)
+    assert vanilla_forward_seconds(SURFACE, 10, 3, -0.001) == pytest.approx(full - 0.003)
+
+
 def test_calibration_by_hand():
     pairs = [(1.1, 1.0), (0.9, 1.0), (1.5, 1.2), (0.5, 0.8)]
     calib = calibration(pairs, ["a", "b", "c", "d"])
@@ -197,6 +206,30 @@ def test_a_study_records_a_prediction_beside_every_measurement(tmp_path, monkeyp
     names = {StudySettings.from_config(compose_cfg(tmp_path, *STUDY, *grid, *extra)).name
              for extra in ([], [f"search.profile={tiny_profile}", f"search.predict_for={h100}"])}
     assert len(names) == 1
+
+
+def test_predict_for_ranks_the_default_beside_a_grid_that_lacks_it(tmp_path, monkeypatch,
+                                                                   capsys):
+    """Prompt lookup on GSM8K (a low-entropy task): its default γ = 10 lies outside the heuristic
+    grid (γ 2–6) that search.predict_for ranks; the default is ranked beside it and shown, the
+    per-batch-size schedule is written, and the study finishes with its best YAML."""
+    from tests.conftest import run_study
+    from tuner import profile as cli
+    monkeypatch.chdir(tmp_path)
+    l4 = tmp_path / "l4.json"
+    assert cli.main(["--models", "tiny", "--roofline", "L4", "--batches", "1", "16",
+                     "--out", str(l4)]) == 0
+    run_study(tmp_path, "task.n_held_out=1", "task.max_new_tokens=24", "tracking=none",
+              "method=prompt_lookup", "search=grid", "search.ranges=heuristic",
+              "search.n_trials=2", f"search.predict_for={l4}")
+    out = capsys.readouterr().out
+    line = re.search(r"on NVIDIA L4 24GB, an ESTIMATE \(roofline\), not measured here: best of "
+                     r"(\d+) points .* this study's winner there ([0-9.]+x|not replayable), the "
+                     r"default ([0-9.]+)x", out)
+    assert line, out[-3000:]
+    assert int(line.group(1)) == 5 * 3 * 2 + 1           # γ × max_ngram × min_ngram + the default
+    assert "predicted schedule               batch 16: " in out
+    assert list((tmp_path / "studies" / "best").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tuner.config.errors import ConfigError
+from tuner.engines import DEFAULT  # our own loops (engine=hf)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -63,8 +64,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batches", type=int, nargs="+", default=None, metavar="B",
                         help="with --roofline: the surfaces at these batch sizes too (a "
                         "per-batch-size schedule needs two or more), e.g. 1 2 4 8 16 32 64")
-    parser.add_argument("--engine", default="hf", help="hf (our loops) or llamacpp (its "
-                        "synthetic-acceptance mode)")
+    parser.add_argument("--engine", default=None, help="our own loops (default), or an engine "
+                        "server measured in its synthetic-acceptance mode (llama.cpp)")
     parser.add_argument("--levels", type=int, nargs="+", default=[1], metavar="C",
                         help="--engine llamacpp: concurrency levels (1 is always measured)")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4], metavar="K",
@@ -105,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ConfigError(f"--compare={args.compare!r} needs --roofline: allowed is "
                                   "--roofline NAME --compare PROFILE")
             from tuner.predict.surface import load_profile
-            compared = load_profile(args.compare, models=models, setting="--compare")
+            compared = load_profile(args.compare, models=models, engine=DEFAULT,
+                                    setting="--compare")
             if compared.kind != "measured":
                 raise ConfigError(f"--compare={args.compare!r} is a {compared.kind} profile: "
                                   "allowed is a measured one (python -m tuner.profile)")
@@ -117,8 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.roofline is not None:
         return roofline_main(models, args)
-    if args.engine != "hf":
-        return engine_main(models, args)
+    if args.engine != DEFAULT:
+        try:
+            return engine_main(models, args)
+        except ConfigError as err:          # what only the composed config or the engine says
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     profile = make_profile(models, args)
     out = Path(args.out or f"profiles/{args.models}-{slug(profile.machine)}.json")
     profile.save(out)
@@ -130,15 +136,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-ENGINES = ("hf", "llamacpp")
+def surface_engines() -> list[str]:
+    """Our own loops, and the engines that measure a synthetic-acceptance surface."""
+    from tuner.engines import ENGINES, engine_named
+    return [DEFAULT] + [k for k in ENGINES if k != DEFAULT and engine_named(k).synthetic_surface]
 
 
 def check_engine(args: argparse.Namespace) -> None:
     """``--engine`` and its settings, one line each."""
-    if args.engine not in ENGINES:
-        raise ConfigError(f"--engine={args.engine!r}: its cost surface is not built yet "
-                          f"(vLLM's synthetic acceptance is next); allowed are {list(ENGINES)}")
-    if args.engine == "hf":
+    args.engine = args.engine or DEFAULT
+    allowed = surface_engines()
+    if args.engine not in allowed:
+        raise ConfigError(f"--engine={args.engine!r}: its cost surface is not built yet; "
+                          f"allowed are {allowed}")
+    if args.engine == DEFAULT:
         return
     if args.roofline is not None:
         raise ConfigError(f"--roofline={args.roofline!r} estimates our own loops: allowed is "
@@ -150,6 +161,9 @@ def check_engine(args: argparse.Namespace) -> None:
     if not args.synth_len >= 1:
         raise ConfigError(f"--synth-len={args.synth_len} is invalid: allowed is a mean accepted "
                           "length >= 1 (the target's token included)")
+    tasks = sorted(p.stem for p in (CONF / "task").glob("*.yaml"))
+    if args.task not in tasks:
+        raise ConfigError(f"--task={args.task!r} is unknown: allowed are {tasks}")
     if args.prompts < 1 or args.max_new_tokens < 2:
         raise ConfigError(f"--prompts={args.prompts} --max-new-tokens={args.max_new_tokens}: "
                           "allowed are >= 1 prompts and >= 2 tokens")
@@ -160,18 +174,10 @@ def engine_main(models: dict, args: argparse.Namespace) -> int:
     import torch
 
     from decoding.hardware import hardware
-    from tuner.measure.timing import time_generation
     from tuner.predict import loops, synthetic
-    from tuner.study.settings import StudySettings
     levels = sorted({1, *args.levels})
-    cfg = compose(["+task=" + args.task, f"engine={args.engine}", "method=speculative",
-                   f"models={args.models}", f"budget.concurrency=[{','.join(map(str, levels))}]",
-                   f"task.n_prompts={args.prompts}", "task.n_held_out=1",
-                   f"task.max_new_tokens={args.max_new_tokens}", "tracking=none",
-                   "study_name=profile", "warmup_prompts=0",
-                   *([] if args.threads == "auto" else [f"threads={args.threads}"])])
-    settings = StudySettings.from_config(cfg)
-    evaluator = settings.engine_object.evaluator(settings.measuring, time_generation, print)
+    _, evaluator = engine_evaluator(args.engine, args.models, args.task, levels, args.prompts,
+                                    args.max_new_tokens, args.threads)
     try:
         evaluator.open()
         print(f"synthetic acceptance: k {args.ks} at concurrency {levels}, mean length "
@@ -193,6 +199,24 @@ def engine_main(models: dict, args: argparse.Namespace) -> int:
                   f"(asked {c.asked_length:g}, ±{c.length_error():.2f}), "
                   f"{1e3 * c.step_s:.1f} ms per step")
     return 0
+
+
+def engine_evaluator(engine: str, models: str, task: str, levels: Sequence[int], prompts: int,
+                     max_new_tokens: int, threads: str = "auto", warmup_prompts: int = 0,
+                     say=print):
+    """(study settings, evaluator) of draft-model speculation (``method=speculative``) in
+    ``engine`` on ``prompts`` prompts of ``task``, at concurrency ``levels``, composed and
+    validated as ``python -m tuner`` would (not opened)."""
+    from tuner.measure.timing import time_generation
+    from tuner.study.settings import StudySettings
+    cfg = compose(["+task=" + task, f"engine={engine}", "method=speculative",
+                   f"models={models}", f"budget.concurrency=[{','.join(map(str, levels))}]",
+                   f"task.n_prompts={prompts}", "task.n_held_out=1",
+                   f"task.max_new_tokens={max_new_tokens}", "tracking=none",
+                   "study_name=profile", f"warmup_prompts={warmup_prompts}",
+                   *([] if threads == "auto" else [f"threads={threads}"])])
+    settings = StudySettings.from_config(cfg)
+    return settings, settings.engine_object.evaluator(settings.measuring, time_generation, say)
 
 
 def compose(overrides: list[str]):
@@ -276,7 +300,6 @@ def make_roofline(models: dict, args: argparse.Namespace, compared=None):
     import torch
 
     from decoding.models import load_pair
-    from tuner.engines import DEFAULT  # our own loops (engine=hf)
     from tuner.measure.hygiene import configure_threads
     from tuner.predict import loops, roofline
     from tuner.predict.surface import HardwareProfile
@@ -327,7 +350,6 @@ def make_profile(models: dict, args: argparse.Namespace):
 
     from decoding.hardware import hardware
     from decoding.models import load_pair
-    from tuner.engines import DEFAULT  # our own loops (engine=hf)
     from tuner.measure.hygiene import configure_threads
     from tuner.predict import loops
     from tuner.predict.surface import HardwareProfile

@@ -44,6 +44,9 @@ class Engine:
     max_concurrency: ClassVar[int] = 1  # the largest budget.concurrency level it serves
     compiles: ClassVar[bool] = False    # engine.compile=true is honoured
     level_schedule: ClassVar[bool] = False   # takes a per-batch-size speculation schedule
+    # measures its cost surface in a synthetic-acceptance mode (python -m tuner.profile --engine;
+    # its evaluator's synthetic_spec, tuner.predict.synthetic)
+    synthetic_surface: ClassVar[bool] = False
     counters: ClassVar[tuple[str, ...]] = ()  # acceptance counts its answers carry
     # what search.objectives' ``auto`` stands for (tuner.search.objectives.resolve)
     default_objective: ClassVar[str] = "speedup"

@@ -48,6 +48,7 @@ class LlamaCppEngine(ServerEngine):
                 "prefill and decode ms")
     program = "llama-server"
     streams = True                      # /completion with stream: true, one token per event
+    synthetic_surface = True            # --spec-synth-len (LlamaCppEvaluator.synthetic_spec)
     program_allowed = "a llama-server binary, or null for the one `make engines` builds"
     install_hint = ("llama-server is not built for this CPU: build it with `make engines` "
                     "(scripts/engines.sh llamacpp, a few minutes), or set "

@@ -7,7 +7,8 @@ A generation's predicted seconds are the sum over its steps of
   * the draft model's forwards (methods with one): its prefill on the first step, then one
     forward per drafted token;
   * the loop's own time per step (``HardwareProfile.step_overhead_s``: ``draft_loop`` with a
-    draft model, else ``loop``).
+    draft model, else ``loop``), which may be negative (the surface timed the forwards slower
+    than the loop runs them) but never prices a step below half its forwards (``priced``).
 Vanilla's are its prefill plus one 1-row forward per further token (with vanilla's overhead). The
 predicted paired speedup of a prompt is vanilla's seconds over the method's for the same tokens;
 a trial's is the geometric mean over its prompts, as the measured ``speedup`` is
@@ -27,30 +28,35 @@ if TYPE_CHECKING:
     from tuner.predict.surface import CostSurface, HardwareProfile
 
 
+def priced(forwards_s: float, overhead_s: float) -> float:
+    """One step: its forwards plus the loop's overhead, at least half its forwards."""
+    return max(forwards_s + overhead_s, 0.5 * forwards_s)
+
+
 def forward_seconds(steps: Sequence[ReplayedStep], target: CostSurface,
                     draft: CostSurface | None, overhead_s: float = 0.0) -> float:
     """Predicted seconds of a method's generation (see the module docstring)."""
     total = 0.0
     for i, step in enumerate(steps):
         if i == 0:
-            total += target.prefill_s(step.fed)
+            forwards = target.prefill_s(step.fed)
         else:
-            total += target.step_s(step.context - 1, step.fed)
+            forwards = target.step_s(step.context - 1, step.fed)
         if draft is not None and step.draft_forwards:
             later = step.draft_forwards - (1 if i == 0 else 0)
             if i == 0:
-                total += draft.prefill_s(step.context)
-            total += later * draft.step_s(step.context, 1)
-        total += overhead_s
+                forwards += draft.prefill_s(step.context)
+            forwards += later * draft.step_s(step.context, 1)
+        total += priced(forwards, overhead_s)
     return total
 
 
 def vanilla_forward_seconds(target: CostSurface, prompt_len: int, new_tokens: int,
                             overhead_s: float = 0.0) -> float:
     """Predicted seconds of vanilla's ``new_tokens`` after a prompt of ``prompt_len``."""
-    total = target.prefill_s(prompt_len) + overhead_s
+    total = priced(target.prefill_s(prompt_len), overhead_s)
     for i in range(1, new_tokens):
-        total += target.step_s(prompt_len + i - 1, 1) + overhead_s
+        total += priced(target.step_s(prompt_len + i - 1, 1), overhead_s)
     return total
 
 

@@ -167,7 +167,8 @@ def measure_cpu(threads: int, *, megabytes: int = 1024, repeats: int = 5) -> Mac
 def compare(estimate: CostSurface, measured: CostSurface) -> dict[str, Any]:
     """The roofline against a measured surface, cell by cell on the measured grid:
     ``estimate / measured − 1`` per cell, the median |error| over decode cells, and the error of
-    the *ratio* a prediction uses (the cost of n rows over one row at the same context)."""
+    the *ratio* a prediction uses (the cost of n rows over the grid's first row count, usually
+    one, at the same context; the first column itself, 0 by construction, left out)."""
     cells, ratios = [], []
     for context, line in zip(measured.contexts, measured.seconds):
         one = estimate.step_s(context, measured.rows[0])
@@ -175,12 +176,14 @@ def compare(estimate: CostSurface, measured: CostSurface) -> dict[str, Any]:
             guess = estimate.step_s(context, n)
             cells.append({"context": context, "rows": n, "measured_s": seconds,
                           "estimate_s": guess, "error": guess / seconds - 1.0})
-            ratios.append((guess / one) / (seconds / line[0]) - 1.0)
+            if n != measured.rows[0]:
+                ratios.append((guess / one) / (seconds / line[0]) - 1.0)
     prefill = [{"tokens": n, "measured_s": s, "estimate_s": estimate.prefill_s(n),
                 "error": estimate.prefill_s(n) / s - 1.0} for n, s in measured.prefill]
     return {"cells": cells, "prefill": prefill,
             "median_abs_error": statistics.median(abs(c["error"]) for c in cells),
-            "median_abs_ratio_error": statistics.median(abs(r) for r in ratios),
+            "median_abs_ratio_error": statistics.median(abs(r) for r in ratios)
+            if ratios else None,
             "median_abs_prefill_error": statistics.median(abs(p["error"]) for p in prefill)
             if prefill else None}
 

@@ -8,8 +8,9 @@ threshold where the two predictions cross, with the loss of the wrong side at ea
   * vLLM: ``num_speculative_tokens_per_batch_size`` ([start, end, k] inclusive ranges from 1
     to the largest batch; ``num_speculative_tokens`` the largest k, as vLLM caps the table at it);
   * SGLang: ``--speculative-adaptive-config`` tiers ({"<batch>": {"candidate_steps": [...]}},
-    the best k and its neighbours from each tier's first batch size) — written from a
-    prediction, never run here: labelled untested;
+    the best k and its neighbours, at least 1, from each tier's first batch size; its adaptive
+    mode cannot switch speculation off, so an off tier gets its fewest steps, [1]) — written
+    from a prediction, never run here: labelled untested;
   * llama.cpp: one setting per deployment (it takes no schedule): per level, the k to launch
     with (``--spec-draft-n-max``), or speculation off.
 """
@@ -70,8 +71,8 @@ class Schedule:
     def sglang(self) -> dict:
         """SGLang's adaptive-config tiers (untested: written from a prediction)."""
         top = max(c.k for c in self.levels)
-        return {str(start): {"candidate_steps": sorted({max(k - 1, 0), k, min(k + 1, top)})}
-                for start, _, k in self.ranges()}
+        return {str(start): {"candidate_steps": sorted({max(k - 1, 1), k, min(k + 1, top)})
+                             if k else [1]} for start, _, k in self.ranges()}
 
     def llamacpp(self) -> dict[int, str]:
         """Per level, the single setting to launch llama-server with."""

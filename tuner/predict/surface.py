@@ -209,6 +209,10 @@ def load_profile(path: str | Path, *, models: Mapping[str, Any] | None = None,
         sizes = [b for b, _, _ in profile.batches]
         if sizes and (sizes != sorted(set(sizes)) or sizes[0] != 1):
             raise ValueError(f"batch sizes {sizes} must ascend from 1")
+        for _, target, draft in profile.batches:       # at_batch blends neighbours cell by cell
+            target.blend(profile.batches[0][1], 0.0)
+            if draft is not None and profile.batches[0][2] is not None:
+                draft.blend(profile.batches[0][2], 0.0)
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"{setting}={str(path)!r} is a corrupt hardware profile "
                           f"({type(err).__name__}: {err}): make it again with "

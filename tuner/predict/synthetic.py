@@ -94,14 +94,16 @@ def profile(cells: Sequence[SyntheticCell], *, machine: str, engine: str,
                          f"k {ks})")
     context = round(statistics.fmean(c.context for c in cells))
     by = {(c.level, c.k): c for c in cells}
+    prompt = round(statistics.fmean(by[level, 0].prompt_tokens for level in levels))
     surfaces = [(level, CostSurface((context,), tuple(k + 1 for k in ks),
                                     ((tuple(by[level, k].step_s for k in ks)),),
-                                    ((round(by[level, 0].prompt_tokens), by[level, 0].prompt_s),)),
-                 None) for level in levels]
+                                    ((prompt, by[level, 0].prompt_s),)),
+                 None) for level in levels]      # one grid at every level: at_batch blends
     asked = f"{length:g}" if isinstance(length, (int, float)) else length
     note = (f"{engine} synthetic acceptance (mean length {asked} asked, capped at k + 1): "
             f"a step's whole time with k drafted tokens (draft forwards included) at {context} "
-            "cached tokens; rows = k + 1; prefill: the baseline's median at the mean prompt")
+            "cached tokens; rows = k + 1; prefill: the baseline's median at the mean prompt "
+            f"({prompt} tokens)")
     return HardwareProfile(kind="measured", machine=machine, engine=engine, build=dict(build),
                            threads=threads, models=dict(models), target=surfaces[0][1],
                            made=made, note=note, batches=tuple(surfaces))

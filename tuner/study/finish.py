@@ -130,12 +130,15 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
     default = settings.searched(settings.default)
     ranges = settings.search.get("ranges", "heuristic")
     points = GridPlan(settings.space, default, ranges, settings.task.task_class).points
+    cut = len(points) > MAX_FOREIGN_POINTS
     points = points[:MAX_FOREIGN_POINTS]
     winner = settings.searched(params)
-    if point_key(winner) not in {point_key(p) for p in points}:
-        points = points + [winner]
-    say(f"search.predict_for: predicting {len(points)} points of the {ranges} grid for "
-        f"{profile.machine} ...")
+    for extra in (winner, default):          # both are shown, in the grid or not
+        if point_key(extra) not in {point_key(p) for p in points}:
+            points = points + [extra]
+    say(f"search.predict_for: predicting {len(points)} points of the {ranges} grid"
+        f"{f' (its first {MAX_FOREIGN_POINTS})' if cut else ''}, the default and the winner "
+        f"for {profile.machine} ...")
     replayed = evaluator.replay_points(points)
     one = profile.at_batch(1)
     predicted = [float("-inf") if g is None else evaluator.price(g, one).speedup
@@ -147,9 +150,13 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
     shown = active_params(points[best], settings.space)
     what = "an ESTIMATE (roofline)" if profile.kind == "roofline" else \
         f"a profile measured there ({profile.made or 'undated'})"
+
+    def there(point: Mapping[str, Any]) -> str:
+        value = by_key[point_key(point)]
+        return f"{value:.2f}x" if value > float("-inf") else "not replayable"
     line = (f"on {profile.machine}, {what}, not measured here: best of {len(points)} points "
             f"{shown} {predicted[best]:.2f}x (predicted); this study's winner there "
-            f"{by_key[point_key(winner)]:.2f}x, the default {by_key[point_key(default)]:.2f}x")
+            f"{there(winner)}, the default {there(default)}")
     out = {"line": line, "machine": profile.machine, "kind": profile.kind,
            "params": dict(points[best]), "speedup": predicted[best],
            "winner_speedup": by_key[point_key(winner)],
@@ -256,8 +263,9 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     if elsewhere is not None:
         tags.update({"predicted_for_machine": f"{elsewhere['machine']} ({elsewhere['kind']})",
                      "predicted_for_best_params": json.dumps(elsewhere["params"])})
-        metrics.update({"predicted_for_best_speedup": float(elsewhere["speedup"]),
-                        "predicted_for_winner_speedup": float(elsewhere["winner_speedup"])})
+        metrics["predicted_for_best_speedup"] = float(elsewhere["speedup"])
+        if elsewhere["winner_speedup"] > float("-inf"):
+            metrics["predicted_for_winner_speedup"] = float(elsewhere["winner_speedup"])
     if settings.bound.active:
         tags["best_feasible"] = "true"
         metrics["infeasible_trials"] = float(sum(TrialRecord.read(t).infeasible
