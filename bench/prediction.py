@@ -194,7 +194,8 @@ def main(argv=None) -> None:
     else:
         profile = cli.make_profile(models, cli.parse(["--models", "smollm2"]))
     print(f"profile: {profile.describe()}", flush=True)
-    others = [("cpu roofline", cpu_roofline(pair, profile))]
+    roofline_cpu, _ = cli.make_roofline(models, cli.parse(["--roofline", "cpu"]), profile)
+    others = [("cpu roofline", roofline_cpu)]
     others += [(Path(p).stem, load_profile(p, models=models, engine="hf",
                                            setting="--predict-for")) for p in args.predict_for]
     print(f"cpu roofline: {others[0][1].note}", flush=True)
@@ -214,22 +215,6 @@ def main(argv=None) -> None:
                                      "draft": roofline.compare(others[0][1].draft,
                                                                profile.draft)},
             "summaries": summaries, "rows": rows}, indent=1) + "\n")
-
-
-def cpu_roofline(pair, measured):
-    """This CPU's roofline (bandwidth and matmul throughput measured now) on the measured
-    profile's grid, as a profile."""
-    from dataclasses import replace
-    shapes = {"target": roofline.ModelShape.of(pair.target, pair.target_name),
-              "draft": roofline.ModelShape.of(pair.draft, pair.draft_name)}
-    machine = roofline.measure_cpu(torch.get_num_threads())
-
-    def on(surface, shape):
-        return roofline.surface(shape, machine, surface.contexts, surface.rows,
-                                [n for n, _ in surface.prefill])
-    return replace(measured, kind="roofline", target=on(measured.target, shapes["target"]),
-                   draft=on(measured.draft, shapes["draft"]), step_overhead_s={},
-                   note=roofline.describe(machine, shapes), batches=())
 
 
 if __name__ == "__main__":

@@ -211,14 +211,6 @@ class HFEvaluator:
         return predict(generations, profile, "replay",
                        uses_draft=bool(self.settings.method["needs_draft"]))
 
-    def predict(self, method: Any, prompts: Sequence[Prompt], profile: Any = None) -> Any:
-        """The predicted speedup of ``method`` on ``prompts`` priced by ``profile`` (default
-        ``search.profile``); None for a method whose acceptance does not replay."""
-        generations = self.replay(method, prompts)
-        if generations is None:
-            return None
-        return self.price(generations, profile or self.settings.profile)
-
     def replay_points(self, points: Sequence[Mapping[str, Any]]) -> list[Any]:
         """Every point's replayed steps on the tuning prompts (``replay``); None for a point
         the method refuses or whose acceptance does not replay."""
@@ -232,13 +224,11 @@ class HFEvaluator:
             out.append(self.replay(method, list(self.settings.tuning)))
         return out
 
-    def predict_points(self, points: Sequence[Mapping[str, Any]], profile: Any = None
-                       ) -> list[float]:
-        """Every point's predicted speedup on the tuning prompts, priced by ``profile``
-        (default ``search.profile``; ``search=predict`` ranks by it); a point the method
-        refuses: -inf (never measured first)."""
+    def predict_points(self, points: Sequence[Mapping[str, Any]]) -> list[float]:
+        """``search=predict``: every point's predicted speedup on the tuning prompts, priced by
+        ``search.profile``; a point the method refuses: -inf (never measured first)."""
         return [float("-inf") if generations is None else
-                self.price(generations, profile or self.settings.profile).speedup
+                self.price(generations, self.settings.profile).speedup
                 for generations in self.replay_points(points)]
 
     def _measure(self, method: Any, prompt: Prompt) -> Measurement:

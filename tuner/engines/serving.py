@@ -295,12 +295,8 @@ class ServerEvaluator:
                     payloads = [{**self.payload(p, k > 0), "seed": self.settings.seed + r * level
                                  + i} for i, p in enumerate(batch)]
                     replies, wall = send_batch(server.url + self.endpoint, payloads)
-                    for p, reply in zip(batch, replies):
-                        m = self.measurement(p, reply.body, reply.wall_s, level, wall, None)
-                        runs.append({"tokens": len(m.tokens), "accepted": m.accepted,
-                                     "decode_s": m.decode_s or 0.0,
-                                     "prompt": len(self.ids[p.id]),
-                                     "prompt_s": m.prompt_s or 0.0})
+                    runs += [(self.measurement(p, reply.body, reply.wall_s, level, wall, None),
+                              len(self.ids[p.id])) for p, reply in zip(batch, replies)]
                 got = cell(level, k, asked, runs)
                 out.append(got)
                 self.say(f"  k={k} at concurrency {level}: {1e3 * got.step_s:.1f} ms per step, "

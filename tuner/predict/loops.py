@@ -35,20 +35,22 @@ PREFILL = (16, 64, 256, 512, 1024, 2048)      # prompt tokens
 OVERHEAD_RUNS = 3                     # timed runs per loop for its time per step (the median)
 
 
+def _timed(run: Callable[[], Any], device: torch.device | None = None) -> float:
+    """Wall seconds of one ``run`` (a CUDA device is synchronised inside the timed region: the
+    time is the kernels', not their launch)."""
+    start = time.perf_counter()
+    run()
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
 def _seconds(run: Callable[[], Any], repeats: int, device: torch.device | None = None
              ) -> float:
-    """Median wall seconds of ``run`` (a CUDA device is synchronised inside the timed region:
-    the time is the kernels', not their launch)."""
-    sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else None
-
-    def timed() -> float:
-        start = time.perf_counter()
-        run()
-        if sync is not None:
-            sync(device)
-        return time.perf_counter() - start
-    timed()                           # warm-up (allocations, kernels' first use)
-    return statistics.median(timed() for _ in range(repeats))
+    """Median of ``repeats`` timed runs after one untimed warm-up (allocations, kernels' first
+    use)."""
+    _timed(run, device)
+    return statistics.median(_timed(run, device) for _ in range(repeats))
 
 
 @torch.inference_mode()
@@ -65,7 +67,6 @@ def measure_surface(model: nn.Module, *, contexts: Sequence[int] = CONTEXTS,
     generator = torch.Generator().manual_seed(seed)
     longest = max(max(contexts) + max(rows), max(prefill, default=0))
     ids = torch.randint(0, vocab, (longest,), generator=generator).to(device)     # [N]
-    sync = torch.cuda.synchronize if device.type == "cuda" else None
     caches = []
     for context in contexts:
         cache = new_cache(model, context + max(rows))
@@ -75,11 +76,8 @@ def measure_surface(model: nn.Module, *, contexts: Sequence[int] = CONTEXTS,
     for round_ in range(repeats + 1):             # round 0: warm-up, not kept
         for context, cache in zip(contexts, caches):
             for n in rows:
-                start = time.perf_counter()
-                forward_logits(model, ids[None, context:context + n], cache, context, n)
-                if sync is not None:
-                    sync(device)
-                elapsed = time.perf_counter() - start
+                elapsed = _timed(lambda: forward_logits(
+                    model, ids[None, context:context + n], cache, context, n), device)
                 cache.crop(-n)                    # back to `context` rows (reserved_cache)
                 if round_:
                     times[context, n].append(elapsed)

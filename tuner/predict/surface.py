@@ -81,10 +81,13 @@ class CostSurface:
             return self.step_s(0, tokens)
         return _interp([n for n, _ in self.prefill], [s for _, s in self.prefill], tokens)
 
+    def same_grid(self, other: CostSurface) -> bool:
+        return (self.contexts, self.rows) == (other.contexts, other.rows) and \
+            [n for n, _ in self.prefill] == [n for n, _ in other.prefill]
+
     def blend(self, other: CostSurface, weight: float) -> CostSurface:
         """(1 − weight) · self + weight · other, cell by cell (the same grid)."""
-        if (self.contexts, self.rows) != (other.contexts, other.rows) or \
-                [n for n, _ in self.prefill] != [n for n, _ in other.prefill]:
+        if not self.same_grid(other):
             raise ValueError("surfaces on different grids cannot be blended")
         mix = lambda a, b: (1.0 - weight) * a + weight * b   # noqa: E731
         return CostSurface(self.contexts, self.rows,
@@ -209,10 +212,12 @@ def load_profile(path: str | Path, *, models: Mapping[str, Any] | None = None,
         sizes = [b for b, _, _ in profile.batches]
         if sizes and (sizes != sorted(set(sizes)) or sizes[0] != 1):
             raise ValueError(f"batch sizes {sizes} must ascend from 1")
-        for _, target, draft in profile.batches:       # at_batch blends neighbours cell by cell
-            target.blend(profile.batches[0][1], 0.0)
-            if draft is not None and profile.batches[0][2] is not None:
-                draft.blend(profile.batches[0][2], 0.0)
+        first = profile.batches[0] if profile.batches else None
+        if first is not None and any(                  # at_batch blends neighbours cell by cell
+                not t.same_grid(first[1]) or (d is not None and first[2] is not None and
+                                              not d.same_grid(first[2]))
+                for _, t, d in profile.batches):
+            raise ValueError("its batch sizes' surfaces are on different grids")
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"{setting}={str(path)!r} is a corrupt hardware profile "
                           f"({type(err).__name__}: {err}): make it again with "

@@ -19,9 +19,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from tuner.predict.surface import CostSurface, HardwareProfile
+
+if TYPE_CHECKING:
+    from tuner.measure.measurement import Measurement
 
 
 @dataclass(frozen=True)
@@ -69,17 +72,16 @@ def geometric_rate(length: float, k: int) -> float:
     return (low + high) / 2
 
 
-def cell(level: int, k: int, asked: float | None, runs: Sequence[Mapping[str, float]]
-         ) -> SyntheticCell:
-    """``runs``: per request ``tokens`` (generated), ``accepted``, ``decode_s``, ``prompt``
-    (its tokens), ``prompt_s`` (its prefill)."""
-    steps = [max(int(r["tokens"]) - 1 - int(r["accepted"]), 1) for r in runs]
+def cell(level: int, k: int, asked: float | None,
+         runs: Sequence[tuple[Measurement, int]]) -> SyntheticCell:
+    """``runs``: per request the engine's measurement and its prompt's length in tokens."""
+    steps = [max(len(m.tokens) - 1 - m.accepted, 1) for m, _ in runs]
     return SyntheticCell(
-        level, k, asked, len(runs), sum(steps), sum(max(int(r["tokens"]) - 1, 0) for r in runs),
-        statistics.median(r["decode_s"] / s for r, s in zip(runs, steps)),
-        statistics.fmean(r["prompt"] + r["tokens"] / 2 for r in runs),
-        statistics.fmean(r["prompt"] for r in runs),
-        statistics.median(r["prompt_s"] for r in runs))
+        level, k, asked, len(runs), sum(steps), sum(max(len(m.tokens) - 1, 0) for m, _ in runs),
+        statistics.median((m.decode_s or 0.0) / s for (m, _), s in zip(runs, steps)),
+        statistics.fmean(n + len(m.tokens) / 2 for m, n in runs),
+        statistics.fmean(n for _, n in runs),
+        statistics.median(m.prompt_s or 0.0 for m, _ in runs))
 
 
 def profile(cells: Sequence[SyntheticCell], *, machine: str, engine: str,

@@ -159,8 +159,7 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
             f"{there(winner)}, the default {there(default)}")
     out = {"line": line, "machine": profile.machine, "kind": profile.kind,
            "params": dict(points[best]), "speedup": predicted[best],
-           "winner_speedup": by_key[point_key(winner)],
-           "default_speedup": by_key[point_key(default)]}
+           "winner_speedup": by_key[point_key(winner)]}
     schedule = batch_schedule(settings, evaluator, profile, winner, points, replayed)
     if schedule is not None:
         out["schedule"] = schedule
@@ -181,11 +180,14 @@ def batch_schedule(settings: StudySettings, evaluator: Evaluator, profile: Any,
             and {k: v for k, v in p.items() if k != "num_draft_tokens"} == same}
     if not by_k:
         return None
-    cache: dict[tuple[int, int], float] = {}
+    at: dict[int, Any] = {}                     # the profile blended once per batch size
+    cache: dict[tuple[int, int], float] = {}    # each (k, batch) priced once
 
     def speedup(k: int, batch: int) -> float:
         if (k, batch) not in cache:
-            cache[k, batch] = evaluator.price(by_k[k], profile.at_batch(batch)).speedup
+            if batch not in at:
+                at[batch] = profile.at_batch(batch)
+            cache[k, batch] = evaluator.price(by_k[k], at[batch]).speedup
         return cache[k, batch]
     return plan(speedup, sorted(by_k), sizes)
 
