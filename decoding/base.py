@@ -166,6 +166,9 @@ class DecodingMethod:
     # at T = 0 its per-step acceptance is replayed exactly from one vanilla generation
     # (``decoding.replay.drafter_steps``: its drafter reads only the committed prefix)
     replayable: ClassVar[bool] = False
+    # every forward it makes is the target's or a draft model's, so an untimed run of it, its
+    # forwards traced, can be priced by their cost surfaces (EAGLE's head is neither)
+    traceable: ClassVar[bool] = True
     # the loop drives the target through ``decoding.target_cache.TargetCache`` (so it can run on
     # a ``decoding.compiled.CompiledTarget``); lookahead keeps its own cache arithmetic
     supports_compiled: ClassVar[bool] = False

@@ -125,15 +125,16 @@ def test_the_profile_command_measures_a_surface_and_refuses_bad_input(tmp_path, 
     from tuner import profile as cli
     out = tmp_path / "tiny.json"
     assert cli.main(["--models", "tiny", "--repeats", "1", "--contexts", "8", "64",
-                     "--rows", "1", "3", "--out", str(out)]) == 0
+                     "--rows", "1", "3", "--draft-rows", "1", "5", "--out", str(out)]) == 0
     loaded = load_profile(out, models=cli.preset_models("tiny"), engine="hf")
     assert loaded.target.contexts == (8, 64) and loaded.target.rows == (1, 3)
-    assert loaded.draft is not None and loaded.draft.rows == (1, 2)
+    assert loaded.draft is not None and loaded.draft.rows == (1, 5)
     assert set(loaded.step_overhead_s) == {"vanilla", "loop", "draft_loop"}
     assert loaded.threads >= 1
     assert loaded.build["torch"]
     for argv, line in ((["--models", "nope"], "--models='nope' is unknown"),
                        (["--rows", "4", "2"], "--rows=[4, 2] is invalid"),
+                       (["--draft-rows", "0"], "--draft-rows=[0] is invalid"),
                        (["--repeats", "0"], "--repeats=0 is invalid"),
                        (["--threads", "999"], "999")):
         capsys.readouterr()
@@ -154,7 +155,7 @@ def tiny_profile(tmp_path):
     from tuner import profile as cli
     path = tmp_path / "tiny.json"
     assert cli.main(["--models", "tiny", "--repeats", "1", "--contexts", "8", "128",
-                     "--rows", "1", "4", "8", "--out", str(path)]) == 0
+                     "--rows", "1", "4", "8", "--draft-rows", "1", "2", "--out", str(path)]) == 0
     return path
 
 
@@ -307,10 +308,13 @@ def test_search_predict_measures_fewer_points_than_the_grid(tmp_path, monkeypatc
     (["search=predict", "search.profile=x.json", "search.top=0"], "search.top=0 is invalid"),
     (["search=predict", "search.profile=x.json", "search.objectives=[perplexity]"],
      "search.objectives=['perplexity'] is invalid for search=predict"),
-    (["method=ouroboros", "search.profile={p}"],
-     "search.profile='{p}' is invalid for method=ouroboros: its acceptance is not replayed"),
-    (["method=ouroboros", "search.predict_for={p}"],
-     "search.predict_for='{p}' is invalid for method=ouroboros: its acceptance is not replayed"),
+    (["method=eagle", "search.profile={p}"],
+     "search.profile='{p}' is invalid for method=eagle: its drafts come from an EAGLE head"),
+    (["method=eagle3", "search.predict_for={p}"],
+     "search.predict_for='{p}' is invalid for method=eagle3: its drafts come from an EAGLE "
+     "head"),
+    (["method=ouroboros", "search.profile={p}", "sampling.temperature=0.7"],
+     "search.profile='{p}' needs sampling.temperature=0"),
     (["method=speculative", "models=smollm2", "search.predict_for={p}"],
      "search.predict_for='{p}' was made for models.target="),
 ])
@@ -339,3 +343,101 @@ def test_replayable_methods_say_so_and_their_drafters_replay(tiny_pairs):
         drafter = getattr(method, "drafter", None)
         assert cls.replayable == (drafter is not None and replayable(drafter) and
                                   name not in ("specinfer", "mjsd")), name
+
+
+# -- acceptance from an untimed run (methods that do not replay) ------------------------------
+
+
+def test_a_traced_run_has_the_replays_shapes_and_price(tiny_pairs):
+    """A speculative chain (γ = 3, tiny related pair), run once with its forwards traced: its
+    target forwards are exactly the replayed steps' (the prompt + draft over an empty cache,
+    then rows = fed after context − 1 cached tokens), its draft forwards per step are the
+    replay's, and both price the generation alike on a surface whose draft cost does not
+    depend on context. A trace of the target alone misses the draft's forwards."""
+    import torch
+
+    from decoding import build_method, generate
+    from decoding.replay import drafter_steps, trajectory
+    from tuner.predict.predict import forward_seconds, traced_seconds
+    from tuner.predict.trace import TracedGeneration, traced
+    pair = tiny_pairs["related"]
+    method = build_method("speculative", pair, num_draft_tokens=3)
+    ids = torch.arange(5, 25)
+    with traced([("target", pair.target), ("draft", pair.draft)]) as forwards:
+        out = generate(method, ids, 40)
+    method.reset()
+    steps = drafter_steps(method.drafter, ids, trajectory(pair.target, ids, 40), 40,
+                          tuple(method.eos_ids))
+    got = TracedGeneration(len(ids), len(out.tokens), out.stats.steps, out.stats.accepted,
+                           tuple(forwards))
+    targets = [(f.context, f.rows) for f in forwards if f.model == "target"]
+    assert targets == [(0, steps[0].fed)] + [(s.context - 1, s.fed) for s in steps[1:]]
+    grouped = got.grouped()
+    assert [sum(f.model == "draft" for f in g) for g in grouped] == \
+        [s.draft_forwards for s in steps]
+    assert sum(s.accepted for s in steps) == got.accepted
+    replayed_s = forward_seconds(steps, SURFACE, DRAFT, 0.001)
+    assert traced_seconds(got, SURFACE, DRAFT, 0.001) == pytest.approx(replayed_s, rel=0.02)
+    with traced([("target", pair.target)]) as alone:
+        generate(method, ids, 40)
+    assert all(f.model == "target" for f in alone) and len(alone) < len(forwards)
+    with pytest.raises(ValueError, match="distinct modules"):
+        with traced([("target", pair.target), ("draft", pair.target)]):
+            pass
+
+
+def test_search_predict_ranks_ouroboros_by_untimed_runs(tmp_path, monkeypatch, capsys,
+                                                       tiny_profile):
+    """Ouroboros does not replay: search=predict ranks its 4 points by one untimed, traced run
+    each, measures 3 (the default, the best predicted, one spread point), and every trial's
+    predicted accepted length equals its timed run's (T = 0: the untimed run is the timed one's
+    twin), with the source recorded (not a replay)."""
+    from tests.conftest import load_study, run_study
+    monkeypatch.chdir(tmp_path)
+    small = ["method=ouroboros", "method.params.num_draft_tokens=2", "method.params.window=4",
+             "method.params.phrase_length=3", "method.params.num_phrases=2",
+             "method.space.num_draft_tokens.low=2", "method.space.num_draft_tokens.high=3",
+             "method.space.window.low=4", "method.space.window.high=5",
+             "method.space.phrase_length.low=3", "method.space.phrase_length.high=3",
+             "method.space.num_phrases.low=2", "method.space.num_phrases.high=2"]
+    run_study(tmp_path, *STUDY, *small, "search=predict", "search.top=1", "search.spread=1",
+              f"search.profile={tiny_profile}")
+    out = capsys.readouterr().out
+    trials = load_study(tmp_path).get_trials()
+    assert len(trials) == 3 < 4, out[-2000:]
+    assert "search=predict: predicting 4 points" in out
+    assert re.search(r"draft forwards of up to \d+ rows beyond the profile's 2: extrapolated",
+                     out), out[-3000:]
+    for t in trials:
+        figures = t.user_attrs
+        assert figures["predicted_by_replay"] == 0.0 and figures["predicted_speedup"] > 0
+        assert figures["predicted_mean_accepted_tokens"] == \
+            pytest.approx(figures["mean_accepted_tokens"])
+
+
+def test_an_untimed_run_starts_from_a_fresh_history_as_the_timed_run_does(default_pair,
+                                                                        gsm8k_questions):
+    """On the embedded default, Ouroboros's phrase pool outlives a generation, and it changes
+    the acceptance: a prompt generated again on a pool filled by a first run accepts another
+    number of drafts (the wrong variant, so this test can fail). ``untimed_runs`` resets the
+    history first, so its run made after a timed one has the timed run's acceptance, steps and
+    tokens; its trace holds the draft's multi-row lookahead forwards and the target's tree."""
+    import torch
+
+    from decoding import build_method, generate
+    from decoding.api import encode_prompt
+    from tuner.predict.trace import untimed_runs
+    pair = default_pair
+    ids = torch.as_tensor(encode_prompt(pair.tokenizer, gsm8k_questions[0], True))
+    method = build_method("ouroboros", pair, num_draft_tokens=4, window=8, phrase_length=4,
+                          num_phrases=3)
+    timed = generate(method, ids, 32)                    # the timed run's twin
+    [untimed] = untimed_runs(method, [ids], [("target", pair.target), ("draft", pair.draft)],
+                             32)
+    assert (untimed.accepted, untimed.steps, untimed.new_tokens) == \
+        (timed.stats.accepted, timed.stats.steps, len(timed.tokens))
+    assert max(f.rows for f in untimed.forwards if f.model == "draft") > 8
+    assert len(untimed.grouped()) == sum(f.model == "target" for f in untimed.forwards)
+    generate(method, ids, 32)                            # a pool filled by a first run
+    with_history = generate(method, ids, 32)
+    assert with_history.stats.accepted != timed.stats.accepted

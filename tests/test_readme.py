@@ -204,7 +204,7 @@ def test_a_readme_example_runs(tmp_path, monkeypatch, args):
     for profile in (a.split("=", 1)[1] for a in args if a.startswith("search.profile=")):
         from tuner import profile as cli       # the page's first step, for the models run here
         assert cli.main(["--models", "tiny", "--repeats", "1", "--contexts", "8", "64",
-                         "--rows", "1", "4", "--out", profile]) == 0
+                         "--rows", "1", "4", "--draft-rows", "1", "2", "--out", profile]) == 0
     for profile in (a.split("=", 1)[1] for a in args if a.startswith("search.predict_for=")):
         from tuner import profile as cli       # a roofline for the models run here
         assert cli.main(["--models", "tiny", "--roofline", "H100", "--batches", "1", "8", "64",

@@ -75,7 +75,7 @@ def test_the_command_writes_estimates_compares_and_refuses_bad_input(tmp_path, c
     from tuner import profile as cli
     measured = tmp_path / "measured.json"
     assert cli.main(["--models", "tiny", "--repeats", "1", "--contexts", "8", "64",
-                     "--rows", "1", "4", "--out", str(measured)]) == 0
+                     "--rows", "1", "4", "--draft-rows", "1", "2", "--out", str(measured)]) == 0
     l4 = tmp_path / "l4.json"
     assert cli.main(["--models", "tiny", "--roofline", "L4", "--out", str(l4)]) == 0
     estimate = load_profile(l4, models=cli.preset_models("tiny"))

@@ -57,7 +57,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", default="auto", help="torch threads (auto: one per CPU)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per cell")
     parser.add_argument("--contexts", type=int, nargs="+", default=None)
-    parser.add_argument("--rows", type=int, nargs="+", default=None)
+    parser.add_argument("--rows", type=int, nargs="+", default=None,
+                        help="the target's forward rows (default: 1-16 for chains and tries, "
+                             "32-128 for lookahead's and Ouroboros's trees)")
+    parser.add_argument("--draft-rows", type=int, nargs="+", default=None,
+                        help="the draft model's forward rows (default: 1, 2 for chains, up to "
+                             "256 for Ouroboros's lookahead drafts)")
     parser.add_argument("--roofline", default=None, metavar="NAME",
                         help="write a roofline ESTIMATE for a GPU (H100, H200, A100, L40S, L4, "
                         "RTX4090) or for this cpu instead of measuring forwards")
@@ -91,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_threads(None if args.threads == "auto" else args.threads)
         if args.repeats < 1:
             raise ConfigError(f"--repeats={args.repeats} is invalid: allowed is an integer >= 1")
-        for name, values in (("--contexts", args.contexts), ("--rows", args.rows)):
+        for name, values in (("--contexts", args.contexts), ("--rows", args.rows),
+                             ("--draft-rows", args.draft_rows)):
             if values is not None and (min(values) < 1 or sorted(set(values)) != values):
                 raise ConfigError(f"{name}={values} is invalid: allowed are distinct ascending "
                                   "integers >= 1")
@@ -319,7 +325,7 @@ def make_roofline(models: dict, args: argparse.Namespace, compared=None):
             return {"contexts": measured.contexts, "rows": measured.rows,
                     "prefill": [n for n, _ in measured.prefill]}
         return {"contexts": tuple(args.contexts or loops.CONTEXTS),
-                "rows": tuple(args.rows or rows) if role == "target" else rows,
+                "rows": tuple((args.rows if role == "target" else args.draft_rows) or rows),
                 "prefill": loops.PREFILL}
     target = roofline.surface(shapes["target"], machine, **grid("target", loops.TARGET_ROWS))
     draft = roofline.surface(shapes["draft"], machine, **grid("draft", loops.DRAFT_ROWS)) \
@@ -364,7 +370,8 @@ def make_profile(models: dict, args: argparse.Namespace):
     draft = None
     if pair.draft is not None:
         print(f"draft {pair.draft_name}:")
-        draft = loops.measure_surface(pair.draft, rows=loops.DRAFT_ROWS, repeats=args.repeats,
+        draft = loops.measure_surface(pair.draft, rows=tuple(args.draft_rows or loops.DRAFT_ROWS),
+                                      repeats=args.repeats,
                                       progress=print, **grid)
     prompt = list(range(100, 164)) + list(range(100, 132))   # repeats: prompt lookup drafts
     overheads = loops.step_overheads(pair.target, target, prompt, pair.draft, draft)

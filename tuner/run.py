@@ -102,7 +102,8 @@ def rank_points(plan: Any, evaluator: Any, say: Callable[[str], None]) -> None:
     """``search=predict``: every grid point's predicted speedup (``evaluator.predict_points``),
     then the points the plan will measure."""
     import time
-    say(f"search=predict: predicting {len(plan.points)} points from replayed acceptance ...")
+    say(f"search=predict: predicting {len(plan.points)} points (acceptance replayed, or from "
+        "one untimed run per point) ...")
     start = time.perf_counter()
     predicted = evaluator.predict_points(plan.points)
     chosen = plan.rank(predicted)

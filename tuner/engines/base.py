@@ -77,21 +77,23 @@ class Engine:
 
     def check_prediction(self, cfg: DictConfig, choice: str, setting: str) -> None:
         """``search.profile`` / ``search.predict_for``: a prediction needs our own loops, a
-        method whose acceptance replays, and T = 0."""
+        method whose forwards a profile prices (all but EAGLE's head), and T = 0."""
         if not self.predicts:
             raise ConfigError(f"{setting} is invalid for engine={self.name}: predictions from a "
                               "hardware profile are made in our own loops (engine=hf) so far; "
                               "allowed is null here")
         from tuner.config.values import get_class
         target = str(plain(cfg.method).get("_target_", ""))
-        if not getattr(get_class(target), "replayable", False):
-            raise ConfigError(f"{setting} is invalid for method={choice}: its acceptance is not "
-                              "replayed from a vanilla generation (its drafts read the target's "
-                              "states or outputs); allowed are methods speculative, block, tree, "
-                              "prompt_lookup, or null")
+        if not getattr(get_class(target), "traceable", False):
+            raise ConfigError(f"{setting} is invalid for method={choice}: its drafts come from "
+                              "an EAGLE head, whose forwards no hardware profile prices yet; "
+                              "allowed are methods speculative, block, tree, prompt_lookup "
+                              "(acceptance replayed), lookahead, ouroboros, specinfer, mjsd "
+                              "(acceptance from an untimed run), or null")
         if float(plain(cfg.sampling).get("temperature", 0)) != 0:
-            raise ConfigError(f"{setting} needs sampling.temperature=0 (the acceptance replay it "
-                              "prices is exact at T=0 only); allowed is null at "
+            raise ConfigError(f"{setting} needs sampling.temperature=0 (the acceptance it prices "
+                              "is deterministic, replayed or from one untimed run, at T=0 "
+                              "only); allowed is null at "
                               f"sampling.temperature={plain(cfg.sampling).get('temperature')}")
 
     def refuse_levels(self, levels: list[int]) -> None:

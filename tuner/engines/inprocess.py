@@ -58,7 +58,10 @@ class HFEvaluator:
         self.quality_cache: dict[tuple, dict] = {}     # vanilla's outputs repeat (fixed seed)
         self.baseline_name = "vanilla"
         self.trajectories: dict[str, list[int]] = {}   # search.profile: vanilla's, per prompt
-        self.predicting: tuple[Any, list[Prompt]] | None = None   # the last measure's
+        self.predicting: tuple[Any, list[Prompt], Mapping[str, Any]] | None = None   # the
+        # last measure's method, prompts and parameters
+        self.observed: dict[tuple, list[Any] | None] = {}   # untimed generations, per point
+        self.warned: set[int] = set()      # profiles whose rows a traced forward went beyond
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -137,7 +140,7 @@ class HFEvaluator:
         ``params``; ``store``: the study's vanilla (``baseline=per_study``)."""
         method = self.build(self.settings.method, params)
         stored, fresh = (None, True) if store is None else self._stored_baseline(store)
-        self.predicting = (method, [p for _, p in prompts])
+        self.predicting = (method, [p for _, p in prompts], params)
         yield from measure_pairs(self, method, prompts, parity, stored, fresh)
 
     # -- the backend (tuner.measure.paired.Backend) ------------------------------------------------
@@ -162,14 +165,16 @@ class HFEvaluator:
     def extra_summary(self) -> dict[str, float]:
         """``search.profile``: the predicted speedup of the evaluation just measured (after its
         timed window; ``predict``); ``search.predict_for``: the same acceptance priced by the
-        other machine's profile (``predicted_speedup_for``)."""
+        other machine's profile (``predicted_speedup_for``). The acceptance is replayed, or
+        comes from an untimed generation of the method (``acceptance``): ``search=predict``'s
+        ranking made it before the timed run, else it is made now, after it."""
         s = self.settings
         if (s.profile is None and s.predict_for is None) or self.predicting is None:
             return {}
-        method, prompts = self.predicting
+        method, prompts, params = self.predicting
         self.predicting = None
         start = time.perf_counter()
-        generations = self.replay(method, prompts)
+        generations = self.acceptance(method, prompts, params)
         if generations is None:
             return {}
         out: dict[str, float] = {}
@@ -177,11 +182,26 @@ class HFEvaluator:
             got = self.price(generations, s.profile)
             out.update({"predicted_speedup": got.speedup,
                         "predicted_mean_accepted_tokens": got.mean_accepted_tokens,
-                        "predicted_by_replay": 1.0})
+                        "predicted_by_replay": float(got.source == "replay")})
         if s.predict_for is not None:
             out["predicted_speedup_for"] = self.price(generations, s.predict_for).speedup
         out["prediction_s"] = time.perf_counter() - start
         return out
+
+    def acceptance(self, method: Any, prompts: Sequence[Prompt],
+                   params: Mapping[str, Any]) -> list[Any] | None:
+        """``method``'s steps on ``prompts``: replayed where its acceptance replays
+        (``replay``), else from one untimed, traced generation (``observe``; kept per point
+        and prompts, so a point ranked by ``search=predict`` is not generated twice); None where
+        neither applies (T > 0, an EAGLE head, a self-draft that is the target itself)."""
+        replayed = self.replay(method, prompts)
+        if replayed is not None:
+            return replayed
+        key = (json.dumps(dict(params), sort_keys=True, default=str),
+               tuple(p.id for p in prompts))
+        if key not in self.observed:
+            self.observed[key] = self.observe(method, prompts)
+        return self.observed[key]
 
     def replay(self, method: Any, prompts: Sequence[Prompt]) -> list[tuple[int, Any]] | None:
         """``method``'s verification steps on ``prompts``, (prompt length, steps) each: its
@@ -205,23 +225,54 @@ class HFEvaluator:
         drafter.reset()
         return generations
 
-    def price(self, generations: Sequence[tuple[int, Any]], profile: Any) -> Any:
-        """Replayed ``generations`` priced by ``profile`` (``tuner.predict.Prediction``)."""
-        from tuner.predict.predict import predict
-        return predict(generations, profile, "replay",
-                       uses_draft=bool(self.settings.method["needs_draft"]))
+    def observe(self, method: Any, prompts: Sequence[Prompt]) -> list[Any] | None:
+        """One untimed generation of ``method`` per prompt, in the timed run's order from a
+        fresh history (``reset``, as after the warm-up), every forward of the target and the
+        draft models traced (``tuner.predict.trace``); None where its forwards cannot all be
+        priced (T > 0: not deterministic; an EAGLE head; a draft that is the target)."""
+        from tuner.predict.trace import untimed_runs
+        s = self.settings
+        drafts = [d for d in (self.pair.all_drafts or (self.pair.draft,)) if d is not None] \
+            if s.method["needs_draft"] else []
+        if float(s.sampling.get("temperature", 0)) != 0 or not getattr(method, "traceable",
+                                                                          False) or \
+                any(d is self.pair.target for d in drafts):
+            return None
+        models = [("target", self.pair.target)] + [("draft", d) for d in drafts]
+        method.use_compiled(None)          # the forwards as the model makes them (hooks fire)
+        try:
+            return untimed_runs(method, [self.ids[p.id] for p in prompts], models,
+                                s.budget["max_new_tokens"])
+        finally:
+            method.use_compiled(self.compiled)
 
-    def replay_points(self, points: Sequence[Mapping[str, Any]]) -> list[Any]:
-        """Every point's replayed steps on the tuning prompts (``replay``); None for a point
-        the method refuses or whose acceptance does not replay."""
+    def price(self, generations: Sequence[Any], profile: Any) -> Any:
+        """Replayed or traced ``generations`` priced by ``profile``
+        (``tuner.predict.Prediction``; its ``source``: "replay" or "untimed")."""
+        from tuner.predict.predict import predict
+        from tuner.predict.trace import TracedGeneration, beyond_grid
+        uses_draft = bool(self.settings.method["needs_draft"])
+        traced = bool(generations) and isinstance(generations[0], TracedGeneration)
+        if traced and id(profile) not in self.warned:
+            line = beyond_grid(generations, profile.target, profile.draft if uses_draft else
+                               None)
+            if line:
+                self.warned.add(id(profile))
+                self.say(f"prediction ({profile.machine}): {line}")
+        return predict(generations, profile, "untimed" if traced else "replay", uses_draft)
+
+    def acceptance_points(self, points: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """Every point's steps on the tuning prompts (``acceptance``); None for a point the
+        method refuses or whose acceptance can be neither replayed nor traced."""
         out = []
         for point in points:
+            params = {**self.settings.default, **point}
             try:
-                method = self.build(self.settings.method, {**self.settings.default, **point})
+                method = self.build(self.settings.method, params)
             except ParametersRefused:
                 out.append(None)
                 continue
-            out.append(self.replay(method, list(self.settings.tuning)))
+            out.append(self.acceptance(method, list(self.settings.tuning), params))
         return out
 
     def predict_points(self, points: Sequence[Mapping[str, Any]]) -> list[float]:
@@ -229,7 +280,7 @@ class HFEvaluator:
         ``search.profile``; a point the method refuses: -inf (never measured first)."""
         return [float("-inf") if generations is None else
                 self.price(generations, self.settings.profile).speedup
-                for generations in self.replay_points(points)]
+                for generations in self.acceptance_points(points)]
 
     def _measure(self, method: Any, prompt: Prompt) -> Measurement:
         s = self.settings

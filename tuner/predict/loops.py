@@ -29,8 +29,11 @@ if TYPE_CHECKING:
 # cached tokens: chat prompts (GSM8K ~100-200 tokens) to summaries (CNN/DM ~400-1,900): a
 # prediction beyond the grid extends its last segment, so the grid should cover the task
 CONTEXTS = (16, 128, 384, 768, 1536)
-TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 11, 16)   # vanilla 1, a chain γ + 1, a trie its nodes + 1
-DRAFT_ROWS = (1, 2)                   # a draft model feeds one or two tokens per forward
+# vanilla 1, a chain γ + 1, a trie its nodes + 1; lookahead's window and Ouroboros's tree 32-128
+TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 11, 16, 32, 64, 128)
+# a draft model's chain feeds one or two tokens per forward, Ouroboros's lookahead draft W·(β−1)
+# and more
+DRAFT_ROWS = (1, 2, 4, 16, 64, 128, 256)
 PREFILL = (16, 64, 256, 512, 1024, 2048)      # prompt tokens
 OVERHEAD_RUNS = 3                     # timed runs per loop for its time per step (the median)
 

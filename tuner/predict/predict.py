@@ -1,5 +1,6 @@
-"""Predicted speed = acceptance × cost: a replayed (or observed) sequence of verification steps
-priced by a cost surface, against vanilla on the same surface.
+"""Predicted speed = acceptance × cost: a replayed sequence of verification steps (or the forwards
+of an untimed generation, ``tuner.predict.trace``) priced by a cost surface, against vanilla on the
+same surface.
 
 A generation's predicted seconds are the sum over its steps of
   * the target forward: the prompt's prefill (plus the first draft) on the first step, else
@@ -26,6 +27,7 @@ from tuner.measure.measurement import geometric_mean
 if TYPE_CHECKING:
     from decoding.replay import ReplayedStep
     from tuner.predict.surface import CostSurface, HardwareProfile
+    from tuner.predict.trace import TracedForward, TracedGeneration
 
 
 def priced(forwards_s: float, overhead_s: float) -> float:
@@ -51,6 +53,24 @@ def forward_seconds(steps: Sequence[ReplayedStep], target: CostSurface,
     return total
 
 
+def forward_s(forward: TracedForward, target: CostSurface, draft: CostSurface | None) -> float:
+    """One traced forward priced: a prefill over an empty cache, else a cached step."""
+    surface = target if forward.model == "target" else draft
+    if surface is None:
+        raise ValueError("a draft-model forward needs a profile with a draft surface")
+    if forward.context == 0:
+        return surface.prefill_s(forward.rows)
+    return surface.step_s(forward.context, forward.rows)
+
+
+def traced_seconds(generation: TracedGeneration, target: CostSurface,
+                   draft: CostSurface | None, overhead_s: float) -> float:
+    """Predicted seconds of a traced generation: every step's forwards plus the loop's overhead
+    (``priced``)."""
+    return sum(priced(sum(forward_s(f, target, draft) for f in step), overhead_s)
+               for step in generation.grouped())
+
+
 def vanilla_forward_seconds(target: CostSurface, prompt_len: int, new_tokens: int,
                             overhead_s: float = 0.0) -> float:
     """Predicted seconds of vanilla's ``new_tokens`` after a prompt of ``prompt_len``."""
@@ -66,26 +86,36 @@ class Prediction:
 
     speedup: float                       # geometric mean over prompts
     mean_accepted_tokens: float          # 1 + accepted / steps, over all prompts
-    source: str                          # "replay" (vanilla trajectory + drafter), "observed"
+    source: str                          # "replay" (vanilla trajectory + drafter), or
+                                         # "untimed" (the method's own untimed run, traced)
     per_prompt: tuple[float, ...] = ()   # [prompts] predicted paired speedups
 
 
-def predict(generations: Sequence[tuple[int, Sequence[ReplayedStep]]], profile: HardwareProfile,
-            source: str, uses_draft: bool) -> Prediction:
-    """``generations``: (prompt length, steps) per prompt."""
+def predict(generations: Sequence[tuple[int, Sequence[ReplayedStep]] | TracedGeneration],
+            profile: HardwareProfile, source: str, uses_draft: bool) -> Prediction:
+    """``generations``: per prompt, (prompt length, replayed steps), or the forwards of an
+    untimed generation (``tuner.predict.trace``)."""
+    from tuner.predict.trace import TracedGeneration
     overhead = profile.step_overhead_s
+    loop = overhead.get("draft_loop", overhead.get("loop", 0.0)) if uses_draft else \
+        overhead.get("loop", 0.0)
+    draft = profile.draft if uses_draft else None
     ratios, accepted, steps = [], 0, 0
-    for prompt_len, replayed in generations:
-        new_tokens = sum(s.committed for s in replayed)
-        loop = overhead.get("draft_loop", overhead.get("loop", 0.0)) if uses_draft else \
-            overhead.get("loop", 0.0)
-        method_s = forward_seconds(replayed, profile.target,
-                                   profile.draft if uses_draft else None, loop)
+    for generation in generations:
+        if isinstance(generation, TracedGeneration):
+            prompt_len, new_tokens = generation.prompt_len, generation.new_tokens
+            method_s = traced_seconds(generation, profile.target, draft, loop)
+            accepted += generation.accepted
+            steps += generation.steps
+        else:
+            prompt_len, replayed = generation
+            new_tokens = sum(s.committed for s in replayed)
+            method_s = forward_seconds(replayed, profile.target, draft, loop)
+            accepted += sum(s.accepted for s in replayed)
+            steps += len(replayed)
         vanilla_s = vanilla_forward_seconds(profile.target, prompt_len, new_tokens,
                                             overhead.get("vanilla", 0.0))
         ratios.append(vanilla_s / method_s)
-        accepted += sum(s.accepted for s in replayed)
-        steps += len(replayed)
     speedup = geometric_mean(ratios)
     return Prediction(speedup, 1.0 + accepted / steps if steps else 0.0, source, tuple(ratios))
 

@@ -119,12 +119,13 @@ MAX_FOREIGN_POINTS = 512     # search.predict_for ranks at most this many grid p
 def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Mapping[str, Any],
                       say: Callable[[str], None]) -> dict[str, Any] | None:
     """``search.predict_for``: the grid (``search.ranges``) ranked by the speedup predicted on
-    the other machine (acceptance replayed here, priced by its profile): the best point there,
+    the other machine (acceptance replayed, or from one untimed run, here; priced by its
+    profile): the best point there,
     and there the default's and this study's winner's; with a profile of several batch sizes,
     the per-batch-size schedule of ``num_draft_tokens`` around the winner
     (``tuner.predict.schedule``). None without ``search.predict_for``."""
     profile = settings.predict_for
-    if profile is None or not hasattr(evaluator, "replay_points"):
+    if profile is None or not hasattr(evaluator, "acceptance_points"):
         return None
     from tuner.search.plans import GridPlan, point_key
     default = settings.searched(settings.default)
@@ -139,7 +140,7 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
     say(f"search.predict_for: predicting {len(points)} points of the {ranges} grid"
         f"{f' (its first {MAX_FOREIGN_POINTS})' if cut else ''}, the default and the winner "
         f"for {profile.machine} ...")
-    replayed = evaluator.replay_points(points)
+    replayed = evaluator.acceptance_points(points)
     one = profile.at_batch(1)
     predicted = [float("-inf") if g is None else evaluator.price(g, one).speedup
                  for g in replayed]
@@ -153,7 +154,7 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
 
     def there(point: Mapping[str, Any]) -> str:
         value = by_key[point_key(point)]
-        return f"{value:.2f}x" if value > float("-inf") else "not replayable"
+        return f"{value:.2f}x" if value > float("-inf") else "not predicted"
     line = (f"on {profile.machine}, {what}, not measured here: best of {len(points)} points "
             f"{shown} {predicted[best]:.2f}x (predicted); this study's winner there "
             f"{there(winner)}, the default {there(default)}")
