@@ -9,6 +9,15 @@
 
        python bench/tuner_search.py --journal studies/bench-grid.journal [--tpe-trials 20]
 
+With ``search.profile=<profile>`` on the grid study every trial also records its predicted
+speedup and the seconds its prediction took (``prediction_s``: the replay, or the untimed traced
+run of a method that does not replay), and ``search=predict`` is replayed too: it pays the
+prediction of every grid point, then the measured time of the default, the ``--top`` best
+predicted and ``--spread`` spread points, and picks the best measured of them. The prediction's
+own seconds are taken out of each grid point's time. ``--ranges-from-table`` rebuilds the
+heuristic ranges from the values the grid measured (a grid run with narrowed
+``method.space.*.heuristic`` ranges), so every search draws from the same points.
+
 Every grid point has a measured objective (paired geometric-mean speedup over the tuning prompts),
 its per-prompt speedups and the wall-clock the tuner spent on it. A replayed search pays the
 measured time of each point it evaluates (a pruned trial pays the fraction of prompts it measured)
@@ -21,6 +30,7 @@ Replaying on one table removes run-to-run noise from the comparison; the searche
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 from pathlib import Path
@@ -29,7 +39,7 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from tuner.search.plans import HeuristicPlan, point_key
+from tuner.search.plans import HeuristicPlan, PredictPlan, point_key
 from tuner.search.space import search_values
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,10 +52,51 @@ def load_table(journal: Path) -> tuple[dict, str]:
     study = optuna.load_study(study_name=name, storage=storage)
     table = {}
     for t in study.get_trials(states=(TrialState.COMPLETE,)):
-        seconds = (t.datetime_complete - t.datetime_start).total_seconds()
+        predicting = float(t.user_attrs.get("prediction_s") or 0.0)
+        seconds = (t.datetime_complete - t.datetime_start).total_seconds() - predicting
         table[point_key(t.params)] = {"value": t.values[0], "seconds": seconds,
-                                      "per_prompt": dict(t.intermediate_values)}
+                                      "per_prompt": dict(t.intermediate_values),
+                                      "predicted": t.user_attrs.get("predicted_speedup"),
+                                      "prediction_s": predicting,
+                                      "by_replay": t.user_attrs.get("predicted_by_replay"),
+                                      "stage": t.user_attrs.get("stage")}
     return table, name
+
+
+def ranges_from_table(table, space, default, task_class):
+    """The method's space with each parameter's heuristic range set to the values the grid
+    measured (the default's own point left out where the grid held it as an extra)."""
+    keys = [k for k in table if k != point_key(default)] or list(table)
+    out = {}
+    for name, spec in space.items():
+        values = sorted({dict(k)[name] for k in keys if name in dict(k)})
+        spec = dict(spec)
+        if values:
+            spec["heuristic"] = {**spec.get("heuristic", {}), task_class: [values[0], values[-1]]}
+        out[name] = spec
+    return out
+
+
+def replay_predict(table, space, default, task_class, top, spread):
+    """search=predict on the measured table: every point's prediction paid, then the measured
+    points; the pick is the best measured of them."""
+    plan = PredictPlan(space, default, "heuristic", task_class, top, spread)
+    points = [p for p in plan.points if point_key(p) in table]
+    plan.points = points
+    chosen = plan.rank([table[point_key(p)]["predicted"] for p in points])
+    if point_key(default) in table and all(point_key(p) != point_key(default) for p, _ in chosen):
+        chosen = [(default, "default")] + chosen      # the default, measured first in any case
+    seconds = sum(r["prediction_s"] for r in table.values())
+    seconds += sum(table[point_key(p)]["seconds"] for p, _ in chosen)
+    best = max((point_key(p) for p, _ in chosen), key=lambda k: table[k]["value"])
+    return best, seconds, len(chosen)
+
+
+def calibration(table):
+    """Predicted vs measured over the grid: median |predicted / measured − 1|, Spearman ρ."""
+    from tuner.predict.predict import calibration as calibrate
+    rows = [(r["predicted"], r["value"]) for r in table.values() if r["predicted"] is not None]
+    return calibrate(rows) if rows else None
 
 
 def replay_heuristic(table, space, default, task_class, seed):
@@ -61,7 +112,7 @@ def replay_heuristic(table, space, default, task_class, seed):
 
 
 def replay_tpe(table, space, default, task_class, seed, n_trials, prune=True):
-    values = search_values(space, task_class)
+    values = search_values(space, "heuristic", task_class)
     dists = {k: optuna.distributions.IntDistribution(min(v), max(v)) for k, v in values.items()}
     pruner = optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2) if prune \
         else optuna.pruners.NopPruner()
@@ -97,11 +148,17 @@ def main() -> None:
     parser.add_argument("--task-class", default="LH")
     parser.add_argument("--tpe-trials", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--top", type=int, default=3, help="search=predict: best predicted")
+    parser.add_argument("--spread", type=int, default=2, help="search=predict: spread points")
+    parser.add_argument("--ranges-from-table", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     method = yaml.safe_load((ROOT / "conf" / "method" / f"{args.method}.yaml").read_text())
     space, default = method["space"], {k: method["params"][k] for k in method["space"]}
     table, name = load_table(args.journal)
+    if args.ranges_from_table:
+        space = ranges_from_table(table, space, default, args.task_class)
     grid_seconds = sum(r["seconds"] for r in table.values())
     optimum = max(r["value"] for r in table.values())
     best_point = max(table, key=lambda k: table[k]["value"])
@@ -117,12 +174,36 @@ def main() -> None:
             f"TPE, no pruning ({args.tpe_trials})": [replay_tpe(
                 table, space, default, args.task_class, seed, args.tpe_trials, prune=False)
                 for seed in range(args.seeds)]}
+    calib = calibration(table)
+    if calib is not None and all(r["predicted"] is not None for r in table.values()):
+        rows[f"search=predict (top {args.top}, spread {args.spread})"] = [replay_predict(
+            table, space, default, args.task_class, args.top, args.spread)]
+    results = {"study": name, "grid_points": len(table), "grid_seconds": grid_seconds,
+               "optimum": optimum, "optimum_at": dict(best_point), "searches": {}}
     for label, runs in rows.items():
         reached = [table[best]["value"] / optimum for best, _, _ in runs]
         spent = [seconds / grid_seconds for _, seconds, _ in runs]
         evaluations = statistics.mean(n for _, _, n in runs)
         print(f"{label:<28} {evaluations:>11.1f} {100 * statistics.mean(spent):>13.1f} % "
               f"{100 * statistics.mean(reached):>8.1f} % (min {100 * min(reached):.1f} %)")
+        results["searches"][label] = {"evaluations": evaluations,
+                                      "time_fraction": statistics.mean(spent),
+                                      "reached": statistics.mean(reached),
+                                      "reached_min": min(reached)}
+    if calib is not None:
+        predicting = sum(r["prediction_s"] for r in table.values())
+        print(f"prediction over the grid ({len(table)} points): median error "
+              f"{100 * calib['median_abs_error']:.1f} %, Spearman "
+              f"{calib['spearman'] if calib['spearman'] is None else round(calib['spearman'], 2)}"
+              f"; predicting every point took {predicting:.0f} s "
+              f"({100 * predicting / grid_seconds:.1f} % of the grid's time)")
+        results["calibration"] = calib
+        results["prediction_seconds"] = predicting
+        results["points"] = [{"params": dict(k), **{f: v for f, v in r.items()
+                                                     if f != "per_prompt"}}
+                             for k, r in table.items()]
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -263,16 +263,25 @@ class HFEvaluator:
 
     def acceptance_points(self, points: Sequence[Mapping[str, Any]]) -> list[Any]:
         """Every point's steps on the tuning prompts (``acceptance``); None for a point the
-        method refuses or whose acceptance can be neither replayed nor traced."""
+        method refuses or whose acceptance can be neither replayed nor traced. A point that
+        took over a second gets a progress line."""
+        from tuner.predict.trace import TracedGeneration
         out = []
-        for point in points:
+        for i, point in enumerate(points):
             params = {**self.settings.default, **point}
             try:
                 method = self.build(self.settings.method, params)
             except ParametersRefused:
                 out.append(None)
                 continue
+            start = time.perf_counter()
             out.append(self.acceptance(method, list(self.settings.tuning), params))
+            seconds = time.perf_counter() - start
+            if seconds > 1.0:              # an untimed run or a draft-model replay: say so
+                got = out[-1]
+                how = "not predicted" if not got else "untimed run" if \
+                    isinstance(got[0], TracedGeneration) else "replayed"
+                self.say(f"  {i + 1}/{len(points)} {dict(point)}: {how} in {seconds:.1f} s")
         return out
 
     def predict_points(self, points: Sequence[Mapping[str, Any]]) -> list[float]:

@@ -117,12 +117,12 @@ def untimed_runs(method: Any, prompts: Sequence[Sequence[int]],
 
 def beyond_grid(generations: Sequence[TracedGeneration], target: CostSurface,
                 draft: CostSurface | None) -> str | None:
-    """A line naming the forwards wider than their surface's rows (priced by extending its
-    last segment), or None."""
+    """A line naming the cached forwards wider than their surface's rows (priced by extending
+    its last segment), or None; a forward over an empty cache is a prefill, on its own grid."""
     parts = []
     for name, surface in (("target", target), ("draft", draft)):
-        widest = max((f.rows for g in generations for f in g.forwards if f.model == name),
-                     default=0)
+        widest = max((f.rows for g in generations for f in g.forwards
+                      if f.model == name and f.context), default=0)
         if surface is not None and widest > surface.rows[-1]:
             parts.append(f"{name} forwards of up to {widest} rows beyond the profile's "
                          f"{surface.rows[-1]}")
