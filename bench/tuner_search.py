@@ -77,9 +77,12 @@ def ranges_from_table(table, space, default, task_class):
     return out
 
 
-def replay_predict(table, space, default, task_class, top, spread):
+def replay_predict(table, space, default, task_class, top, spread, history=False):
     """search=predict on the measured table: every point's prediction paid, then the measured
-    points; the pick is the best measured of them."""
+    points (with, for a method whose history carries across prompts, ``history``, each one's
+    untimed run again in its trial's order); the pick is the best measured of them. The
+    predictions ranked by are the grid trials' own, each made in its trial's order of the
+    prompts: a real run ranks in one order (see docs/benchmarks.md)."""
     plan = PredictPlan(space, default, "heuristic", task_class, top, spread)
     points = [p for p in plan.points if point_key(p) in table]
     plan.points = points
@@ -88,6 +91,9 @@ def replay_predict(table, space, default, task_class, top, spread):
         chosen = [(default, "default")] + chosen      # the default, measured first in any case
     seconds = sum(r["prediction_s"] for r in table.values())
     seconds += sum(table[point_key(p)]["seconds"] for p, _ in chosen)
+    if history:
+        seconds += sum(table[point_key(p)]["prediction_s"] for p, _ in chosen
+                       if not table[point_key(p)]["by_replay"])
     best = max((point_key(p) for p, _ in chosen), key=lambda k: table[k]["value"])
     return best, seconds, len(chosen)
 
@@ -167,17 +173,21 @@ def main() -> None:
     print(f"{'search':<28} {'evaluations':>11} {'time (of grid)':>15} {'optimum reached':>16}")
     print(f"{'grid (Table 9 style)':<28} {len(table):>11} {'100.0 %':>15} {'100.0 %':>16}")
     rows = {"heuristic (Algorithm 1)": [replay_heuristic(table, space, default, args.task_class,
-                                                         seed) for seed in range(args.seeds)],
-            f"TPE + Wilcoxon ({args.tpe_trials})": [replay_tpe(
-                table, space, default, args.task_class, seed, args.tpe_trials)
-                for seed in range(args.seeds)],
-            f"TPE, no pruning ({args.tpe_trials})": [replay_tpe(
-                table, space, default, args.task_class, seed, args.tpe_trials, prune=False)
-                for seed in range(args.seeds)]}
+                                                         seed) for seed in range(args.seeds)]}
+    integers = all(isinstance(v, int) and not isinstance(v, bool) for values in search_values(
+        space, "heuristic", args.task_class).values() for v in values)
+    if integers:                     # the TPE replay draws integer parameters only
+        rows[f"TPE + Wilcoxon ({args.tpe_trials})"] = [replay_tpe(
+            table, space, default, args.task_class, seed, args.tpe_trials)
+            for seed in range(args.seeds)]
+        rows[f"TPE, no pruning ({args.tpe_trials})"] = [replay_tpe(
+            table, space, default, args.task_class, seed, args.tpe_trials, prune=False)
+            for seed in range(args.seeds)]
     calib = calibration(table)
     if calib is not None and all(r["predicted"] is not None for r in table.values()):
         rows[f"search=predict (top {args.top}, spread {args.spread})"] = [replay_predict(
-            table, space, default, args.task_class, args.top, args.spread)]
+            table, space, default, args.task_class, args.top, args.spread,
+            history=bool(method["params"].get("reuse_history", False)))]
     results = {"study": name, "grid_points": len(table), "grid_seconds": grid_seconds,
                "optimum": optimum, "optimum_at": dict(best_point), "searches": {}}
     for label, runs in rows.items():

@@ -167,8 +167,12 @@ class DecodingMethod:
     # (``decoding.replay.drafter_steps``: its drafter reads only the committed prefix)
     replayable: ClassVar[bool] = False
     # every forward it makes is the target's or a draft model's, so an untimed run of it, its
-    # forwards traced, can be priced by their cost surfaces (EAGLE's head is neither)
-    traceable: ClassVar[bool] = True
+    # forwards traced, can be priced by their cost surfaces (opt-in per method: EAGLE's head is
+    # neither, vanilla has nothing to predict)
+    traceable: ClassVar[bool] = False
+    # its acceptance on a prompt depends on the prompts generated before it since ``reset``
+    # (Ouroboros's phrase pool with reuse_history): an untimed run must follow the timed order
+    keeps_history = False
     # the loop drives the target through ``decoding.target_cache.TargetCache`` (so it can run on
     # a ``decoding.compiled.CompiledTarget``); lookahead keeps its own cache arithmetic
     supports_compiled: ClassVar[bool] = False

@@ -127,7 +127,6 @@ class EagleDecoding(DraftVerifyLoop):
     """
 
     name = "eagle"
-    traceable: ClassVar[bool] = False            # its head's forwards have no cost surface
     head_version: ClassVar[int | None] = None   # the head format "random"/"auto" make (None:
                                                 # EAGLE-1/2; files of either format load)
 

@@ -172,6 +172,7 @@ class LookaheadDecoding(DecodingMethod):
     """
 
     name = "lookahead"
+    traceable = True              # target and draft-model forwards only
 
     def __init__(self, target: nn.Module, *, window: int = 15, ngram: int = 5,
                  guess_set: int = 15, temperature: float = 0.0, top_k: int = 0,

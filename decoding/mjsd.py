@@ -185,6 +185,7 @@ class MJSD(DraftVerifyLoop):
     """
 
     name = "mjsd"
+    traceable = True              # target and draft-model forwards only
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, num_draft_tokens: int = 4,
                  num_beams: int = 8, width: int = 1, tau: float = 0.9,

@@ -177,6 +177,7 @@ class Ouroboros(DraftVerifyLoop):
     """
 
     name = "ouroboros"
+    traceable = True              # target and draft-model forwards only
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, num_draft_tokens: int = 4,
                  window: int = 15, phrase_length: int = 6, num_phrases: int = 3,
@@ -195,6 +196,7 @@ class Ouroboros(DraftVerifyLoop):
         super().__init__(target, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                          eos_token_ids=eos_token_ids)
         self.pool = PhrasePool(guess_set)
+        self.keeps_history = reuse_history         # the pool outlives a generation
         self.drafter = PhraseDrafter(
             draft, self.pool, num_tokens=self.num_draft_tokens, window=window,
             phrase_length=phrase_length, guess_set=guess_set, num_phrases=num_phrases,

@@ -95,6 +95,7 @@ class PromptLookup(DraftVerifyLoop):
     """
 
     name = "prompt_lookup"
+    traceable = True              # target and draft-model forwards only
     replayable = True
 
     def __init__(self, target: nn.Module, *, max_ngram: int = 3, min_ngram: int = 1,

@@ -112,6 +112,7 @@ class SpecInfer(DraftVerifyLoop):
     """
 
     name = "specinfer"
+    traceable = True              # target and draft-model forwards only
 
     def __init__(self, target: nn.Module, draft: nn.Module | Sequence[nn.Module], *,
                  num_drafts: int = 3, num_draft_tokens: int = 4,

@@ -89,6 +89,7 @@ class SpeculativeDecoding(DraftVerifyLoop):
     """
 
     name = "speculative"
+    traceable = True              # target and draft-model forwards only
     replayable = True
     verify_rule: VerifyRule = staticmethod(token_verify)
 

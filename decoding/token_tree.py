@@ -266,6 +266,7 @@ class TreeDecoding(DraftVerifyLoop):
     """
 
     name = "tree"
+    traceable = True              # target and draft-model forwards only
     replayable = True
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, shape: Shape = "dynamic",

@@ -225,7 +225,7 @@ def test_predict_for_ranks_the_default_beside_a_grid_that_lacks_it(tmp_path, mon
               "search.n_trials=2", f"search.predict_for={l4}")
     out = capsys.readouterr().out
     line = re.search(r"on NVIDIA L4 24GB, an ESTIMATE \(roofline\), not measured here: best of "
-                     r"(\d+) points .* this study's winner there ([0-9.]+x|not replayable), the "
+                     r"(\d+) points .* this study's winner there ([0-9.]+x|not predicted), the "
                      r"default ([0-9.]+)x", out)
     assert line, out[-3000:]
     assert int(line.group(1)) == 5 * 3 * 2 + 1           # γ × max_ngram × min_ngram + the default
@@ -309,10 +309,16 @@ def test_search_predict_measures_fewer_points_than_the_grid(tmp_path, monkeypatc
     (["search=predict", "search.profile=x.json", "search.objectives=[perplexity]"],
      "search.objectives=['perplexity'] is invalid for search=predict"),
     (["method=eagle", "search.profile={p}"],
-     "search.profile='{p}' is invalid for method=eagle: its drafts come from an EAGLE head"),
+     "search.profile='{p}' is invalid for method=eagle: it drafts nothing to predict "
+     "(vanilla), or from an EAGLE head"),
     (["method=eagle3", "search.predict_for={p}"],
-     "search.predict_for='{p}' is invalid for method=eagle3: its drafts come from an EAGLE "
-     "head"),
+     "search.predict_for='{p}' is invalid for method=eagle3: it drafts nothing"),
+    (["method=vanilla", "search.profile={p}"],
+     "search.profile='{p}' is invalid for method=vanilla: it drafts nothing"),
+    (["method=specinfer", "search.profile={p}",
+      "~models.draft",
+      "+models.draft=[{{kind:early_exit,num_layers:1}},{{kind:early_exit,num_layers:1}}]"],
+     "search.profile='{p}' is invalid with several draft models"),
     (["method=ouroboros", "search.profile={p}", "sampling.temperature=0.7"],
      "search.profile='{p}' needs sampling.temperature=0"),
     (["method=speculative", "models=smollm2", "search.predict_for={p}"],
@@ -378,9 +384,16 @@ def test_a_traced_run_has_the_replays_shapes_and_price(tiny_pairs):
     assert sum(s.accepted for s in steps) == got.accepted
     replayed_s = forward_seconds(steps, SURFACE, DRAFT, 0.001)
     assert traced_seconds(got, SURFACE, DRAFT, 0.001) == pytest.approx(replayed_s, rel=0.02)
+    seen = len(forwards)
     with traced([("target", pair.target)]) as alone:
         generate(method, ids, 40)
-    assert all(f.model == "target" for f in alone) and len(alone) < len(forwards)
+    assert all(f.model == "target" for f in alone) and len(alone) < seen
+    assert len(forwards) == seen                  # the first trace's hooks are gone
+    with pytest.raises(RuntimeError):             # and on an exception too
+        with traced([("target", pair.target)]) as failed:
+            raise RuntimeError
+    generate(method, ids, 4)
+    assert failed == []
     with pytest.raises(ValueError, match="distinct modules"):
         with traced([("target", pair.target), ("draft", pair.target)]):
             pass
@@ -391,7 +404,8 @@ def test_search_predict_ranks_ouroboros_by_untimed_runs(tmp_path, monkeypatch, c
     """Ouroboros does not replay: search=predict ranks its 4 points by one untimed, traced run
     each, measures 3 (the default, the best predicted, one spread point), and every trial's
     predicted accepted length equals its timed run's (T = 0: the untimed run is the timed one's
-    twin), with the source recorded (not a replay)."""
+    twin), with the source recorded (not a replay), from the ranking's run (the pool kept no
+    history across prompts here, so each trial's shuffled order of them makes no difference)."""
     from tests.conftest import load_study, run_study
     monkeypatch.chdir(tmp_path)
     small = ["method=ouroboros", "method.params.num_draft_tokens=2", "method.params.window=4",
@@ -399,12 +413,14 @@ def test_search_predict_ranks_ouroboros_by_untimed_runs(tmp_path, monkeypatch, c
              "method.space.num_draft_tokens.low=2", "method.space.num_draft_tokens.high=3",
              "method.space.window.low=4", "method.space.window.high=5",
              "method.space.phrase_length.low=3", "method.space.phrase_length.high=3",
-             "method.space.num_phrases.low=2", "method.space.num_phrases.high=2"]
+             "method.space.num_phrases.low=2", "method.space.num_phrases.high=2",
+             "method.params.reuse_history=false"]
     run_study(tmp_path, *STUDY, *small, "search=predict", "search.top=1", "search.spread=1",
               f"search.profile={tiny_profile}")
     out = capsys.readouterr().out
     trials = load_study(tmp_path).get_trials()
     assert len(trials) == 3 < 4, out[-2000:]
+    assert sorted(t.user_attrs["stage"] for t in trials) == ["default", "spread", "top"]
     assert "search=predict: predicting 4 points" in out
     assert re.search(r"draft forwards of up to \d+ rows beyond the profile's 2: extrapolated",
                      out), out[-3000:]
@@ -413,6 +429,9 @@ def test_search_predict_ranks_ouroboros_by_untimed_runs(tmp_path, monkeypatch, c
         assert figures["predicted_by_replay"] == 0.0 and figures["predicted_speedup"] > 0
         assert figures["predicted_mean_accepted_tokens"] == \
             pytest.approx(figures["mean_accepted_tokens"])
+        # the ranking's run is kept per point: a measured trial in its own order of the
+        # prompts makes none (the pool's history across prompts is off here)
+        assert figures["prediction_s"] < 0.5, figures["prediction_s"]
 
 
 def test_an_untimed_run_starts_from_a_fresh_history_as_the_timed_run_does(default_pair,
@@ -426,7 +445,7 @@ def test_an_untimed_run_starts_from_a_fresh_history_as_the_timed_run_does(defaul
 
     from decoding import build_method, generate
     from decoding.api import encode_prompt
-    from tuner.predict.trace import untimed_runs
+    from tuner.predict.trace import TracedForward, untimed_runs
     pair = default_pair
     ids = torch.as_tensor(encode_prompt(pair.tokenizer, gsm8k_questions[0], True))
     method = build_method("ouroboros", pair, num_draft_tokens=4, window=8, phrase_length=4,
@@ -437,7 +456,11 @@ def test_an_untimed_run_starts_from_a_fresh_history_as_the_timed_run_does(defaul
     assert (untimed.accepted, untimed.steps, untimed.new_tokens) == \
         (timed.stats.accepted, timed.stats.steps, len(timed.tokens))
     assert max(f.rows for f in untimed.forwards if f.model == "draft") > 8
-    assert len(untimed.grouped()) == sum(f.model == "target" for f in untimed.forwards)
+    first = untimed.grouped()[0]       # the draft's prefill (with its lookahead rows) first,
+    assert first[0].model == "draft" and first[0].context == 0 and \
+        first[0].rows >= len(ids)                # the target's prefill + tree last
+    assert first[-1] == TracedForward("target", 0, first[-1].rows) and \
+        first[-1].rows > len(ids)
     generate(method, ids, 32)                            # a pool filled by a first run
     with_history = generate(method, ids, 32)
     assert with_history.stats.accepted != timed.stats.accepted

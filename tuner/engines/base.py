@@ -85,11 +85,16 @@ class Engine:
         from tuner.config.values import get_class
         target = str(plain(cfg.method).get("_target_", ""))
         if not getattr(get_class(target), "traceable", False):
-            raise ConfigError(f"{setting} is invalid for method={choice}: its drafts come from "
-                              "an EAGLE head, whose forwards no hardware profile prices yet; "
-                              "allowed are methods speculative, block, tree, prompt_lookup "
-                              "(acceptance replayed), lookahead, ouroboros, specinfer, mjsd "
-                              "(acceptance from an untimed run), or null")
+            raise ConfigError(f"{setting} is invalid for method={choice}: it drafts nothing "
+                              "to predict (vanilla), or from an EAGLE head, whose forwards no "
+                              "hardware profile prices yet; allowed are methods speculative, "
+                              "block, tree, prompt_lookup (acceptance replayed), lookahead, "
+                              "ouroboros, specinfer, mjsd (acceptance from an untimed run), or "
+                              "null")
+        if isinstance(plain(cfg.models).get("draft"), list):
+            raise ConfigError(f"{setting} is invalid with several draft models "
+                              f"(models.draft={plain(cfg.models)['draft']}): a profile prices "
+                              "one draft model; allowed is one draft, or null")
         if float(plain(cfg.sampling).get("temperature", 0)) != 0:
             raise ConfigError(f"{setting} needs sampling.temperature=0 (the acceptance it prices "
                               "is deterministic, replayed or from one untimed run, at T=0 "

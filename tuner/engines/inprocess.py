@@ -58,10 +58,10 @@ class HFEvaluator:
         self.quality_cache: dict[tuple, dict] = {}     # vanilla's outputs repeat (fixed seed)
         self.baseline_name = "vanilla"
         self.trajectories: dict[str, list[int]] = {}   # search.profile: vanilla's, per prompt
-        self.predicting: tuple[Any, list[Prompt], Mapping[str, Any]] | None = None   # the
-        # last measure's method, prompts and parameters
+        self.predicting: tuple[Any, Mapping[str, Any]] | None = None   # the last measure's
+        # method and parameters
         self.observed: dict[tuple, list[Any] | None] = {}   # untimed generations, per point
-        self.warned: set[int] = set()      # profiles whose rows a traced forward went beyond
+        self.warned_about: set[Any] = set()   # what a prediction's one-line notice has said
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -140,7 +140,7 @@ class HFEvaluator:
         ``params``; ``store``: the study's vanilla (``baseline=per_study``)."""
         method = self.build(self.settings.method, params)
         stored, fresh = (None, True) if store is None else self._stored_baseline(store)
-        self.predicting = (method, [p for _, p in prompts], params)
+        self.predicting = (method, params)
         yield from measure_pairs(self, method, prompts, parity, stored, fresh)
 
     # -- the backend (tuner.measure.paired.Backend) ------------------------------------------------
@@ -162,43 +162,58 @@ class HFEvaluator:
         return model_gap(self.pair.target, list(self.ids[prompt.id]) + list(prefix), chosen,
                          other, self.settings.near_tie_ulps)
 
-    def extra_summary(self) -> dict[str, float]:
-        """``search.profile``: the predicted speedup of the evaluation just measured (after its
-        timed window; ``predict``); ``search.predict_for``: the same acceptance priced by the
-        other machine's profile (``predicted_speedup_for``). The acceptance is replayed, or
-        comes from an untimed generation of the method (``acceptance``): ``search=predict``'s
-        ranking made it before the timed run, else it is made now, after it."""
+    def extra_summary(self, pairs: Sequence[Paired]) -> dict[str, float]:
+        """``search.profile``: the predicted speedup of the tuning prompts just measured (after
+        the timed window, in the order measured; ``predict``); ``search.predict_for``: the same
+        acceptance priced by the other machine's profile (``predicted_speedup_for``). The
+        acceptance is replayed, or comes from an untimed run of the method (``acceptance``:
+        ``search=predict``'s ranking made it before the timed run where the prompts' order does
+        not matter, else it is made now). Held-out prompts are not predicted; a failed
+        prediction loses the prediction only (one line), never the trial."""
         s = self.settings
         if (s.profile is None and s.predict_for is None) or self.predicting is None:
             return {}
-        method, prompts, params = self.predicting
+        method, params = self.predicting
         self.predicting = None
-        start = time.perf_counter()
-        generations = self.acceptance(method, prompts, params)
-        if generations is None:
+        tuning = {p.id for p in s.tuning}
+        prompts = [self.prompts[p.method.prompt_id] for p in pairs]
+        if not prompts or any(p.id not in tuning for p in prompts):
             return {}
-        out: dict[str, float] = {}
-        if s.profile is not None:
-            got = self.price(generations, s.profile)
-            out.update({"predicted_speedup": got.speedup,
-                        "predicted_mean_accepted_tokens": got.mean_accepted_tokens,
-                        "predicted_by_replay": float(got.source == "replay")})
-        if s.predict_for is not None:
-            out["predicted_speedup_for"] = self.price(generations, s.predict_for).speedup
+        start = time.perf_counter()
+        try:
+            generations = self.acceptance(method, prompts, params)
+            if generations is None:
+                return {}
+            out: dict[str, float] = {}
+            if s.profile is not None:
+                got = self.price(generations, s.profile)
+                out.update({"predicted_speedup": got.speedup,
+                            "predicted_mean_accepted_tokens": got.mean_accepted_tokens,
+                            "predicted_by_replay": float(got.source == "replay")})
+            if s.predict_for is not None:
+                out["predicted_speedup_for"] = self.price(generations, s.predict_for).speedup
+        except Exception as err:          # noqa: BLE001 - a prediction never fails a trial
+            self.say(f"prediction failed ({type(err).__name__}: {err}): this trial keeps its "
+                     "measurements without one")
+            return {}
         out["prediction_s"] = time.perf_counter() - start
         return out
 
     def acceptance(self, method: Any, prompts: Sequence[Prompt],
                    params: Mapping[str, Any]) -> list[Any] | None:
         """``method``'s steps on ``prompts``: replayed where its acceptance replays
-        (``replay``), else from one untimed, traced generation (``observe``; kept per point
-        and prompts, so a point ranked by ``search=predict`` is not generated twice); None where
-        neither applies (T > 0, an EAGLE head, a self-draft that is the target itself)."""
+        (``replay``), else from one untimed, traced run (``observe``), kept per point and
+        prompts: in their order for a method whose history carries across prompts
+        (``keeps_history``: Ouroboros's pool), as a set otherwise, so a trial reuses
+        ``search=predict``'s ranking run whatever its own order of the prompts; None where
+        neither applies (T > 0, an EAGLE head, a draft that is the target itself)."""
         replayed = self.replay(method, prompts)
         if replayed is not None:
             return replayed
+        ordered = bool(getattr(method, "keeps_history", False))
+        ids = tuple(p.id for p in prompts)
         key = (json.dumps(dict(params), sort_keys=True, default=str),
-               tuple(p.id for p in prompts))
+               ids if ordered else tuple(sorted(ids)))
         if key not in self.observed:
             self.observed[key] = self.observe(method, prompts)
         return self.observed[key]
@@ -226,17 +241,22 @@ class HFEvaluator:
         return generations
 
     def observe(self, method: Any, prompts: Sequence[Prompt]) -> list[Any] | None:
-        """One untimed generation of ``method`` per prompt, in the timed run's order from a
-        fresh history (``reset``, as after the warm-up), every forward of the target and the
-        draft models traced (``tuner.predict.trace``); None where its forwards cannot all be
-        priced (T > 0: not deterministic; an EAGLE head; a draft that is the target)."""
+        """One untimed generation of ``method`` per prompt, in the order given, from a fresh
+        history (``reset``, as after the warm-up), every forward of the target and the draft
+        models traced (``tuner.predict.trace``); None where its forwards cannot all be priced
+        (T > 0: not deterministic; a method not ``traceable``; a draft that is the target,
+        whose forwards cannot be told apart: said once)."""
         from tuner.predict.trace import untimed_runs
         s = self.settings
-        drafts = [d for d in (self.pair.all_drafts or (self.pair.draft,)) if d is not None] \
-            if s.method["needs_draft"] else []
-        if float(s.sampling.get("temperature", 0)) != 0 or not getattr(method, "traceable",
-                                                                          False) or \
-                any(d is self.pair.target for d in drafts):
+        drafts = list(self.pair.drafts) if s.method["needs_draft"] else []
+        if float(s.sampling.get("temperature", 0)) != 0 or \
+                not getattr(method, "traceable", False):
+            return None
+        if len({id(m) for m in [self.pair.target, *drafts]}) != 1 + len(drafts):
+            if "same" not in self.warned_about:
+                self.warned_about.add("same")
+                self.say("prediction: the draft model is the target itself (or a draft is "
+                         "given twice), so their forwards cannot be told apart: no prediction")
             return None
         models = [("target", self.pair.target)] + [("draft", d) for d in drafts]
         method.use_compiled(None)          # the forwards as the model makes them (hooks fire)
@@ -253,11 +273,11 @@ class HFEvaluator:
         from tuner.predict.trace import TracedGeneration, beyond_grid
         uses_draft = bool(self.settings.method["needs_draft"])
         traced = bool(generations) and isinstance(generations[0], TracedGeneration)
-        if traced and id(profile) not in self.warned:
+        if traced and id(profile) not in self.warned_about:
             line = beyond_grid(generations, profile.target, profile.draft if uses_draft else
                                None)
             if line:
-                self.warned.add(id(profile))
+                self.warned_about.add(id(profile))
                 self.say(f"prediction ({profile.machine}): {line}")
         return predict(generations, profile, "untimed" if traced else "replay", uses_draft)
 
@@ -275,7 +295,13 @@ class HFEvaluator:
                 out.append(None)
                 continue
             start = time.perf_counter()
-            out.append(self.acceptance(method, list(self.settings.tuning), params))
+            try:
+                out.append(self.acceptance(method, list(self.settings.tuning), params))
+            except Exception as err:      # noqa: BLE001 - one point's failure loses its rank
+                self.say(f"  {i + 1}/{len(points)} {dict(point)}: not predicted "
+                         f"({type(err).__name__}: {err})")
+                out.append(None)
+                continue
             seconds = time.perf_counter() - start
             if seconds > 1.0:              # an untimed run or a draft-model replay: say so
                 got = out[-1]

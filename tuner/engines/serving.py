@@ -343,7 +343,7 @@ class ServerEvaluator:
         """Not scored: the server holds the model."""
         return None
 
-    def extra_summary(self) -> dict[str, float]:
+    def extra_summary(self, pairs: Sequence[Paired]) -> dict[str, float]:
         return {"engine_restart_s": self.restarts[-1]} if self.restarts else {}
 
 

@@ -73,8 +73,9 @@ class Backend(Protocol):
     def log_prob(self, m: Measurement) -> float | None:
         """The target's mean log-probability of ``m``'s tokens (None: cannot score here)."""
 
-    def extra_summary(self) -> dict[str, float]:
-        """Backend-specific numbers of the last measurement (e.g. a server's restart time)."""
+    def extra_summary(self, pairs: Sequence[Paired]) -> dict[str, float]:
+        """Backend-specific numbers of the measurement that gave ``pairs`` (e.g. a server's
+        restart time, a prediction of the prompts measured)."""
 
 
 def batches(prompts: Batch, level: int) -> list[list[tuple[int, Prompt]]]:
@@ -181,7 +182,7 @@ def assess(backend: Backend, pairs: Sequence[Paired]) -> Evaluation:
     summary.update(energy_versus(summary, refs))
     if any(m.batch_wall_s is not None for m in ms):     # requests sent in batches per level
         summary.update(level_summary(pairs))
-    summary.update(backend.extra_summary())
+    summary.update(backend.extra_summary(pairs))
     record, ms, refs = quality(backend, pairs, ms, refs)
     summary.update(record)
     fresh = [r for p, r in zip(pairs, refs) if p.fresh_baseline]

@@ -53,7 +53,7 @@ def forward_seconds(steps: Sequence[ReplayedStep], target: CostSurface,
     return total
 
 
-def forward_s(forward: TracedForward, target: CostSurface, draft: CostSurface | None) -> float:
+def traced_forward_seconds(forward: TracedForward, target: CostSurface, draft: CostSurface | None) -> float:
     """One traced forward priced: a prefill over an empty cache, else a cached step."""
     surface = target if forward.model == "target" else draft
     if surface is None:
@@ -67,7 +67,7 @@ def traced_seconds(generation: TracedGeneration, target: CostSurface,
                    draft: CostSurface | None, overhead_s: float) -> float:
     """Predicted seconds of a traced generation: every step's forwards plus the loop's overhead
     (``priced``)."""
-    return sum(priced(sum(forward_s(f, target, draft) for f in step), overhead_s)
+    return sum(priced(sum(traced_forward_seconds(f, target, draft) for f in step), overhead_s)
                for step in generation.grouped())
 
 

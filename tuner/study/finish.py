@@ -114,6 +114,7 @@ def prediction_calibration(study: optuna.Study) -> dict[str, Any] | None:
 
 
 MAX_FOREIGN_POINTS = 512     # search.predict_for ranks at most this many grid points
+MAX_UNTIMED_POINTS = 32      # ... or this many where each takes an untimed run (not replayed)
 
 
 def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Mapping[str, Any],
@@ -131,14 +132,17 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
     default = settings.searched(settings.default)
     ranges = settings.search.get("ranges", "heuristic")
     points = GridPlan(settings.space, default, ranges, settings.task.task_class).points
-    cut = len(points) > MAX_FOREIGN_POINTS
-    points = points[:MAX_FOREIGN_POINTS]
+    from tuner.config.values import get_class
+    replays = getattr(get_class(str(settings.method.get("_target_", ""))), "replayable", False)
+    most = MAX_FOREIGN_POINTS if replays else MAX_UNTIMED_POINTS
+    cut = len(points) > most
+    points = points[:most]
     winner = settings.searched(params)
     for extra in (winner, default):          # both are shown, in the grid or not
         if point_key(extra) not in {point_key(p) for p in points}:
             points = points + [extra]
     say(f"search.predict_for: predicting {len(points)} points of the {ranges} grid"
-        f"{f' (its first {MAX_FOREIGN_POINTS})' if cut else ''}, the default and the winner "
+        f"{f' (its first {most})' if cut else ''}, the default and the winner "
         f"for {profile.machine} ...")
     replayed = evaluator.acceptance_points(points)
     one = profile.at_batch(1)
