@@ -464,3 +464,25 @@ def test_an_untimed_run_starts_from_a_fresh_history_as_the_timed_run_does(defaul
     generate(method, ids, 32)                            # a pool filled by a first run
     with_history = generate(method, ids, 32)
     assert with_history.stats.accepted != timed.stats.accepted
+
+
+def test_a_failing_prediction_loses_only_the_prediction(tmp_path, monkeypatch, capsys,
+                                                        tiny_profile):
+    """A prediction that raises (here: the pricing, patched to fail) costs the trial its
+    prediction and one line, never the trial: both trials of a γ grid complete, without
+    predicted figures, and the study finishes."""
+    from tests.conftest import load_study, run_study
+    from tuner.predict import predict as pricing
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no price")
+    monkeypatch.setattr(pricing, "predict", broken)
+    monkeypatch.chdir(tmp_path)
+    run_study(tmp_path, *STUDY, "method.space.num_draft_tokens.high=2",
+              "method.params.num_draft_tokens=2", f"search.profile={tiny_profile}")
+    out = capsys.readouterr().out
+    trials = load_study(tmp_path).get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert all("predicted_speedup" not in t.user_attrs for t in trials)
+    assert out.count("prediction failed (RuntimeError: no price): this trial keeps its "
+                     "measurements without one") == 2

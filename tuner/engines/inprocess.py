@@ -312,10 +312,17 @@ class HFEvaluator:
 
     def predict_points(self, points: Sequence[Mapping[str, Any]]) -> list[float]:
         """``search=predict``: every point's predicted speedup on the tuning prompts, priced by
-        ``search.profile``; a point the method refuses: -inf (never measured first)."""
-        return [float("-inf") if generations is None else
-                self.price(generations, self.settings.profile).speedup
-                for generations in self.acceptance_points(points)]
+        ``search.profile``; a point the method refuses or that cannot be predicted: -inf
+        (never measured first)."""
+        out = []
+        for point, generations in zip(points, self.acceptance_points(points)):
+            try:
+                out.append(float("-inf") if generations is None else
+                           self.price(generations, self.settings.profile).speedup)
+            except Exception as err:      # noqa: BLE001 - one point's failure loses its rank
+                self.say(f"  {dict(point)}: not predicted ({type(err).__name__}: {err})")
+                out.append(float("-inf"))
+        return out
 
     def _measure(self, method: Any, prompt: Prompt) -> Measurement:
         s = self.settings
