@@ -75,8 +75,8 @@ def run_task(name, pair, prompts, args, profile, others=()):
         replay_s += time.perf_counter() - start
         generations = [(len(p), s) for p, s in zip(prompts, replayed)]
         uses_draft = name_ != "prompt_lookup"
-        predicted = predict(generations, profile, "replay", uses_draft=uses_draft)
-        elsewhere = {label_: predict(generations, other.at_batch(1), "replay",
+        predicted = predict(generations, profile, uses_draft=uses_draft)
+        elsewhere = {label_: predict(generations, other.at_batch(1),
                                      uses_draft=uses_draft).speedup
                      for label_, other in others}
         if label.startswith("speculative"):
@@ -152,7 +152,7 @@ def elsewhere_summary(rows, others, speculative, here):
                 [(r["predicted_for"][label], r["measured_mean"]) for r in rows],
                 [r["setting"] for r in rows])
         if len(other.batch_sizes()) > 1:
-            schedule = plan(lambda k, b: predict(speculative[k], other.at_batch(b), "replay",
+            schedule = plan(lambda k, b: predict(speculative[k], other.at_batch(b),
                                                  uses_draft=True).speedup,
                             sorted(speculative), other.batch_sizes())
             entry["schedule"] = {"lines": schedule.lines(), "vllm": schedule.vllm(),

@@ -59,7 +59,7 @@ def test_a_generation_is_priced_step_by_step():
     assert forward_seconds(steps, SURFACE, None) == pytest.approx(target)
     vanilla = SURFACE.prefill_s(10) + sum(SURFACE.step_s(10 + i - 1, 1) for i in range(1, 6))
     assert vanilla_forward_seconds(SURFACE, 10, 6) == pytest.approx(vanilla)
-    result = predict([(10, steps)], profile(), "replay", uses_draft=True)
+    result = predict([(10, steps)], profile(), uses_draft=True)
     expected = (vanilla_forward_seconds(SURFACE, 10, 6, 0.001) /
                 forward_seconds(steps, SURFACE, DRAFT, 0.002))
     assert result.speedup == pytest.approx(expected) and result.source == "replay"

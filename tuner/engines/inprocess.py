@@ -270,16 +270,15 @@ class HFEvaluator:
         """Replayed or traced ``generations`` priced by ``profile``
         (``tuner.predict.Prediction``; its ``source``: "replay" or "untimed")."""
         from tuner.predict.predict import predict
-        from tuner.predict.trace import TracedGeneration, beyond_grid
+        from tuner.predict.trace import beyond_grid
         uses_draft = bool(self.settings.method["needs_draft"])
-        traced = bool(generations) and isinstance(generations[0], TracedGeneration)
-        if traced and id(profile) not in self.warned_about:
+        if id(profile) not in self.warned_about:
             line = beyond_grid(generations, profile.target, profile.draft if uses_draft else
                                None)
             if line:
                 self.warned_about.add(id(profile))
                 self.say(f"prediction ({profile.machine}): {line}")
-        return predict(generations, profile, "untimed" if traced else "replay", uses_draft)
+        return predict(generations, profile, uses_draft)
 
     def acceptance_points(self, points: Sequence[Mapping[str, Any]]) -> list[Any]:
         """Every point's steps on the tuning prompts (``acceptance``); None for a point the

@@ -53,7 +53,8 @@ def forward_seconds(steps: Sequence[ReplayedStep], target: CostSurface,
     return total
 
 
-def traced_forward_seconds(forward: TracedForward, target: CostSurface, draft: CostSurface | None) -> float:
+def traced_forward_seconds(forward: TracedForward, target: CostSurface,
+                           draft: CostSurface | None) -> float:
     """One traced forward priced: a prefill over an empty cache, else a cached step."""
     surface = target if forward.model == "target" else draft
     if surface is None:
@@ -92,17 +93,18 @@ class Prediction:
 
 
 def predict(generations: Sequence[tuple[int, Sequence[ReplayedStep]] | TracedGeneration],
-            profile: HardwareProfile, source: str, uses_draft: bool) -> Prediction:
+            profile: HardwareProfile, uses_draft: bool) -> Prediction:
     """``generations``: per prompt, (prompt length, replayed steps), or the forwards of an
-    untimed generation (``tuner.predict.trace``)."""
+    untimed generation (``tuner.predict.trace``); the ``source`` follows from which."""
     from tuner.predict.trace import TracedGeneration
     overhead = profile.step_overhead_s
     loop = overhead.get("draft_loop", overhead.get("loop", 0.0)) if uses_draft else \
         overhead.get("loop", 0.0)
     draft = profile.draft if uses_draft else None
-    ratios, accepted, steps = [], 0, 0
+    ratios, accepted, steps, source = [], 0, 0, "replay"
     for generation in generations:
         if isinstance(generation, TracedGeneration):
+            source = "untimed"
             prompt_len, new_tokens = generation.prompt_len, generation.new_tokens
             method_s = traced_seconds(generation, profile.target, draft, loop)
             accepted += generation.accepted

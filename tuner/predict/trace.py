@@ -115,13 +115,15 @@ def untimed_runs(method: Any, prompts: Sequence[Sequence[int]],
     return generations
 
 
-def beyond_grid(generations: Sequence[TracedGeneration], target: CostSurface,
+def beyond_grid(generations: Sequence[Any], target: CostSurface,
                 draft: CostSurface | None) -> str | None:
-    """A line naming the cached forwards wider than their surface's rows (priced by extending
-    its last segment), or None; a forward over an empty cache is a prefill, on its own grid."""
+    """A line naming the traced cached forwards wider than their surface's rows (priced by
+    extending its last segment), or None; a forward over an empty cache is a prefill, on its own
+    grid; replayed generations (not traced) are left out."""
     parts = []
+    traced_ = [g for g in generations if isinstance(g, TracedGeneration)]
     for name, surface in (("target", target), ("draft", draft)):
-        widest = max((f.rows for g in generations for f in g.forwards
+        widest = max((f.rows for g in traced_ for f in g.forwards
                       if f.model == name and f.context), default=0)
         if surface is not None and widest > surface.rows[-1]:
             parts.append(f"{name} forwards of up to {widest} rows beyond the profile's "
