@@ -404,11 +404,38 @@ def test_ctrl_c_stops_both_servers(tmp_path):
      "engine.methods flags and knobs)"),
     (["method=prompt_lookup", "engine.extra_args=-np"],
      "engine.extra_args='-np' is invalid: allowed is a list of llama-server flags"),
+    (["method=prompt_lookup", "search.profile=engine.json"],    # the surface drafts with a model
+     "search.profile='engine.json' is invalid for method=prompt_lookup in engine=llamacpp: the "
+     "engine's cost surface is measured with a draft model's steps"),
+    (["method=speculative", "search.predict_for=engine.json"],
+     "search.predict_for='engine.json' is invalid for engine=llamacpp: a prediction for another "
+     "machine needs an acceptance known without the engine"),
+    (["method=speculative", "search=predict", "search.profile=engine.json"],
+     "search=predict is invalid for engine=llamacpp: the engine's acceptance is known only once "
+     "a setting ran"),
 ])
 def test_bad_engine_input_gets_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as caught:
         run_study(tmp_path, *ENGINE, *overrides, "tracking=none")
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_engine_profile_that_does_not_reach_a_level_is_refused_with_one_line(tmp_path):
+    """A profile measured at batch sizes 1 and 2 cannot price concurrency 4 (refused before
+    any server starts)."""
+    from tuner.predict.synthetic import SyntheticCell, profile
+    settings, _ = evaluator(tmp_path, "method=speculative")
+    cells = [SyntheticCell(level, k, None, 2, 10, 10, 0.01 * (1 + k), 50.0, 20.0, 0.01)
+             for level in (1, 2) for k in (0, 2)]
+    path = profile(cells, machine="cpu: here", engine="llamacpp", build={"llamacpp": "x"},
+                   threads=2, models=settings.models, made="now",
+                   length="real").save(tmp_path / "engine.json")
+    with pytest.raises(ConfigError) as caught:
+        run_study(tmp_path, *ENGINE, "method=speculative", "budget.concurrency=[1,4]",
+                  f"search.profile={path}", "tracking=none")
+    assert "was measured at batch sizes [1, 2], which do not reach budget.concurrency level 4" \
+        in str(caught.value) and "\n" not in str(caught.value)
+    assert not (tmp_path / "studies" / "t" / "engine").exists()
 
 
 def test_vllm_refuses_the_flags_it_sets_itself_in_extra_args():
@@ -472,23 +499,23 @@ def test_synthetic_acceptance_reports_the_length_asked_and_its_step_times_make_a
         tmp_path):
     """llama.cpp's --spec-synth-len: with k = 2 drafts per step and a mean length of 2.0 asked,
     the engine's own counts (3 rounds of `level` requests, each its own seed; answers end at EOS
-    or 48 tokens) give 2.0 within 4 standard errors at concurrency 1 and 2 (without
-    speculation exactly 1.0); the same check rejects a run asked 3.0 (every draft accepted), so
-    it can fail. The step times become a llama.cpp profile (levels 1 and 2, rows k + 1) that
-    loads as one and is refused, with one line, by a study of our own loops."""
+    or 48 tokens) give 2.0 within 4 standard errors at concurrency 1 (without speculation
+    exactly 1.0); the same check rejects a run asked 3.0 (every draft accepted), so it can
+    fail. The step times become a llama.cpp profile (rows k + 1) that loads as one and is
+    refused, with one line, by a study of our own loops. (A profile of two levels, and a study
+    that predicts from one: the next test.)"""
     from tuner.predict import synthetic
     from tuner.predict.surface import load_profile
-    settings, ev = evaluator(tmp_path, "method=speculative", "budget.concurrency=[1,2]",
-                             "task.max_new_tokens=48")
+    settings, ev = evaluator(tmp_path, "method=speculative", "task.max_new_tokens=48")
     ev.open()
     try:
-        cells = ev.synthetic_costs([2], [1, 2], 2.0, rounds=3)
+        cells = ev.synthetic_costs([2], [1], 2.0, rounds=3)
         [all_accepted] = [c for c in ev.synthetic_costs([2], [1], 3.0, rounds=3) if c.k == 2]
     finally:
         ev.close()
     by = {(c.level, c.k): c for c in cells}
-    assert sorted(by) == [(1, 0), (1, 2), (2, 0), (2, 2)]
-    for level in (1, 2):
+    assert sorted(by) == [(1, 0), (1, 2)]
+    for level in (1,):
         plain, drafted = by[level, 0], by[level, 2]
         assert plain.mean_length == 1.0 and plain.requests == 3 * level
         assert drafted.decode_steps > 40 and drafted.length_error() > 0
@@ -502,10 +529,71 @@ def test_synthetic_acceptance_reports_the_length_asked_and_its_step_times_make_a
                              models=settings.models, made="now", length=2.0)
     path = made.save(tmp_path / "llamacpp.json")
     loaded = load_profile(path, models=settings.models, engine="llamacpp")
-    assert loaded.batch_sizes() == (1, 2) and loaded.target.rows == (1, 3)
-    assert loaded.at_batch(2).target.step_s(0, 3) == pytest.approx(by[2, 2].step_s)
+    assert loaded.batch_sizes() == (1,) and loaded.target.rows == (1, 3)
+    assert loaded.at_batch(1).target.step_s(0, 3) == pytest.approx(by[1, 2].step_s)
     assert loaded.target.prefill_s(10) > 0 and "synthetic acceptance" in loaded.note
     with pytest.raises(ConfigError) as err:
         load_profile(path, models=settings.models, engine="hf", setting="search.profile")
     assert "was made for engine=llamacpp, not engine=hf" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_study_predicts_each_level_from_the_engines_profile_and_confirms_its_schedule(
+        tmp_path, capsys):
+    """An engine profile made from the engine's own steps (k = 1 and 3 drafted per step, levels 1
+    and 2, the draft's own acceptance), then a grid study of n_max in {1, 3} at the same levels
+    with it as search.profile: every trial records, per level, the decode-phase speedup its own
+    counts predict there, which is L · T_c(1) / T_c(d + 1) recomputed from the profile at that
+    level (the level-1 surface at level 2 would give another number); the finish plans the
+    per-level schedule from those predictions, checks it against each level's measured decode
+    speedup of the same trials, and writes llama.cpp's per-level launch setting."""
+    from tuner.predict import synthetic
+    from tuner.predict.served import decode_speedup
+    from tuner.predict.surface import load_profile
+    speculative = ["method=speculative", "engine.methods.speculative.params.p_min=0.0",
+                   "~engine.methods.speculative.space",
+                   "+engine.methods.speculative.space={n_max:{type:int,low:1,high:3,step:2}}",
+                   "budget.concurrency=[1,2]"]
+    settings, ev = evaluator(tmp_path, *speculative, *F32)
+    ev.open()
+    try:
+        cells = ev.synthetic_costs([1, 3], [1, 2], None, rounds=1)
+    finally:
+        ev.close()
+    made = synthetic.profile(cells, machine="cpu: here", engine="llamacpp",
+                             build={"llamacpp": ev.build_info()}, threads=ev.threads,
+                             models=settings.models, made="now", length="real")
+    path = made.save(tmp_path / "engine.json")
+    at = {c: made.at_batch(c) for c in (1, 2)}
+    assert at[1].target.step_s(0, 4) != at[2].target.step_s(0, 4)
+    run_study(tmp_path, *ENGINE, *speculative, *F32, "search=grid", "search.ranges=full",
+              f"search.profile={path}", "tracking=none")
+    out = capsys.readouterr().out
+    trials = load_study(tmp_path).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    profile = load_profile(path, models=settings.models, engine="llamacpp")
+    for t in trials:
+        figures = t.user_attrs
+        for level in (1, 2):
+            length = figures[f"prediction_mean_length@c{level}"]
+            drafted = figures[f"prediction_drafted_per_step@c{level}"]
+            assert 1.0 <= length <= t.params["n_max"] + 1 and 0 < drafted <= t.params["n_max"]
+            assert figures[f"predicted_decode_speedup@c{level}"] == pytest.approx(
+                decode_speedup(profile, level, length, drafted))
+            assert figures[f"decode_speedup@c{level}"] > 0
+    assert re.search(r"prediction \(search\.profile\) +median \|predicted/measured - 1\|", out) \
+        or "prediction (search.profile)" in out, out[-3000:]
+    checks = re.findall(r"confirmed per level \(measured decode speedup\) +batch (\d): predicted "
+                        r"(k=(\d)|speculation off) \([0-9.]+x\), measured ([0-9.]+)x", out)
+    assert [int(c[0]) for c in checks] == [1, 2], out[-3000:]
+    by_n = {t.params["n_max"]: t.user_attrs for t in trials}
+    for batch, _, k, shown in checks:     # the measured figure is the trial's own at that level
+        expected = 1.0 if not k else by_n[int(k)][f"decode_speedup@c{batch}"]
+        assert float(shown) == pytest.approx(expected, abs=0.006)
+    assert re.search(r"predicted schedule, confirmed +\d of 2 levels chose the measured best "
+                     r"n_max", out), out[-3000:]
+    best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
+    per_level = json.loads(best["deploy"]["predicted_per_level"])
+    assert sorted(per_level) == ["1", "2"] and all(
+        v == "speculation off" or re.fullmatch(r"--spec-draft-n-max [13]", v)
+        for v in per_level.values())

@@ -235,7 +235,8 @@ def test_predict_for_ranks_the_default_beside_a_grid_that_lacks_it(tmp_path, mon
 
 @pytest.mark.parametrize("overrides,message", [
     (["method=prompt_lookup", "engine=llamacpp"],
-     "search.profile='{p}' is invalid for engine=llamacpp: predictions from a hardware profile"),
+     "search.profile='{p}' is invalid for method=prompt_lookup in engine=llamacpp: the engine's "
+     "cost surface is measured with a draft model's steps"),
     (["method=speculative", "sampling.temperature=0.7"],
      "search.profile='{p}' needs sampling.temperature=0"),
     (["method=speculative", "models=smollm2"],

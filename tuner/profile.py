@@ -75,8 +75,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="--engine llamacpp: concurrency levels (1 is always measured)")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4], metavar="K",
                         help="--engine llamacpp: drafted tokens per step")
-    parser.add_argument("--synth-len", type=float, default=2.5, metavar="L",
-                        help="--engine llamacpp: mean accepted length asked (capped at k + 1)")
+    parser.add_argument("--synth-len", default="2.5", metavar="L",
+                        help="--engine: mean accepted length asked (capped at k + 1), or "
+                        "real: no synthetic mode, the draft model's own acceptance")
     parser.add_argument("--task", default="gsm8k", help="--engine llamacpp: the prompts' task")
     parser.add_argument("--prompts", type=int, default=4, help="--engine llamacpp: prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64,
@@ -164,9 +165,15 @@ def check_engine(args: argparse.Namespace) -> None:
         if min(values) < low or sorted(set(values)) != values:
             raise ConfigError(f"{name}={values} is invalid: allowed are distinct ascending "
                               f"integers >= {low}")
-    if not args.synth_len >= 1:
-        raise ConfigError(f"--synth-len={args.synth_len} is invalid: allowed is a mean accepted "
-                          "length >= 1 (the target's token included)")
+    if args.synth_len != "real":
+        given = args.synth_len
+        try:
+            args.synth_len = float(given)
+        except ValueError:
+            args.synth_len = float("nan")
+        if not args.synth_len >= 1:
+            raise ConfigError(f"--synth-len={given} is invalid: allowed is a mean accepted "
+                              "length >= 1 (the target's token included), or real")
     tasks = sorted(p.stem for p in (CONF / "task").glob("*.yaml"))
     if args.task not in tasks:
         raise ConfigError(f"--task={args.task!r} is unknown: allowed are {tasks}")
@@ -184,11 +191,15 @@ def engine_main(models: dict, args: argparse.Namespace) -> int:
     levels = sorted({1, *args.levels})
     _, evaluator = engine_evaluator(args.engine, args.models, args.task, levels, args.prompts,
                                     args.max_new_tokens, args.threads)
+    length = None if args.synth_len == "real" else args.synth_len
+    if length is not None:
+        evaluator.check_synthetic(length)
     try:
         evaluator.open()
-        print(f"synthetic acceptance: k {args.ks} at concurrency {levels}, mean length "
-              f"{args.synth_len:g} asked")
-        cells = evaluator.synthetic_costs(args.ks, levels, args.synth_len)
+        print(f"synthetic acceptance: k {args.ks} at concurrency {levels}, " +
+              ("the draft model's own acceptance (no synthetic mode)" if length is None else
+               f"mean length {length:g} asked"))
+        cells = evaluator.synthetic_costs(args.ks, levels, length)
         profile = synthetic.profile(
             cells, machine=hardware(torch.device("cpu")), engine=args.engine,
             build={args.engine: evaluator.build_info()}, threads=evaluator.threads,
@@ -201,9 +212,10 @@ def engine_main(models: dict, args: argparse.Namespace) -> int:
     print(f"wrote {out}: {profile.describe()}")
     for c in cells:
         if c.k:
+            asked = "the draft's own" if c.asked_length is None else \
+                f"asked {c.asked_length:g}, ±{c.length_error():.2f}"
             print(f"  k={c.k} at concurrency {c.level}: mean length {c.mean_length:.2f} "
-                  f"(asked {c.asked_length:g}, ±{c.length_error():.2f}), "
-                  f"{1e3 * c.step_s:.1f} ms per step")
+                  f"({asked}), {1e3 * c.step_s:.1f} ms per step")
     return 0
 
 

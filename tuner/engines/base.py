@@ -101,6 +101,11 @@ class Engine:
                               "only); allowed is null at "
                               f"sampling.temperature={plain(cfg.sampling).get('temperature')}")
 
+    def schedule_form(self, schedule: Any) -> dict[str, str]:
+        """A predicted per-batch-size schedule (``tuner.predict.schedule.Schedule``) in this
+        engine's own form, for the best YAML's ``deploy`` block."""
+        return {}
+
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "
                           f"allowed are levels up to {self.max_concurrency}")

@@ -49,6 +49,7 @@ class LlamaCppEngine(ServerEngine):
     program = "llama-server"
     streams = True                      # /completion with stream: true, one token per event
     synthetic_surface = True            # --spec-synth-len (LlamaCppEvaluator.synthetic_spec)
+    draft_tokens_knob = "n_max"         # --spec-draft-n-max: k drafted tokens per step
     program_allowed = "a llama-server binary, or null for the one `make engines` builds"
     install_hint = ("llama-server is not built for this CPU: build it with `make engines` "
                     "(scripts/engines.sh llamacpp, a few minutes), or set "
@@ -88,6 +89,10 @@ class LlamaCppEngine(ServerEngine):
     def evaluator(self, settings: MeasureSettings, timer: Any,
                   say: Callable[[str], None]) -> Evaluator:
         return LlamaCppEvaluator(settings, say)
+
+    def schedule_form(self, schedule: Any) -> dict[str, str]:
+        """llama-server takes no schedule: per expected concurrency, the setting to launch."""
+        return {"predicted_per_level": json.dumps(schedule.llamacpp())}
 
 
 class LlamaCppEvaluator(ServerEvaluator):
@@ -138,16 +143,14 @@ class LlamaCppEvaluator(ServerEvaluator):
                     else str(value)]
         return out
 
+    draft_tokens_knob = LlamaCppEngine.draft_tokens_knob      # --spec-draft-n-max
+    exact_draft = {"n_min": 0, "p_min": 0.0}     # every step drafts exactly n_max
+
     def synthetic_spec(self, k: int, length: float) -> list[str]:
-        """Draft-model speculation drafting exactly ``k`` tokens per step (``p_min`` 0, no
-        minimum), accepted at random with mean length ``length`` (``--spec-synth-len``,
-        "benchmarking only": the output is not the target's)."""
-        if "n_max" not in self.mapping["knobs"] or not self.settings.method["needs_draft"]:
-            raise ConfigError(f"method={self.settings.method_choice}: a synthetic-acceptance "
-                              "surface of llama.cpp drafts with a draft model; allowed is "
-                              "method=speculative")
-        params = {**self.settings.default, "n_max": k, "n_min": 0, "p_min": 0.0}
-        return self.flags(params) + ["--spec-synth-len", f"{length:g}"]
+        """Draft-model speculation drafting exactly ``k`` tokens per step, accepted at random
+        with mean length ``length`` (``--spec-synth-len``, "benchmarking only": the output is
+        not the target's)."""
+        return self.flags(self.drafted_params(k)) + ["--spec-synth-len", f"{length:g}"]
 
     def launch_line(self, params: Mapping[str, Any], port: int = 8080) -> str:
         return super().launch_line(params, port)

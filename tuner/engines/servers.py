@@ -43,6 +43,9 @@ class ServerEngine(Engine):
     # measured (e.g. -np 1 serves a concurrency-4 batch one request after another)
     managed_flags: ClassVar[dict[str, str]] = {}
     managed_prefixes: ClassVar[dict[str, str]] = {}     # whole flag families (speculation)
+    # the method knob that sets the drafted tokens per step (k): the cost surface's and the
+    # per-level schedule's axis
+    draft_tokens_knob: ClassVar[str | None] = None
 
     # -- config ------------------------------------------------------------------------------
 
@@ -68,6 +71,35 @@ class ServerEngine(Engine):
         self.check_extra_args(engine.get("extra_args"))
         self.binary(engine)
         self.check_models(plain(cfg.models), mapping, plain(cfg.method).get("params") or {})
+
+    def check_prediction(self, cfg: DictConfig, choice: str, setting: str) -> None:
+        """``search.profile``: this engine's own cost surface (``python -m tuner.profile
+        --engine <name>``, one surface per level) prices each trial's own acceptance per level
+        (``tuner.predict.served``); it is measured with a draft model's steps, so draft-model
+        speculation only. Ranking points before measuring them (``search=predict``) and
+        predicting for another machine (``search.predict_for``) need an acceptance known
+        before the timed run: our own loops (engine=hf)."""
+        if not self.synthetic_surface:
+            raise ConfigError(f"{setting} is invalid for engine={self.name}: its cost surface "
+                              "is not built yet; allowed is null here")
+        search = plain(cfg.search)
+        if setting.startswith("search.predict_for"):
+            raise ConfigError(f"{setting} is invalid for engine={self.name}: a prediction for "
+                              "another machine needs an acceptance known without the engine "
+                              "(replayed in our own loops, engine=hf); allowed is null here "
+                              "(search.profile predicts each level from the engine's own counts)")
+        if search.get("kind") == "predict":
+            raise ConfigError(f"search=predict is invalid for engine={self.name}: the engine's "
+                              "acceptance is known only once a setting ran, so nothing can be "
+                              "ranked before measuring; allowed are search=grid, heuristic, "
+                              "sampler (each trial then records its prediction per level)")
+        mapping = (plain(cfg.engine).get("methods") or {}).get(choice) or {}
+        knob = self.draft_tokens_knob
+        if knob not in (mapping.get("knobs") or {}) or not mapping.get("needs_draft"):
+            raise ConfigError(f"{setting} is invalid for method={choice} in engine={self.name}: "
+                              "the engine's cost surface is measured with a draft model's "
+                              "steps; allowed is a draft-model method (method=speculative), "
+                              "or null")
 
     def check_extra_args(self, extra: Any) -> None:
         """One line for an ``engine.extra_args`` that is not a list, or that holds a flag the

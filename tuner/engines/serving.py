@@ -267,26 +267,44 @@ class ServerEvaluator:
 
     # -- cost surfaces (tuner.predict.synthetic) -------------------------------------------------
 
+    draft_tokens_knob: str | None = None    # the method knob of drafted tokens per step (k)
+    exact_draft: Mapping[str, Any] = {}     # further knobs that make every step draft exactly k
+
+    def drafted_params(self, k: int) -> dict[str, Any]:
+        """Draft-model speculation drafting ``k`` tokens per step, the study's other defaults."""
+        if self.draft_tokens_knob not in self.mapping["knobs"] or \
+                not self.settings.method["needs_draft"]:
+            raise ConfigError(f"method={self.settings.method_choice}: an engine's cost surface "
+                              "is measured with draft-model speculation; allowed is "
+                              "method=speculative")
+        return {**self.settings.default, self.draft_tokens_knob: k, **self.exact_draft}
+
     def synthetic_spec(self, k: int, length: float) -> Spec:
         """The method server's settings drafting ``k`` tokens per step, accepted at random with
         mean length ``length`` (the engine's synthetic-acceptance mode)."""
         raise ConfigError(f"engine={self.name}: its synthetic-acceptance cost surface is not "
                           "built yet; allowed is engine=llamacpp")
 
+    def check_synthetic(self, length: float) -> None:
+        """One line where this install has no synthetic-acceptance mode (before any server)."""
+
     def synthetic_costs(self, ks: Sequence[int], levels: Sequence[int],
-                        length: float | Mapping[int, float], rounds: int = 2) -> list[Any]:
+                        length: float | Mapping[int, float] | None,
+                        rounds: int = 2) -> list[Any]:
         """Per k (0: the baseline server) and level: ``rounds`` batches of ``level`` tuning
         prompts (cycled, each request its own seed), after one untimed request per server;
         ``tuner.predict.synthetic.cell`` of the engine's own counts and times. ``length``: the
-        mean accepted length asked (capped at k + 1), or one per k."""
+        mean accepted length asked (capped at k + 1), or one per k; None: no synthetic mode,
+        the draft model's own acceptance (the step times are those of its real lengths)."""
         from tuner.predict.synthetic import cell
         prompts = list(self.settings.tuning)
         out = []
         for k in (0, *ks):
             wanted = length.get(k, 1.0) if isinstance(length, Mapping) else length
-            asked = None if k == 0 else min(float(wanted), k + 1.0)
-            server = self.baseline if k == 0 else \
-                self._method_server(self.synthetic_spec(k, asked))
+            asked = None if k == 0 or wanted is None else min(float(wanted), k + 1.0)
+            server = self.baseline if k == 0 else self._method_server(
+                self.spec(self.drafted_params(k)) if asked is None else
+                self.synthetic_spec(k, asked))
             send_batch(server.url + self.endpoint, [self.payload(prompts[0], k > 0)])
             for level in levels:
                 runs = []
@@ -301,7 +319,8 @@ class ServerEvaluator:
                 out.append(got)
                 self.say(f"  k={k} at concurrency {level}: {1e3 * got.step_s:.1f} ms per step, "
                          f"mean length {got.mean_length:.2f}"
-                         + (f" (asked {asked:g})" if asked else ""))
+                         + (f" (asked {asked:g})" if asked else
+                            " (the draft's own)" if k else ""))
         return out
 
     def stream(self, server: EngineServer | None, prompts: Sequence[Prompt],
@@ -344,7 +363,19 @@ class ServerEvaluator:
         return None
 
     def extra_summary(self, pairs: Sequence[Paired]) -> dict[str, float]:
-        return {"engine_restart_s": self.restarts[-1]} if self.restarts else {}
+        """The last restart's seconds; with ``search.profile`` (this engine's cost surface) the
+        decode-phase speedup predicted per level from the trial's own acceptance there
+        (``tuner.predict.served``: the cost side checked). A failed prediction loses the
+        prediction only (one line), never the trial."""
+        out = {"engine_restart_s": self.restarts[-1]} if self.restarts else {}
+        if self.settings.profile is not None:
+            from tuner.predict.served import trial_predictions
+            try:
+                out.update(trial_predictions(pairs, self.settings.profile))
+            except Exception as err:          # noqa: BLE001 - a prediction never fails a trial
+                self.say(f"prediction failed ({type(err).__name__}: {err}): this trial keeps "
+                         "its measurement")
+        return out
 
 
 def pad(values: Sequence[int], length: int) -> tuple[int, ...]:

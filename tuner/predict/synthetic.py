@@ -102,7 +102,11 @@ def profile(cells: Sequence[SyntheticCell], *, machine: str, engine: str,
                                     ((prompt, by[level, 0].prompt_s),)),
                  None) for level in levels]      # one grid at every level: at_batch blends
     asked = f"{length:g}" if isinstance(length, (int, float)) else length
-    note = (f"{engine} synthetic acceptance (mean length {asked} asked, capped at k + 1): "
+    how = (f"{engine}, the draft model's own acceptance (no synthetic mode; lengths "
+           + ", ".join(f"k={c.k} {c.mean_length:.2f}" for c in cells if c.k and c.level == 1)
+           + " at level 1)") if length == "real" else \
+        f"{engine} synthetic acceptance (mean length {asked} asked, capped at k + 1)"
+    note = (f"{how}: "
             f"a step's whole time with k drafted tokens (draft forwards included) at {context} "
             "cached tokens; rows = k + 1; prefill: the baseline's median at the mean prompt "
             f"({prompt} tokens)")

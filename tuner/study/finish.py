@@ -26,9 +26,12 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.measure.quality import feasible
 from tuner.measure.rates import rate_key
 from tuner.predict.predict import calibration, summary_line
+from tuner.predict.served import PREDICTED
 from tuner.search.objectives import objective_values
 from tuner.search.space import active_params
-from tuner.study.record import FIGURES, TrialRecord
+from tuner.study.level_plan import level_schedule
+from tuner.study.level_plan import rows as level_plan_rows
+from tuner.study.record import FIGURES, LEVEL, TrialRecord
 from tuner.study.trials import completed, counts, failure_reason, ranked, trial_params
 from tuner.tracking import report
 from tuner.tracking.callbacks import Callback, StudyResult
@@ -104,10 +107,18 @@ def _stale(path: Path) -> bool:
 
 def prediction_calibration(study: optuna.Study) -> dict[str, Any] | None:
     """Predicted vs measured paired speedup over the completed trials that recorded a
-    prediction (``search.profile``); None where none did."""
+    prediction (``search.profile``): in our own loops one point per trial, in an engine one per
+    trial and level (``predicted_decode_speedup@c<level>`` against ``decode_speedup@c<level>``);
+    None where none did."""
     points = [(t.user_attrs["predicted_speedup"], t.user_attrs["speedup"], f"trial {t.number}")
               for t in completed(study) if "predicted_speedup" in t.user_attrs
               and "speedup" in t.user_attrs]
+    for t in completed(study):
+        for key, value in sorted(t.user_attrs.items()):
+            base, _, level = key.partition(LEVEL)
+            measured = t.user_attrs.get(f"decode_speedup{LEVEL}{level}")
+            if base == PREDICTED and measured is not None:
+                points.append((value, measured, f"trial {t.number} c{level}"))
     if not points:
         return None
     return calibration([(p, m) for p, m, _ in points], [n for _, _, n in points])
@@ -218,6 +229,9 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                 if (decision := rate_decision(settings, study, confirmed, rate)) is not None}
     if settings.traffic.rates:
         deploy = {**deploy, "per_rate": json.dumps({rate: d[0] for rate, d in per_rate.items()})}
+    served = level_schedule(settings, study, params)
+    if served is not None:
+        deploy = {**deploy, **settings.engine_object.schedule_form(served["schedule"])}
     elsewhere = predict_elsewhere(settings, evaluator, params, say)
     schedule = (elsewhere or {}).get("schedule")
     if schedule is not None:
@@ -246,6 +260,7 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     if calib is not None:
         shown = f"; profile {settings.profile.describe()}" if settings.profile else ""
         rows.append(("prediction (search.profile)", summary_line(calib) + shown))
+    rows += level_plan_rows(served) if served is not None else []
     if elsewhere is not None:
         rows.append(("predicted for another machine (search.predict_for)", elsewhere["line"]))
         rows += [("predicted schedule", line) for line in schedule.lines()] if schedule else []
@@ -267,6 +282,11 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
         metrics["prediction_median_abs_error"] = float(calib["median_abs_error"])
         if calib["spearman"] is not None:
             metrics["prediction_spearman"] = float(calib["spearman"])
+    if served is not None:
+        metrics["schedule_levels_confirmed"] = float(sum(c.confirmed for c in served["checks"]))
+        tags["predicted_schedule_checks"] = json.dumps(
+            [{"batch": c.batch, "k": c.k, "predicted": c.predicted, "measured": c.measured,
+              "best_k": c.best_k, "best": c.best} for c in served["checks"]])
     if elsewhere is not None:
         tags.update({"predicted_for_machine": f"{elsewhere['machine']} ({elsewhere['kind']})",
                      "predicted_for_best_params": json.dumps(elsewhere["params"])})

@@ -153,6 +153,15 @@ class StudySettings(MethodView):
             from tuner.predict.surface import load_profile
             profile = load_profile(str(search["profile"]), models=plain(cfg.models),
                                    engine=engine_object.name, setting="search.profile")
+            sizes = profile.batch_sizes()
+            outside = [c for c in concurrency if not sizes[0] <= c <= sizes[-1]]
+            if outside:
+                raise ConfigError(f"search.profile={search['profile']!r} was measured at batch "
+                                  f"sizes {list(sizes)}, which do not reach "
+                                  f"budget.concurrency level {outside[0]}: allowed is a profile "
+                                  "measured up to every level (python -m tuner.profile --engine "
+                                  f"{engine_object.name} --levels "
+                                  f"{' '.join(map(str, concurrency))})")
         predict_for = None
         if search.get("predict_for"):      # another machine: our loops' acceptance, its costs
             from tuner.predict.surface import load_profile

@@ -1,0 +1,82 @@
+"""An engine server's decode-phase speedup per concurrency level, predicted from the engine's
+own cost surface (``tuner.predict.synthetic``: a step's whole time at each level and number of
+drafted tokens) and an acceptance: the trial's own counts (then the comparison with the trial's
+measurement checks the cost side only), or another trial's, or another level's.
+
+At level c, over the requests measured there:
+    decode steps  = Σ (generated − 1 − accepted)            (the first token is the prefill's)
+    mean length L = Σ (generated − 1) / decode steps        (accepted drafts + the target's token)
+    drafted d     = Σ drafted / decode steps                (per verification step)
+    predicted decode-phase speedup = L · T_c(1) / T_c(d + 1)
+with T_c(rows) the profile's step time at batch size c (linear between its batch sizes) at its
+own context: the synthetic surface's rows are k + 1 for k drafted tokens per step, so a setting
+that drafts fewer than its cap (llama.cpp's ``--spec-draft-p-min``, a short draft at the end) is
+priced at the rows it really fed on average.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from tuner.measure.evaluator import Paired
+    from tuner.measure.measurement import Measurement
+    from tuner.predict.surface import HardwareProfile
+
+PREDICTED = "predicted_decode_speedup"      # <PREDICTED>@c<level>: beside decode_speedup@c<level>
+LENGTH = "prediction_mean_length"           # the L it used, per level
+DRAFTED = "prediction_drafted_per_step"     # the d it used, per level
+
+
+@dataclass(frozen=True)
+class LevelAcceptance:
+    """What the engine counted at one level (see the module docstring)."""
+
+    level: int
+    mean_length: float                      # L
+    drafted_per_step: float                 # d
+
+    @classmethod
+    def of(cls, level: int, ms: Sequence[Measurement]) -> LevelAcceptance | None:
+        """From the method's measurements at ``level``; None without a decode step."""
+        steps = sum(max(len(m.tokens) - 1 - m.accepted, 0) for m in ms)
+        if not steps:
+            return None
+        return cls(level, sum(max(len(m.tokens) - 1, 0) for m in ms) / steps,
+                   sum(m.drafted for m in ms) / steps)
+
+
+def decode_speedup(profile: HardwareProfile, level: int, mean_length: float,
+                   drafted_per_step: float) -> float:
+    """L · T_c(1) / T_c(d + 1) at batch size ``level`` (ValueError outside the profile's
+    batch sizes)."""
+    surface = profile.at_batch(level).target
+    context = surface.contexts[0]
+    return mean_length * surface.step_s(context, 1) / surface.step_s(context,
+                                                                    drafted_per_step + 1.0)
+
+
+def trial_predictions(pairs: Sequence[Paired], profile: HardwareProfile) -> dict[str, float]:
+    """Per level the trial measured: ``predicted_decode_speedup@c<level>`` from its own counts
+    there, and the L and d it used (``prediction_mean_length@c<level>``,
+    ``prediction_drafted_per_step@c<level>``)."""
+    out: dict[str, float] = {}
+    for level in sorted({p.method.concurrency for p in pairs}):
+        got = LevelAcceptance.of(level, [p.method for p in pairs
+                                         if p.method.concurrency == level])
+        if got is None:
+            continue
+        out.update({f"{PREDICTED}@c{level}": decode_speedup(profile, level, got.mean_length,
+                                                             got.drafted_per_step),
+                    f"{LENGTH}@c{level}": got.mean_length,
+                    f"{DRAFTED}@c{level}": got.drafted_per_step})
+    return out
+
+
+def acceptance_of(figures: Mapping[str, Any], level: int) -> LevelAcceptance | None:
+    """A trial's recorded acceptance at ``level`` (None where it recorded none)."""
+    length, drafted = figures.get(f"{LENGTH}@c{level}"), figures.get(f"{DRAFTED}@c{level}")
+    if length is None or drafted is None:
+        return None
+    return LevelAcceptance(level, float(length), float(drafted))

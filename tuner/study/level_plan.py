@@ -1,0 +1,80 @@
+"""An engine study's per-batch-size schedule, predicted from the engine's cost surface and
+confirmed by the study's own measurements at each level.
+
+With ``search.profile`` (the engine's profile, one surface per level: ``python -m tuner.profile
+--engine <name> --levels ...``) and two or more ``budget.concurrency`` levels, the finish takes
+the completed trials that share the winner's parameters but the drafted-token knob (k: llama.cpp's
+``n_max``, vLLM's ``num_speculative_tokens``) and:
+
+* predicts each k's decode-phase speedup at every batch size from 1 to the largest level
+  (``tuner.predict.served``: its acceptance as counted at the nearest measured level at or below
+  that batch size, priced by the profile, linear between the profile's batch sizes);
+* plans the schedule from those predictions (``tuner.predict.schedule.plan``: the best k per
+  level, thresholds between levels where the predictions cross, the loss of the wrong side);
+* checks it per level against the measured ``decode_speedup@c<level>`` of the same trials
+  (``tuner.predict.schedule.check``): the predicted k's measured speedup and the measured best.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from tuner.predict import schedule as plans
+from tuner.predict.served import acceptance_of, decode_speedup
+from tuner.study.record import TrialRecord
+from tuner.study.trials import completed, trial_params
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.study.settings import StudySettings
+
+
+def level_schedule(settings: StudySettings, study: optuna.Study,
+                   winner: Mapping[str, Any]) -> dict[str, Any] | None:
+    """{"schedule": plans.Schedule, "checks": [plans.LevelCheck], "ks": [...]}, or None
+    without an engine profile, with one level, or with no trial to plan from."""
+    knob = getattr(settings.engine_object, "draft_tokens_knob", None)
+    profile = settings.profile
+    levels = sorted(settings.concurrency)
+    if profile is None or knob is None or len(levels) < 2 or knob not in winner:
+        return None
+    same = {k: v for k, v in winner.items() if k != knob}
+    by_k: dict[int, Mapping[str, Any]] = {}
+    for trial in completed(study):          # in trial order: a later rerun of a k replaces it
+        params = trial_params(settings, trial)
+        figures = TrialRecord.read(trial).figures
+        if {k: v for k, v in params.items() if k != knob} == same and \
+                all(acceptance_of(figures, c) is not None for c in levels):
+            by_k[int(params[knob])] = figures
+    if not by_k:
+        return None
+    cache: dict[tuple[int, int], float] = {}
+
+    def predicted(k: int, batch: int) -> float:
+        if (k, batch) not in cache:
+            at = max(c for c in levels if c <= batch)       # the nearest measured level below
+            got = acceptance_of(by_k[k], at)
+            cache[k, batch] = decode_speedup(profile, batch, got.mean_length,
+                                             got.drafted_per_step)
+        return cache[k, batch]
+
+    def measured(k: int, batch: int) -> float | None:
+        value = by_k[k].get(f"decode_speedup@c{batch}") if k in by_k else None
+        return None if value is None else float(value)
+
+    ks = sorted(by_k)
+    planned = plans.plan(predicted, ks, levels)
+    return {"schedule": planned, "checks": plans.check(planned, measured, ks), "ks": ks,
+            "knob": knob}
+
+
+def rows(found: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The summary's lines: the schedule, then each level's confirmation."""
+    planned, checks = found["schedule"], found["checks"]
+    confirmed = sum(c.confirmed for c in checks)
+    out = [("predicted schedule (search.profile)", line) for line in planned.lines()]
+    out += [("confirmed per level (measured decode speedup)", c.line()) for c in checks]
+    out.append(("predicted schedule, confirmed", f"{confirmed} of {len(checks)} levels chose "
+                f"the measured best {found['knob']} (from {found['ks']} and speculation off)"))
+    return out
