@@ -125,7 +125,7 @@ def measured(level: int, tokens: int, accepted: int, drafted: int):
 def test_an_engine_trial_is_predicted_per_level_from_its_own_counts():
     """L = (generated − 1) / decode steps, d = drafted / decode steps, predicted decode speedup
     = L · T_c(1) / T_c(d + 1) with the level's own surface (the batch-4 costs at level 4: a
-    profile read at batch 1 there would predict 2.0 · 10 / 12 instead), and linear between the
+    profile read at batch 1 there would predict 2.0 · 10 / 13 instead), and linear between the
     profile's batch sizes."""
     from tuner.predict.served import decode_speedup, trial_predictions
     profile = engine_profile()
@@ -135,7 +135,7 @@ def test_an_engine_trial_is_predicted_per_level_from_its_own_counts():
     assert got["predicted_decode_speedup@c4"] == pytest.approx(2.0 * 12 / 30)
     assert got["prediction_mean_length@c4"] == 2.0
     assert got["prediction_drafted_per_step@c1"] == 3.0
-    # d = 1.5 drafted per step: rows 2.5, between the k = 1 and k = 3 cells (12 ms at batch 1)
+    # d = 1.5 drafted per step: rows 2.5, between the k = 1 and k = 3 cells (11.5 ms at batch 1)
     assert decode_speedup(profile, 1, 2.0, 1.5) == pytest.approx(2.0 * 10 / 11.5)
     # batch 2: a third of the way from batch 1 to 4: T(1) = 10 + 2/3, T(4) = 13 + 17/3
     assert decode_speedup(profile, 2, 2.0, 3.0) == pytest.approx(

@@ -16,7 +16,9 @@ wanted (the contention check of a study is not run here: check ``uptime`` first)
 
 ``--engine llamacpp`` measures llama-server's cost surface instead, from its synthetic-acceptance
 mode (``tuner.predict.synthetic``: k drafted tokens per step accepted at random with mean length
-``--synth-len``), per concurrency level and k, on the task's prompts.
+``--synth-len``), per concurrency level and k, on the task's prompts; ``--engine vllm`` the same
+from vLLM's server (its CPU build has no synthetic mode: ``--synth-len real`` measures each k at
+the draft model's own acceptance, on either engine).
 ``--roofline NAME`` writes instead a roofline profile (an ESTIMATE, ``tuner.predict.roofline``)
 for a named GPU from its datasheet, or for this CPU from its bandwidth and matmul throughput
 measured here; ``--compare`` prints its error against a measured profile, cell by cell.
@@ -72,16 +74,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--engine", default=None, help="our own loops (default), or an engine "
                         "server measured in its synthetic-acceptance mode (llama.cpp)")
     parser.add_argument("--levels", type=int, nargs="+", default=[1], metavar="C",
-                        help="--engine llamacpp: concurrency levels (1 is always measured)")
+                        help="--engine: concurrency levels (1 is always measured)")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4], metavar="K",
-                        help="--engine llamacpp: drafted tokens per step")
+                        help="--engine: drafted tokens per step")
     parser.add_argument("--synth-len", default="2.5", metavar="L",
                         help="--engine: mean accepted length asked (capped at k + 1), or "
                         "real: no synthetic mode, the draft model's own acceptance")
-    parser.add_argument("--task", default="gsm8k", help="--engine llamacpp: the prompts' task")
-    parser.add_argument("--prompts", type=int, default=4, help="--engine llamacpp: prompts")
+    parser.add_argument("--task", default="gsm8k", help="--engine: the prompts' task")
+    parser.add_argument("--prompts", type=int, default=4, help="--engine: prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64,
-                        help="--engine llamacpp: tokens per request")
+                        help="--engine: tokens per request")
     parser.add_argument("--compare", default=None, metavar="PROFILE",
                         help="with --roofline: its error against this measured profile")
     parser.add_argument("--compare-json", default=None, metavar="FILE",
@@ -183,7 +185,8 @@ def check_engine(args: argparse.Namespace) -> None:
 
 
 def engine_main(models: dict, args: argparse.Namespace) -> int:
-    """``--engine llamacpp``: the engine's synthetic-acceptance cost surface as a profile."""
+    """``--engine llamacpp|vllm``: the engine's cost surface as a profile (synthetic
+    acceptance, or the draft's own with ``--synth-len real``)."""
     import torch
 
     from decoding.hardware import hardware
@@ -196,9 +199,9 @@ def engine_main(models: dict, args: argparse.Namespace) -> int:
         evaluator.check_synthetic(length)
     try:
         evaluator.open()
-        print(f"synthetic acceptance: k {args.ks} at concurrency {levels}, " +
-              ("the draft model's own acceptance (no synthetic mode)" if length is None else
-               f"mean length {length:g} asked"))
+        print(f"cost surface: k {args.ks} at concurrency {levels}, " +
+              ("at the draft model's own acceptance (no synthetic mode)" if length is None else
+               f"synthetic acceptance, mean length {length:g} asked"))
         cells = evaluator.synthetic_costs(args.ks, levels, length)
         profile = synthetic.profile(
             cells, machine=hardware(torch.device("cpu")), engine=args.engine,

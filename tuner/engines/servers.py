@@ -91,8 +91,8 @@ class ServerEngine(Engine):
         if search.get("kind") == "predict":
             raise ConfigError(f"search=predict is invalid for engine={self.name}: the engine's "
                               "acceptance is known only once a setting ran, so nothing can be "
-                              "ranked before measuring; allowed are search=grid, heuristic, "
-                              "sampler (each trial then records its prediction per level)")
+                              "ranked before measuring; allowed are search=grid, heuristic, tpe, "
+                              "pareto (each trial then records its prediction per level)")
         mapping = (plain(cfg.engine).get("methods") or {}).get(choice) or {}
         knob = self.draft_tokens_knob
         if knob not in (mapping.get("knobs") or {}) or not mapping.get("needs_draft"):

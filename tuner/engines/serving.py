@@ -79,6 +79,7 @@ class ServerEvaluator:
         self.baseline_name = f"{self.display}'s own non-speculative output"
         self.quality_cache: dict[tuple, dict] = {}
         self.rated: dict[str, float] = {}    # the last measure's request-rate figures
+        self.said_beyond = False              # search.profile: extrapolation said once
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -283,7 +284,7 @@ class ServerEvaluator:
         """The method server's settings drafting ``k`` tokens per step, accepted at random with
         mean length ``length`` (the engine's synthetic-acceptance mode)."""
         raise ConfigError(f"engine={self.name}: its synthetic-acceptance cost surface is not "
-                          "built yet; allowed is engine=llamacpp")
+                          "built yet; allowed are engine=llamacpp, engine=vllm")
 
     def check_synthetic(self, length: float) -> None:
         """One line where this install has no synthetic-acceptance mode (before any server)."""
@@ -368,10 +369,20 @@ class ServerEvaluator:
         (``tuner.predict.served``: the cost side checked). A failed prediction loses the
         prediction only (one line), never the trial."""
         out = {"engine_restart_s": self.restarts[-1]} if self.restarts else {}
-        if self.settings.profile is not None:
-            from tuner.predict.served import trial_predictions
+        profile = self.settings.profile
+        if profile is not None:
+            from tuner.predict.served import DRAFTED, trial_predictions
             try:
-                out.update(trial_predictions(pairs, self.settings.profile))
+                got = trial_predictions(pairs, profile)
+                widest = max(profile.target.rows)
+                if not self.said_beyond and any(
+                        key.startswith(DRAFTED) and value + 1 > widest
+                        for key, value in got.items()):
+                    self.said_beyond = True
+                    self.say(f"prediction: this setting drafts beyond the profile's widest step "
+                             f"(k = {widest - 1}): priced by extending its last segment "
+                             "(measure the profile with larger --ks to price it)")
+                out.update(got)
             except Exception as err:          # noqa: BLE001 - a prediction never fails a trial
                 self.say(f"prediction failed ({type(err).__name__}: {err}): this trial keeps "
                          "its measurement")

@@ -144,10 +144,11 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return float(spearmanr(xs, ys).statistic)
 
 
-def summary_line(calib: Mapping[str, object]) -> str:
-    """E.g. 'prediction vs measurement over 12 trials: median error 6.1 %, Spearman 0.83'."""
+def summary_line(calib: Mapping[str, object], what: str = "trials") -> str:
+    """E.g. 'prediction vs measurement over 12 trials: median error 6.1 %, Spearman 0.83'
+    (``what``: what a point is, e.g. "trial-levels" in an engine)."""
     err, rho = calib.get("median_abs_error"), calib.get("spearman")
-    text = (f"prediction vs measurement over {calib['points']} trials: median error "
+    text = (f"prediction vs measurement over {calib['points']} {what}: median error "
             f"{100 * err:.1f} %" if err is not None else "no prediction to compare")
     if rho is not None:
         text += f", Spearman {rho:.2f}"

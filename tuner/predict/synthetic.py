@@ -7,11 +7,13 @@ carries the engine's own decode time and counts, from which
     decode steps = generated tokens − 1 − accepted drafts   (the first token is the prefill's)
     step time    = decode seconds / decode steps           (median over the requests)
     mean length  = (generated tokens − 1) / decode steps   (accepted + the target's token)
-k = 0 is the engine without speculation (one token per step). The mean length must be the one
-asked, within sampling error (``SyntheticCell.length_error``); the step times become a hardware
-profile of that engine (``profile``): at each level a surface of one context (the requests'
-mean cached tokens) × rows = k + 1, the step's whole time (its draft forwards included, so the
-profile has no separate draft surface and no loop overhead).
+k = 0 is the engine without speculation (one token per step). In the synthetic mode the mean
+length must be the one asked, within sampling error (``SyntheticCell.length_error``); without it
+(``--synth-len real``: vLLM's CPU build has none) each k runs at the draft model's own
+acceptance. The step times become a hardware profile of that engine (``profile``): at each level
+a surface of one context (the requests' mean cached tokens) × rows = k + 1, the step's whole
+time (its draft forwards included, so the profile has no separate draft surface and no loop
+overhead).
 """
 
 from __future__ import annotations

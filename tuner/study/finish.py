@@ -121,7 +121,8 @@ def prediction_calibration(study: optuna.Study) -> dict[str, Any] | None:
                 points.append((value, measured, f"trial {t.number} c{level}"))
     if not points:
         return None
-    return calibration([(p, m) for p, m, _ in points], [n for _, _, n in points])
+    return {**calibration([(p, m) for p, m, _ in points], [n for _, _, n in points]),
+            "per_level": any(" c" in n for _, _, n in points)}
 
 
 MAX_FOREIGN_POINTS = 512     # search.predict_for ranks at most this many grid points
@@ -229,7 +230,12 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                 if (decision := rate_decision(settings, study, confirmed, rate)) is not None}
     if settings.traffic.rates:
         deploy = {**deploy, "per_rate": json.dumps({rate: d[0] for rate, d in per_rate.items()})}
-    served = level_schedule(settings, study, params)
+    try:
+        served = level_schedule(settings, study, params)
+    except Exception as err:          # noqa: BLE001 - the schedule never costs the finish
+        say(f"the predicted per-level schedule failed ({type(err).__name__}: {err}); the "
+            "study finishes without it")
+        served = None
     if served is not None:
         deploy = {**deploy, **settings.engine_object.schedule_form(served["schedule"])}
     elsewhere = predict_elsewhere(settings, evaluator, params, say)
@@ -259,7 +265,9 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     calib = prediction_calibration(study)
     if calib is not None:
         shown = f"; profile {settings.profile.describe()}" if settings.profile else ""
-        rows.append(("prediction (search.profile)", summary_line(calib) + shown))
+        what = "trial-levels (the cost side: each trial's own acceptance)" if \
+            calib.get("per_level") else "trials"
+        rows.append(("prediction (search.profile)", summary_line(calib, what) + shown))
     rows += level_plan_rows(served) if served is not None else []
     if elsewhere is not None:
         rows.append(("predicted for another machine (search.predict_for)", elsewhere["line"]))

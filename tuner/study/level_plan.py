@@ -13,6 +13,8 @@ the completed trials that share the winner's parameters but the drafted-token kn
   level, thresholds between levels where the predictions cross, the loss of the wrong side);
 * checks it per level against the measured ``decode_speedup@c<level>`` of the same trials
   (``tuner.predict.schedule.check``): the predicted k's measured speedup and the measured best.
+Trials outside the quality bound are left out; a trial measured while vanilla drifted or the
+machine was busy is kept, and a level's line names it where it decides that level.
 """
 
 from __future__ import annotations
@@ -41,12 +43,21 @@ def level_schedule(settings: StudySettings, study: optuna.Study,
         return None
     same = {k: v for k, v in winner.items() if k != knob}
     by_k: dict[int, Mapping[str, Any]] = {}
+    flagged: dict[int, str] = {}            # k -> why its measurement is doubtful
     for trial in completed(study):          # in trial order: a later rerun of a k replaces it
         params = trial_params(settings, trial)
-        figures = TrialRecord.read(trial).figures
-        if {k: v for k, v in params.items() if k != knob} == same and \
-                all(acceptance_of(figures, c) is not None for c in levels):
-            by_k[int(params[knob])] = figures
+        record = TrialRecord.read(trial)
+        if record.infeasible or {k: v for k, v in params.items() if k != knob} != same or \
+                any(acceptance_of(record.figures, c) is None for c in levels):
+            continue
+        k = int(params[knob])
+        by_k[k] = record.figures
+        why = [text for flag, text in ((record.vanilla_drift, "vanilla's speed drifted"),
+                                       (record.contended, "the machine was busy")) if flag]
+        if why:
+            flagged[k] = f"trial #{trial.number}: {' and '.join(why)}"
+        else:
+            flagged.pop(k, None)
     if not by_k:
         return None
     cache: dict[tuple[int, int], float] = {}
@@ -66,15 +77,23 @@ def level_schedule(settings: StudySettings, study: optuna.Study,
     ks = sorted(by_k)
     planned = plans.plan(predicted, ks, levels)
     return {"schedule": planned, "checks": plans.check(planned, measured, ks), "ks": ks,
-            "knob": knob}
+            "knob": knob, "flagged": flagged}
 
 
 def rows(found: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The summary's lines: the schedule, then each level's confirmation."""
     planned, checks = found["schedule"], found["checks"]
     confirmed = sum(c.confirmed for c in checks)
-    out = [("predicted schedule (search.profile)", line) for line in planned.lines()]
-    out += [("confirmed per level (measured decode speedup)", c.line()) for c in checks]
-    out.append(("predicted schedule, confirmed", f"{confirmed} of {len(checks)} levels chose "
-                f"the measured best {found['knob']} (from {found['ks']} and speculation off)"))
+    out = [("predicted schedule", line) for line in planned.lines()]
+    flagged = found.get("flagged") or {}
+
+    def noted(check: plans.LevelCheck) -> str:
+        doubtful = sorted({k for k in (check.k, check.best_k) if k in flagged})
+        return check.line() + "".join(f" (k={k} measured in {flagged[k]})" for k in doubtful)
+    out += [("checked (decode phase)", noted(c)) for c in checks]
+    out.append(("schedule confirmed", f"{confirmed} of {len(checks)} levels: the predicted "
+                f"{found['knob']} is the measured best there (decode-phase speedup, from "
+                f"{found['ks']} and speculation off; the concurrency lines above judge "
+                "end-to-end throughput, the prefill included, which the profile does not "
+                "price)"))
     return out

@@ -1,0 +1,142 @@
+"""Benchmark: an engine's per-batch-size schedule, predicted from its own cost surface and
+confirmed by a study's measurements at every level (embedded default SmolLM2-135M, greedy,
+draft-model speculation, GSM8K, quiet machine).
+
+    python bench/engine_schedule.py --engine llamacpp [--levels 1 2 4] [--ks 1 2 4 8]
+        [--synth-len 2.5] [--prompts 4] [--held-out 2] [--max-new-tokens 64]
+        [--out bench/results_engine_schedule_llamacpp_cpu.json]
+    python bench/engine_schedule.py --engine vllm --models smollm2_early_exit --ks 1 2 4 \\
+        --synth-len real
+
+1. the engine's profile: ``python -m tuner.profile --engine <engine> --levels … --ks …``
+   (``--synth-len``: a synthetic mean length, or ``real``: the draft's own acceptance);
+2. a grid study of the drafted-token knob over ``--ks`` at ``budget.concurrency=<levels>``
+   with that profile as ``search.profile`` (every other knob at the engine's default; llama.cpp
+   with ``--spec-draft-p-min 0``, so every step drafts its k): each trial's paired measurement
+   per level and its prediction from its own counts there;
+3. the finish's schedule (``tuner.study.level_plan``): the best k per level by prediction,
+   checked against the measured best per level; the deploy block as written.
+The results JSON holds the profile, every trial's predicted and measured decode speedup per
+level, the calibration, the schedule and its checks, and the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+KNOBS = {"llamacpp": ("n_max", ["engine.methods.speculative.params.p_min=0.0",
+                                "engine.methods.speculative.params.n_min=0"]),
+         "vllm": ("num_speculative_tokens", [])}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=sorted(KNOBS), default="llamacpp")
+    parser.add_argument("--models", default="smollm2")
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--synth-len", default="2.5")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--held-out", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--task", default="gsm8k")
+    parser.add_argument("--work", default="studies/bench-engine-schedule",
+                        help="the profile and the study's journal (studies/ is not tracked)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    from tuner import profile as cli
+    work = Path(args.work) / args.engine
+    import shutil
+    shutil.rmtree(work / "studies", ignore_errors=True)     # every run measures anew
+    work.mkdir(parents=True, exist_ok=True)
+    profile_path = work / "profile.json"
+    profile_argv = ["--engine", args.engine, "--models", args.models, "--levels",
+                    *map(str, args.levels), "--ks", *map(str, args.ks), "--synth-len",
+                    args.synth_len, "--task", args.task, "--prompts", str(args.prompts),
+                    "--max-new-tokens", str(args.max_new_tokens), "--out", str(profile_path)]
+    started = time.perf_counter()
+    if cli.main(profile_argv) != 0:
+        return 2
+    profile_s = time.perf_counter() - started
+    knob, fixed = KNOBS[args.engine]
+    overrides = ["+task=" + args.task, f"engine={args.engine}", "method=speculative",
+                 f"models={args.models}",
+                 f"budget.concurrency=[{','.join(map(str, args.levels))}]",
+                 f"task.n_prompts={args.prompts}", f"task.n_held_out={args.held_out}",
+                 f"task.max_new_tokens={args.max_new_tokens}", "budget=full", "search=grid",
+                 "search.ranges=full", "~engine.methods.speculative.space",
+                 "+engine.methods.speculative.space={" + knob + ":{type:categorical,choices:["
+                 + ",".join(map(str, args.ks)) + "]}}",
+                 f"engine.methods.speculative.params.{knob}={args.ks[0]}", *fixed,
+                 f"search.profile={profile_path}", "tracking=none",
+                 f"studies_dir={work / 'studies'}", f"study_name={args.engine}-schedule"]
+    from tuner.measure.timing import time_generation
+    from tuner.run import run
+    from tuner.study.settings import StudySettings
+    cfg = cli.compose(overrides)
+    settings = StudySettings.from_config(cfg)
+    started = time.perf_counter()
+    result = run(cfg, time_generation)
+    study_s = time.perf_counter() - started
+    out = collect(settings, result, args, profile_path, profile_argv, overrides)
+    out["seconds"] = {"profile": profile_s, "study": study_s}
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def collect(settings, result, args, profile_path, profile_argv, overrides) -> dict:
+    """Every trial's per-level figures, the calibration, the schedule and its checks."""
+    import optuna
+    import yaml
+
+    from tuner.predict.predict import calibration
+    from tuner.study.level_plan import level_schedule
+    from tuner.study.trials import completed, trial_params
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(Path(settings.studies_dir) / f"{settings.name}.journal")))
+    study = optuna.load_study(study_name=settings.name, storage=storage)
+    knob = settings.engine_object.draft_tokens_knob
+    trials = []
+    for t in completed(study):
+        a = t.user_attrs
+        trials.append({"k": trial_params(settings, t)[knob], "levels": {
+            c: {"measured_decode_speedup": a.get(f"decode_speedup@c{c}"),
+                "predicted_decode_speedup": a.get(f"predicted_decode_speedup@c{c}"),
+                "mean_length": a.get(f"prediction_mean_length@c{c}"),
+                "drafted_per_step": a.get(f"prediction_drafted_per_step@c{c}"),
+                "throughput_ratio": a.get(f"throughput_ratio@c{c}")} for c in args.levels}})
+    pairs = [(v["predicted_decode_speedup"], v["measured_decode_speedup"], f"k={t['k']} c{c}")
+             for t in trials for c, v in t["levels"].items()
+             if v["predicted_decode_speedup"] is not None]
+    found = level_schedule(settings, study, result["params"])
+    best = yaml.safe_load((Path(settings.studies_dir) / "best" /
+                           f"{settings.name}.yaml").read_text())
+    return {
+        "made": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "settings": vars(args), "profile_command": ["python", "-m", "tuner.profile",
+                                                    *profile_argv],
+        "study_overrides": overrides,
+        "profile": json.loads(Path(profile_path).read_text()),
+        "trials": trials,
+        "calibration": calibration([(p, m) for p, m, _ in pairs], [n for _, _, n in pairs]),
+        "schedule": None if found is None else {
+            "lines": found["schedule"].lines(),
+            "per_level": {c.batch: c.k for c in found["schedule"].levels},
+            "vllm": found["schedule"].vllm(), "llamacpp": found["schedule"].llamacpp(),
+            "checks": [{"batch": c.batch, "k": c.k, "predicted": c.predicted,
+                        "measured": c.measured, "best_k": c.best_k, "best": c.best,
+                        "confirmed": c.confirmed, "line": c.line()} for c in found["checks"]]},
+        "deploy": best.get("deploy"), "winner": result.get("params")}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
