@@ -237,8 +237,6 @@ def test_predict_for_ranks_the_default_beside_a_grid_that_lacks_it(tmp_path, mon
     (["method=prompt_lookup", "engine=llamacpp"],
      "search.profile='{p}' is invalid for method=prompt_lookup in engine=llamacpp: the engine's "
      "cost surface is measured with a draft model's steps"),
-    (["method=speculative", "sampling.temperature=0.7"],
-     "search.profile='{p}' needs sampling.temperature=0"),
     (["method=speculative", "models=smollm2"],
      "search.profile='{p}' was made for models.target="),
 ])
@@ -320,8 +318,6 @@ def test_search_predict_measures_fewer_points_than_the_grid(tmp_path, monkeypatc
       "~models.draft",
       "+models.draft=[{{kind:early_exit,num_layers:1}},{{kind:early_exit,num_layers:1}}]"],
      "search.profile='{p}' is invalid with several draft models"),
-    (["method=ouroboros", "search.profile={p}", "sampling.temperature=0.7"],
-     "search.profile='{p}' needs sampling.temperature=0"),
     (["method=speculative", "models=smollm2", "search.predict_for={p}"],
      "search.predict_for='{p}' was made for models.target="),
 ])
@@ -398,6 +394,49 @@ def test_a_traced_run_has_the_replays_shapes_and_price(tiny_pairs):
     with pytest.raises(ValueError, match="distinct modules"):
         with traced([("target", pair.target), ("draft", pair.target)]):
             pass
+
+
+def test_an_untimed_run_samples_with_the_seed_it_is_given(tiny_pairs):
+    """At T = 1 an untimed run with the method's own seed commits exactly what the timed
+    generation commits (the trace is the same computation), and runs with other seeds commit
+    other tokens (were the seed not applied, they would all repeat the first); the method's own
+    seed is restored after. Each generation is tagged with its seed (``by_seed``)."""
+    import torch
+
+    from decoding import build_method, generate
+    from tuner.predict.trace import by_seed, untimed_runs
+    pair = tiny_pairs["related"]
+    method = build_method("speculative", pair, num_draft_tokens=3, temperature=1.0, seed=7)
+    ids = torch.arange(5, 25)
+    models = [("target", pair.target), ("draft", pair.draft)]
+    timed = generate(method, ids, 40)
+    method.reset()
+    [own] = untimed_runs(method, [ids], models, 40, seed=7)
+    assert (own.new_tokens, own.steps, own.accepted) == \
+        (len(timed.tokens), timed.stats.steps, timed.stats.accepted)
+    others = [g for seed in (8, 9, 10) for g in untimed_runs(method, [ids], models, 40, seed)]
+    assert method.seed == 7
+    assert len({(g.steps, g.accepted) for g in [own, *others]}) > 1
+    assert sorted(by_seed([own, *others])) == [7, 8, 9, 10]
+
+
+def test_at_a_temperature_a_trial_predicts_from_seeded_untimed_runs(tmp_path, monkeypatch,
+                                                                   tiny_profile):
+    """At T = 1 nothing replays: each trial's acceptance comes from UNTIMED_SEEDS untimed runs
+    with seeds after the study's (never the timed runs' own), its prediction is their average
+    and records their spread."""
+    from tests.conftest import load_study, run_study
+    monkeypatch.chdir(tmp_path)
+    run_study(tmp_path, *STUDY, "method=speculative", "method.space.num_draft_tokens.high=2",
+              "method.params.num_draft_tokens=2", "sampling.temperature=1.0",
+              f"search.profile={tiny_profile}")
+    trials = load_study(tmp_path).get_trials()
+    assert len(trials) == 2
+    for t in trials:
+        figures = t.user_attrs
+        assert figures["predicted_speedup"] > 0 and figures["predicted_by_replay"] == 0.0
+        assert figures["predicted_speedup_sd"] >= 0.0
+    assert any(t.user_attrs["predicted_speedup_sd"] > 0 for t in trials)
 
 
 def test_search_predict_ranks_ouroboros_by_untimed_runs(tmp_path, monkeypatch, capsys,

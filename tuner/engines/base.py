@@ -76,8 +76,9 @@ class Engine:
                 self.check_prediction(cfg, choice, f"search.{key}={search[key]!r}")
 
     def check_prediction(self, cfg: DictConfig, choice: str, setting: str) -> None:
-        """``search.profile`` / ``search.predict_for``: a prediction needs our own loops, a
-        method whose forwards a profile prices (all but EAGLE's head), and T = 0."""
+        """``search.profile`` / ``search.predict_for``: a prediction needs our own loops and a
+        method whose forwards a profile prices (all but EAGLE's head); at T > 0 its acceptance
+        comes from seeded untimed runs (never a replay)."""
         if not self.predicts:
             raise ConfigError(f"{setting} is invalid for engine={self.name}: predictions from a "
                               "hardware profile are made in our own loops (engine=hf) so far; "
@@ -95,11 +96,6 @@ class Engine:
             raise ConfigError(f"{setting} is invalid with several draft models "
                               f"(models.draft={plain(cfg.models)['draft']}): a profile prices "
                               "one draft model; allowed is one draft, or null")
-        if float(plain(cfg.sampling).get("temperature", 0)) != 0:
-            raise ConfigError(f"{setting} needs sampling.temperature=0 (the acceptance it prices "
-                              "is deterministic, replayed or from one untimed run, at T=0 "
-                              "only); allowed is null at "
-                              f"sampling.temperature={plain(cfg.sampling).get('temperature')}")
 
     def schedule_form(self, schedule: Any) -> dict[str, str]:
         """A predicted per-batch-size schedule (``tuner.predict.schedule.Schedule``) in this

@@ -12,6 +12,7 @@ the machine stayed busy is flagged ``contended``. Quality (task metric, perplexi
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
@@ -190,6 +191,11 @@ class HFEvaluator:
                 out.update({"predicted_speedup": got.speedup,
                             "predicted_mean_accepted_tokens": got.mean_accepted_tokens,
                             "predicted_by_replay": float(got.source == "replay")})
+                from tuner.predict.trace import by_seed
+                seeded = by_seed(generations)
+                if len(seeded) > 1:       # T > 0: the spread over the seeded runs
+                    out["predicted_speedup_sd"] = statistics.pstdev(
+                        self.price(runs, s.profile).speedup for runs in seeded.values())
             if s.predict_for is not None:
                 out["predicted_speedup_for"] = self.price(generations, s.predict_for).speedup
         except Exception as err:          # noqa: BLE001 - a prediction never fails a trial
@@ -226,7 +232,8 @@ class HFEvaluator:
         from decoding.replay import drafter_steps, replayable, trajectory
         drafter = getattr(method, "drafter", None)
         if not self.settings.lossless or not getattr(method, "replayable", False) or \
-                drafter is None or not replayable(drafter):
+                drafter is None or not replayable(drafter) or \
+                float(self.settings.sampling.get("temperature", 0)) != 0:
             return None
         device = next(self.pair.target.parameters()).device
         budget = self.settings.budget["max_new_tokens"]
@@ -243,14 +250,15 @@ class HFEvaluator:
     def observe(self, method: Any, prompts: Sequence[Prompt]) -> list[Any] | None:
         """One untimed generation of ``method`` per prompt, in the order given, from a fresh
         history (``reset``, as after the warm-up), every forward of the target and the draft
-        models traced (``tuner.predict.trace``); None where its forwards cannot all be priced
-        (T > 0: not deterministic; a method not ``traceable``; a draft that is the target,
-        whose forwards cannot be told apart: said once)."""
-        from tuner.predict.trace import untimed_runs
+        models traced (``tuner.predict.trace``); at T > 0 one such run per seed of
+        ``UNTIMED_SEEDS`` seeds after the study's (never the timed runs' own), each generation
+        tagged with its seed (the prediction averages them and gives their spread). None where
+        its forwards cannot all be priced (a method not ``traceable``; a draft that is the
+        target, whose forwards cannot be told apart: said once)."""
+        from tuner.predict.trace import UNTIMED_SEEDS, untimed_runs
         s = self.settings
         drafts = list(self.pair.drafts) if s.method["needs_draft"] else []
-        if float(s.sampling.get("temperature", 0)) != 0 or \
-                not getattr(method, "traceable", False):
+        if not getattr(method, "traceable", False):
             return None
         if len({id(m) for m in [self.pair.target, *drafts]}) != 1 + len(drafts):
             if "same" not in self.warned_about:
@@ -259,10 +267,13 @@ class HFEvaluator:
                          "given twice), so their forwards cannot be told apart: no prediction")
             return None
         models = [("target", self.pair.target)] + [("draft", d) for d in drafts]
+        ids = [self.ids[p.id] for p in prompts]
+        seeds = [None] if float(s.sampling.get("temperature", 0)) == 0 else \
+            [s.seed + 1 + i for i in range(UNTIMED_SEEDS)]
         method.use_compiled(None)          # the forwards as the model makes them (hooks fire)
         try:
-            return untimed_runs(method, [self.ids[p.id] for p in prompts], models,
-                                s.budget["max_new_tokens"])
+            return [g for seed in seeds for g in untimed_runs(
+                method, ids, models, s.budget["max_new_tokens"], seed)]
         finally:
             method.use_compiled(self.compiled)
 

@@ -45,6 +45,7 @@ class TracedGeneration:
     steps: int                            # verification steps (target forwards after the first)
     accepted: int                         # draft tokens accepted over all steps
     forwards: tuple[TracedForward, ...]   # in the order they ran
+    seed: int | None = None               # T > 0: the seed it was sampled with
 
     def grouped(self) -> list[list[TracedForward]]:
         """The forwards as steps: the draft forwards since the last target forward, then that
@@ -95,13 +96,20 @@ def traced(models: Sequence[tuple[str, nn.Module]]) -> Iterator[list[TracedForwa
             handle.remove()
 
 
+UNTIMED_SEEDS = 3      # T > 0: seeded untimed runs per prediction (an average, with its spread)
+
+
 def untimed_runs(method: Any, prompts: Sequence[Sequence[int]],
                  models: Sequence[tuple[str, nn.Module]],
-                 max_new_tokens: int) -> list[TracedGeneration]:
+                 max_new_tokens: int, seed: int | None = None) -> list[TracedGeneration]:
     """One generation of ``method`` per prompt, in order, from a fresh history (``reset``
     before, as a timed run starts after its warm-up, and after), every forward of ``models``
-    traced. The method must run eagerly (a compiled target's graphs bypass the hooks)."""
+    traced. The method must run eagerly (a compiled target's graphs bypass the hooks).
+    ``seed``: sample with this seed instead of the method's own (T > 0; restored after)."""
     from decoding import generate
+    own = method.seed
+    if seed is not None:
+        method.seed = seed
     method.reset()
     generations = []
     try:
@@ -109,10 +117,20 @@ def untimed_runs(method: Any, prompts: Sequence[Sequence[int]],
             with traced(models) as forwards:
                 out = generate(method, ids, max_new_tokens)
             generations.append(TracedGeneration(len(ids), len(out.tokens), out.stats.steps,
-                                                out.stats.accepted, tuple(forwards)))
+                                                out.stats.accepted, tuple(forwards), seed))
     finally:
+        method.seed = own
         method.reset()
     return generations
+
+
+def by_seed(generations: Sequence[Any]) -> dict[int, list[TracedGeneration]]:
+    """Seeded untimed generations grouped by their seed (empty at T = 0)."""
+    out: dict[int, list[TracedGeneration]] = {}
+    for g in generations:
+        if isinstance(g, TracedGeneration) and g.seed is not None:
+            out.setdefault(g.seed, []).append(g)
+    return out
 
 
 def beyond_grid(generations: Sequence[Any], target: CostSurface,

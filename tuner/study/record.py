@@ -23,7 +23,8 @@ FIGURES = ("speedup", "decode_speedup", "ttft_ms", "tokens_per_s", "mean_accepte
            "quality_drop", "energy_j_per_token", "vanilla_energy_j_per_token", "energy_ratio",
            "contended_prompts", "other_load_max", "throughput_ratio", "engine_restart_s",
            "engine_varies", "predicted_speedup", "predicted_mean_accepted_tokens",
-           "predicted_by_replay", "prediction_s", "predicted_speedup_for")
+           "predicted_by_replay", "prediction_s", "predicted_speedup_for",
+           "predicted_speedup_sd")
 LEVEL = "@c"                    # <name>@c<level>: a figure at one concurrency level
 # <name>@r<rate>: a figure at one request rate (tuner.measure.rates)
 
