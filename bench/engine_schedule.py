@@ -79,13 +79,11 @@ def main(argv=None) -> int:
                  f"studies_dir={work / 'studies'}", f"study_name={args.engine}-schedule"]
     from tuner.measure.timing import time_generation
     from tuner.run import run
-    from tuner.study.settings import StudySettings
-    cfg = cli.compose(overrides)
-    settings = StudySettings.from_config(cfg)
     started = time.perf_counter()
-    result = run(cfg, time_generation)
+    result = run(cli.compose(overrides), time_generation)
     study_s = time.perf_counter() - started
-    out = collect(settings, result, args, profile_path, profile_argv, overrides)
+    out = collect(work / "studies", f"{args.engine}-schedule", result, args, profile_path,
+                  profile_argv, overrides)
     out["seconds"] = {"profile": profile_s, "study": study_s}
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
@@ -93,22 +91,25 @@ def main(argv=None) -> int:
     return 0
 
 
-def collect(settings, result, args, profile_path, profile_argv, overrides) -> dict:
-    """Every trial's per-level figures, the calibration, the schedule and its checks."""
+def collect(studies: Path, name: str, result, args, profile_path, profile_argv,
+            overrides) -> dict:
+    """Every trial's per-level figures, the calibration, the schedule and its checks (the
+    finish's own: ``tuner.predict.served.plan_levels`` on the same figures)."""
     import optuna
     import yaml
 
     from tuner.predict.predict import calibration
-    from tuner.study.level_plan import level_schedule
-    from tuner.study.trials import completed, trial_params
+    from tuner.predict.served import plan_levels
+    from tuner.predict.surface import load_profile
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
-        str(Path(settings.studies_dir) / f"{settings.name}.journal")))
-    study = optuna.load_study(study_name=settings.name, storage=storage)
-    knob = settings.engine_object.draft_tokens_knob
-    trials = []
-    for t in completed(study):
+        str(studies / f"{name}.journal")))
+    study = optuna.load_study(study_name=name, storage=storage)
+    knob = KNOBS[args.engine][0]
+    trials, by_k = [], {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         a = t.user_attrs
-        trials.append({"k": trial_params(settings, t)[knob], "levels": {
+        by_k[int(t.params[knob])] = a
+        trials.append({"k": t.params[knob], "levels": {
             c: {"measured_decode_speedup": a.get(f"decode_speedup@c{c}"),
                 "predicted_decode_speedup": a.get(f"predicted_decode_speedup@c{c}"),
                 "mean_length": a.get(f"prediction_mean_length@c{c}"),
@@ -117,9 +118,11 @@ def collect(settings, result, args, profile_path, profile_argv, overrides) -> di
     pairs = [(v["predicted_decode_speedup"], v["measured_decode_speedup"], f"k={t['k']} c{c}")
              for t in trials for c, v in t["levels"].items()
              if v["predicted_decode_speedup"] is not None]
-    found = level_schedule(settings, study, result["params"])
-    best = yaml.safe_load((Path(settings.studies_dir) / "best" /
-                           f"{settings.name}.yaml").read_text())
+    found = None
+    if len(args.levels) > 1 and by_k:
+        planned, checks = plan_levels(by_k, sorted(args.levels), load_profile(profile_path))
+        found = {"schedule": planned, "checks": checks}
+    best = yaml.safe_load((studies / "best" / f"{name}.yaml").read_text())
     return {
         "made": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "settings": vars(args), "profile_command": ["python", "-m", "tuner.profile",

@@ -552,7 +552,7 @@ def test_a_study_predicts_each_level_from_the_engines_profile_and_confirms_its_s
     speculative = ["method=speculative", "engine.methods.speculative.params.p_min=0.0",
                    "~engine.methods.speculative.space",
                    "+engine.methods.speculative.space={n_max:{type:int,low:1,high:3,step:2}}",
-                   "budget.concurrency=[1,2]"]
+                   "budget.concurrency=[1,2]", "task.max_new_tokens=16"]
     settings, ev = evaluator(tmp_path, *speculative, *F32)
     ev.open()
     try:

@@ -49,6 +49,12 @@ ELSEWHERE = {   # fragment of the command -> (why, "path::test" or None)
     "tracking=server": ("needs an MLflow server", "tests/test_storage_services.py::"
                         "test_tracker_logs_a_study_through_the_server"),
     "+best=": ("replays a finished study", "tests/test_readme.py::test_the_printed_replay_runs"),
+    # an engine's own profile takes minutes to measure; that test makes a small one and runs
+    # a study with it on the same path
+    "search.profile=profiles/smollm2-llamacpp-cpu.json": (
+        "needs llama.cpp's profile (python -m tuner.profile --engine llamacpp)",
+        "tests/test_engines.py::test_a_study_predicts_each_level_from_the_engines_profile_and_"
+        "confirms_its_schedule"),
 }
 # examples whose whole study another test runs on the same path (engine, method, levels; the
 # compiled target in process, there with method=tree on buckets [1, 4, 16]): here their config

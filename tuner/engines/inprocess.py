@@ -208,11 +208,12 @@ class HFEvaluator:
     def acceptance(self, method: Any, prompts: Sequence[Prompt],
                    params: Mapping[str, Any]) -> list[Any] | None:
         """``method``'s steps on ``prompts``: replayed where its acceptance replays
-        (``replay``), else from one untimed, traced run (``observe``), kept per point and
-        prompts: in their order for a method whose history carries across prompts
-        (``keeps_history``: Ouroboros's pool), as a set otherwise, so a trial reuses
-        ``search=predict``'s ranking run whatever its own order of the prompts; None where
-        neither applies (T > 0, an EAGLE head, a draft that is the target itself)."""
+        (``replay``: T = 0 only), else from untimed, traced runs (``observe``: one, or at
+        T > 0 one per seed), kept per point and prompts: in their order for a method whose
+        history carries across prompts (``keeps_history``: Ouroboros's pool), as a set
+        otherwise, so a trial reuses ``search=predict``'s ranking run whatever its own order of
+        the prompts; None where neither applies (an EAGLE head, a draft that is the target
+        itself)."""
         replayed = self.replay(method, prompts)
         if replayed is not None:
             return replayed

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Paired
     from tuner.measure.measurement import Measurement
+    from tuner.predict.schedule import LevelCheck, Schedule
     from tuner.predict.surface import HardwareProfile
 
 PREDICTED = "predicted_decode_speedup"      # <PREDICTED>@c<level>: beside decode_speedup@c<level>
@@ -72,6 +73,36 @@ def trial_predictions(pairs: Sequence[Paired], profile: HardwareProfile) -> dict
                     f"{LENGTH}@c{level}": got.mean_length,
                     f"{DRAFTED}@c{level}": got.drafted_per_step})
     return out
+
+
+def plan_levels(by_k: Mapping[int, Mapping[str, Any]], levels: Sequence[int],
+                profile: HardwareProfile) -> tuple[Schedule, list[LevelCheck]]:
+    """The per-batch-size schedule of ``by_k`` (per drafted-token count k, a trial's recorded
+    figures: its acceptance per level, ``acceptance_of``, and its measured
+    ``decode_speedup@c<level>``) over ``levels`` (two or more, ascending), and its check per
+    level. Each k is predicted at every batch size up to the last level from its acceptance at
+    the nearest level at or below it (``tuner.predict.schedule.plan``), then checked against
+    the measured decode-phase speedups (``tuner.predict.schedule.check``)."""
+    from tuner.predict.schedule import check, plan
+    cache: dict[tuple[int, int], float] = {}
+
+    def predicted(k: int, batch: int) -> float:
+        if (k, batch) not in cache:
+            at = max(c for c in levels if c <= batch)       # the nearest measured level below
+            got = acceptance_of(by_k[k], at)
+            if got is None:
+                raise ValueError(f"k={k}: no acceptance recorded at level {at}")
+            cache[k, batch] = decode_speedup(profile, batch, got.mean_length,
+                                             got.drafted_per_step)
+        return cache[k, batch]
+
+    def measured(k: int, batch: int) -> float | None:
+        value = by_k[k].get(f"decode_speedup@c{batch}") if k in by_k else None
+        return None if value is None else float(value)
+
+    ks = sorted(by_k)
+    planned = plan(predicted, ks, levels)
+    return planned, check(planned, measured, ks)
 
 
 def acceptance_of(figures: Mapping[str, Any], level: int) -> LevelAcceptance | None:

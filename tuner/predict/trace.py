@@ -8,6 +8,8 @@ the same accepted counts, ``tests/test_prediction.py``). ``traced`` records, whi
 forward of the models it is given: which model, the tokens it fed and the context it attended to;
 those shapes are what a cost surface prices (``tuner.predict.predict.traced_seconds``). The run
 is made with hooks on, so it is never timed; it needs no vanilla beside it and no quiet machine.
+At T > 0 a run is one sample: ``UNTIMED_SEEDS`` runs with other seeds than the timed run's give
+the average and its spread (``untimed_runs(…, seed)``, ``by_seed``).
 
 What a trace does not price: a forward of a module other than the ones named (an EAGLE head:
 ``check_prediction`` refuses those methods), and time outside forwards, which the profile's loop

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.predict import schedule as plans
-from tuner.predict.served import acceptance_of, decode_speedup
+from tuner.predict.served import acceptance_of, plan_levels
 from tuner.study.record import TrialRecord
 from tuner.study.trials import completed, trial_params
 
@@ -60,24 +60,9 @@ def level_schedule(settings: StudySettings, study: optuna.Study,
             flagged.pop(k, None)
     if not by_k:
         return None
-    cache: dict[tuple[int, int], float] = {}
-
-    def predicted(k: int, batch: int) -> float:
-        if (k, batch) not in cache:
-            at = max(c for c in levels if c <= batch)       # the nearest measured level below
-            got = acceptance_of(by_k[k], at)
-            cache[k, batch] = decode_speedup(profile, batch, got.mean_length,
-                                             got.drafted_per_step)
-        return cache[k, batch]
-
-    def measured(k: int, batch: int) -> float | None:
-        value = by_k[k].get(f"decode_speedup@c{batch}") if k in by_k else None
-        return None if value is None else float(value)
-
-    ks = sorted(by_k)
-    planned = plans.plan(predicted, ks, levels)
-    return {"schedule": planned, "checks": plans.check(planned, measured, ks), "ks": ks,
-            "knob": knob, "flagged": flagged}
+    planned, checks = plan_levels(by_k, levels, profile)
+    return {"schedule": planned, "checks": checks, "ks": sorted(by_k), "knob": knob,
+            "flagged": flagged}
 
 
 def rows(found: Mapping[str, Any]) -> list[tuple[str, str]]:
