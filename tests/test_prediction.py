@@ -521,8 +521,12 @@ def test_a_failing_prediction_loses_only_the_prediction(tmp_path, monkeypatch, c
     run_study(tmp_path, *STUDY, "method.space.num_draft_tokens.high=2",
               "method.params.num_draft_tokens=2", f"search.profile={tiny_profile}")
     out = capsys.readouterr().out
-    trials = load_study(tmp_path).get_trials()
+    study = load_study(tmp_path)
+    trials = study.get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
     assert all("predicted_speedup" not in t.user_attrs for t in trials)
+    # one line per measurement of the tuning prompts: each trial's, and a contended leader's
+    # re-measurement before it may win (on a busy machine)
+    remeasured = sum(key.startswith("remeasured_") for key in study.user_attrs)
     assert out.count("prediction failed (RuntimeError: no price): this trial keeps its "
-                     "measurements without one") == 2
+                     "measurements without one") == 2 + remeasured
