@@ -30,14 +30,17 @@ import time
 import warnings
 from pathlib import Path
 
-KNOBS = {"llamacpp": ("n_max", ["engine.methods.speculative.params.p_min=0.0",
-                                "engine.methods.speculative.params.n_min=0"]),
-         "vllm": ("num_speculative_tokens", [])}
+
+def surfaced() -> dict[str, object]:
+    """The engines whose cost surface ``python -m tuner.profile --engine`` measures."""
+    from tuner.engines import ENGINES, engine_named
+    return {name: engine_named(name) for name in ENGINES
+            if getattr(engine_named(name), "synthetic_surface", False)}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", choices=sorted(KNOBS), default="llamacpp")
+    parser.add_argument("--engine", choices=sorted(surfaced()), default="llamacpp")
     parser.add_argument("--models", default="smollm2")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -65,7 +68,10 @@ def main(argv=None) -> int:
     if cli.main(profile_argv) != 0:
         return 2
     profile_s = time.perf_counter() - started
-    knob, fixed = KNOBS[args.engine]
+    engine = surfaced()[args.engine]
+    knob = engine.draft_tokens_knob                 # every step drafts exactly k:
+    fixed = [f"engine.methods.speculative.params.{name}={value}"
+             for name, value in engine.exact_draft.items()]
     overrides = ["+task=" + args.task, f"engine={args.engine}", "method=speculative",
                  f"models={args.models}",
                  f"budget.concurrency=[{','.join(map(str, args.levels))}]",
@@ -104,7 +110,7 @@ def collect(studies: Path, name: str, result, args, profile_path, profile_argv,
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
         str(studies / f"{name}.journal")))
     study = optuna.load_study(study_name=name, storage=storage)
-    knob = KNOBS[args.engine][0]
+    knob = surfaced()[args.engine].draft_tokens_knob
     trials, by_k = [], {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         a = t.user_attrs

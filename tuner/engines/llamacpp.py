@@ -50,6 +50,7 @@ class LlamaCppEngine(ServerEngine):
     streams = True                      # /completion with stream: true, one token per event
     synthetic_surface = True            # --spec-synth-len (LlamaCppEvaluator.synthetic_spec)
     draft_tokens_knob = "n_max"         # --spec-draft-n-max: k drafted tokens per step
+    exact_draft = {"n_min": 0, "p_min": 0.0}     # every step drafts exactly n_max
     program_allowed = "a llama-server binary, or null for the one `make engines` builds"
     install_hint = ("llama-server is not built for this CPU: build it with `make engines` "
                     "(scripts/engines.sh llamacpp, a few minutes), or set "
@@ -144,7 +145,7 @@ class LlamaCppEvaluator(ServerEvaluator):
         return out
 
     draft_tokens_knob = LlamaCppEngine.draft_tokens_knob      # --spec-draft-n-max
-    exact_draft = {"n_min": 0, "p_min": 0.0}     # every step drafts exactly n_max
+    exact_draft = LlamaCppEngine.exact_draft
 
     def synthetic_spec(self, k: int, length: float) -> list[str]:
         """Draft-model speculation drafting exactly ``k`` tokens per step, accepted at random

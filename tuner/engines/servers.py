@@ -46,6 +46,8 @@ class ServerEngine(Engine):
     # the method knob that sets the drafted tokens per step (k): the cost surface's and the
     # per-level schedule's axis
     draft_tokens_knob: ClassVar[str | None] = None
+    # further knobs that make every step draft exactly k (the cost surface's steps)
+    exact_draft: ClassVar[Mapping[str, Any]] = {}
 
     # -- config ------------------------------------------------------------------------------
 

