@@ -256,12 +256,16 @@ def test_a_profile_that_cannot_serve_the_study_is_refused_with_one_line(
 
 
 def test_the_predict_plan_measures_the_default_the_best_predicted_and_a_spread():
-    from tuner.search.plans import PredictPlan, point_key
+    from tuner.search.plans import WAIT, PredictPlan, point_key
     space = {"num_draft_tokens": {"type": "int", "low": 1, "high": 8}}
     plan = PredictPlan(space, {"num_draft_tokens": 4}, "full", None, top=2, spread=2)
     assert plan.size() == 5 and [p["num_draft_tokens"] for p in plan.points][0] == 4
-    with pytest.raises(RuntimeError, match="after they are ranked"):
-        plan.next_point({})
+    # before the ranking: the default first; while another worker measures it, wait; once it
+    # is measured and nothing is ranked, the plan has nothing to give (the caller ranks)
+    default = point_key({"num_draft_tokens": 4})
+    assert plan.next_point({}) == ({"num_draft_tokens": 4}, "default")
+    assert plan.next_point({}, {default}) == WAIT
+    assert plan.next_point({default: 1.0}) is None and not plan.ranked
     predicted = {1: 1.0, 2: 1.3, 3: 1.2, 4: 0.9, 5: 1.25, 6: 0.8, 7: 0.7, 8: 0.6}
     chosen = plan.rank([predicted[p["num_draft_tokens"]] for p in plan.points])
     got = [(p["num_draft_tokens"], stage) for p, stage in chosen]
@@ -272,6 +276,19 @@ def test_the_predict_plan_measures_the_default_the_best_predicted_and_a_spread()
         ({"num_draft_tokens": 5}, "top")
     done = {point_key(p): 1.0 for p, _ in chosen}
     assert plan.next_point(done) is None
+    # the ranking as the study stores it (plain JSON) restores the same plan elsewhere
+    stored = json.loads(json.dumps(plan.stored()))
+    again = PredictPlan(space, {"num_draft_tokens": 4}, "full", None, top=2, spread=2)
+    again.restore(stored)
+    assert again.chosen == plan.chosen and again.predicted == plan.predicted
+    assert again.next_point(results) == plan.next_point(results)
+    # a refusal ends the plan, here and wherever it is restored
+    refused = PredictPlan(space, {"num_draft_tokens": 4}, "full", None, top=2, spread=2)
+    refused.refuse("profile check: BEYOND")
+    elsewhere = PredictPlan(space, {"num_draft_tokens": 4}, "full", None, top=2, spread=2)
+    elsewhere.restore(json.loads(json.dumps(refused.stored())))
+    assert elsewhere.ranked and elsewhere.refused == "profile check: BEYOND"
+    assert elsewhere.next_point({}) is None
     # a short rest: the spread picks stay distinct; a point the method refuses is never chosen
     wide = PredictPlan(space, {"num_draft_tokens": 4}, "full", None, top=2, spread=5)
     refused = {**predicted, 2: float("-inf")}

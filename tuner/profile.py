@@ -37,6 +37,7 @@ from tuner.config.errors import ConfigError
 from tuner.engines import DEFAULT  # our own loops (engine=hf)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+FLAGGED = 3           # exit status: the profile is written, but its fit is not to be believed
 
 
 def preset_models(name: str) -> dict:
@@ -141,8 +142,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {out}: {profile.describe()}; target forward {1e3 * vanilla:.1f} ms for one "
           f"token, {profile.target.step_s(profile.target.contexts[0], 5) / vanilla:.2f}x that "
           f"for 5 tokens; the loop's own time per step: " + ", ".join(
-              f"{key} {1e3 * value:.2f} ms" for key, value in profile.step_overhead_s.items()))
+              f"{key} {1e3 * value:+.2f} ms (spread {1e3 * profile.step_overhead_spread_s[key]:.2f})"
+              for key, value in profile.step_overhead_s.items()))
+    if profile.flags:
+        for flag in profile.flags:
+            print(f"PROFILE FLAGGED: {flag}")
+        print(f"{out} is written with these flags, and a study that uses it checks it against "
+              "its first trial; make it again on a quiet machine (exit status 3)")
+        return FLAGGED
+    from tuner.predict.check import SPREAD_BOUND
+    print("profile check: the overhead fit is believed (no other load over "
+          f"{loops_threshold():.0%} of the CPUs during any timed part; every overhead's standard "
+          f"error within {SPREAD_BOUND:.0%} of its step's price)")
     return 0
+
+
+def loops_threshold() -> float:
+    from tuner.predict.loops import BUSY_THRESHOLD
+    return BUSY_THRESHOLD
 
 
 def surface_engines() -> list[str]:
@@ -366,37 +383,40 @@ def slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:48]
 
 
-def make_profile(models: dict, args: argparse.Namespace):
+def make_profile(models: dict, args: argparse.Namespace, say=print,
+                 between_rounds=lambda round_: None):
+    """Our own loops' profile on this machine: surfaces and overhead fit timed in interleaved
+    rounds (``tuner.predict.loops.measure_profile``), the fit checked
+    (``tuner.predict.check.fit_flags``: its lines go into the profile's ``flags``)."""
     import torch
 
     from decoding.hardware import hardware
     from decoding.models import load_pair
     from tuner.measure.hygiene import configure_threads
     from tuner.predict import loops
+    from tuner.predict.check import fit_flags
     from tuner.predict.surface import HardwareProfile
     threads = configure_threads(None if args.threads == "auto" else args.threads)
     draft_spec = models["draft"] or {"kind": "none"}
     pair = load_pair(models["target"], draft_spec)
-    grid = {"contexts": tuple(args.contexts or loops.CONTEXTS)}
     device = next(pair.target.parameters()).device
-    print(f"profiling {pair.target_name} on {hardware(device)}, {threads} threads")
-    target = loops.measure_surface(pair.target, rows=tuple(args.rows or loops.TARGET_ROWS),
-                                   repeats=args.repeats, progress=print, **grid)
-    draft = None
-    if pair.draft is not None:
-        print(f"draft {pair.draft_name}:")
-        draft = loops.measure_surface(pair.draft, rows=tuple(args.draft_rows or loops.DRAFT_ROWS),
-                                      repeats=args.repeats,
-                                      progress=print, **grid)
-    prompt = list(range(100, 164)) + list(range(100, 132))   # repeats: prompt lookup drafts
-    overheads = loops.step_overheads(pair.target, target, prompt, pair.draft, draft)
+    say(f"profiling {pair.target_name}" + (f" and its draft {pair.draft_name}" if pair.draft
+                                            is not None else "") +
+        f" on {hardware(device)}, {threads} threads: {args.repeats} rounds after a warm-up "
+        "round, each timing every forward cell and every loop's overhead run once")
+    target, draft, fit = loops.measure_profile(
+        pair.target, pair.draft, contexts=tuple(args.contexts or loops.CONTEXTS),
+        rows=tuple(args.rows or loops.TARGET_ROWS),
+        draft_rows=tuple(args.draft_rows or loops.DRAFT_ROWS), repeats=args.repeats,
+        progress=say, between_rounds=between_rounds)
     import transformers
     return HardwareProfile(
         kind="measured", machine=hardware(device), engine=DEFAULT,
         build={"torch": torch.__version__, "transformers": transformers.__version__,
                "python": platform.python_version()},
         threads=threads, models=loops.describe_models(models), target=target, draft=draft,
-        step_overhead_s=overheads,
+        step_overhead_s=fit.values(), step_overhead_spread_s=fit.spreads(),
+        flags=tuple(fit_flags(fit)),
         made=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 

@@ -3,8 +3,10 @@
     settings  validate the whole config, fingerprint it, name the study (nothing loaded yet)
     prepare   create the study (trial 0 = the method's default, once) or resume it (refused if
               its fingerprint differs); the MLflow parent run
-    work      the evaluator opens (models load); the optimize loop runs trials until the search
-              is done (tuner.study.optimize)
+    work      the evaluator opens (models load); the search's cost is said (and capped:
+              tuner.study.cost); the optimize loop runs trials until the search is done
+              (tuner.study.optimize), the default first: the hardware profile is checked
+              against it, and search=predict ranks after it (tuner.study.ranking)
     finish    the winner, its held-out confirmation, the best YAML and the summary
               (tuner.study.finish)
 
@@ -16,6 +18,7 @@ at once (``phase=work``). ``+best=<study>`` replays a winner instead (``replay``
 from __future__ import annotations
 
 import signal
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -31,8 +34,10 @@ from tuner.study.finish import confirm, held_out_record, measure
 from tuner.study.finish import finish as finish_study
 from tuner.study.objective import Objective
 from tuner.study.optimize import optimize
-from tuner.search.plans import point_key
+from tuner.study.cost import SearchCost, record_seconds
 from tuner.study.points import Points, make_plan
+from tuner.study.ranking import RANKING, AfterDefault, profile_refused, restore
+from tuner.study.ranking import rank as plan_rank
 from tuner.study.settings import StudySettings
 from tuner.study.storage import make_storage, open_study
 from tuner.tracking import report
@@ -66,7 +71,8 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
         say(notice)
     study, created = _open(settings)
     points = Points(settings, study, make_plan(settings, say))
-    callbacks = Callbacks([ConsoleProgress(say, study, points.limit()),
+    cost = SearchCost(settings, study, points, say)
+    callbacks = Callbacks([ConsoleProgress(say, study, points.limit(), cost),
                            make_tracker(settings.tracking, say)])
     evaluator = settings.engine_object.evaluator(settings.measuring, timer, say)
     say(report.describe(settings, created, points.limit()))
@@ -76,18 +82,19 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
             if phase == "prepare":
                 say(f"prepared study {settings.name}: {len(study.trials)} trial(s) recorded")
                 return {"study_name": settings.name, "created": created}
+            opened = time.perf_counter()
             evaluator.open()
-            if phase in ("all", "work") and getattr(points.plan, "needs_ranking", False):
-                rank_points(points.plan, evaluator, say)
+            record_seconds(study, "open_s", time.perf_counter() - opened)
             if phase in ("all", "work"):
-                objective = Objective(settings, evaluator, study, callbacks.prompt_measured)
-                optimize(settings, study, points, objective, callbacks, say,
-                         job_alive=job_alive_or_none)     # the launcher's check, handed down
+                work(settings, study, points, evaluator, callbacks, cost)
             if phase == "work":
                 from tuner.study.trials import spent
                 say(f"worker done: {spent(study)} trial(s) spent in study {settings.name}")
                 return {"study_name": settings.name}
-            return finish_study(settings, study, evaluator, callbacks, say)
+            finishing = time.perf_counter()
+            result = finish_study(settings, study, evaluator, callbacks, say)
+            record_seconds(study, "finish_s", time.perf_counter() - finishing)
+            return result
         except KeyboardInterrupt as err:
             callbacks.study_ended("KILLED")
             raise Interrupted(f"study {settings.name} interrupted; its trials are saved") from err
@@ -98,18 +105,37 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
             evaluator.close()
 
 
-def rank_points(plan: Any, evaluator: Any, say: Callable[[str], None]) -> None:
-    """``search=predict``: every grid point's predicted speedup (``evaluator.predict_points``),
-    then the points the plan will measure."""
-    import time
-    say(f"search=predict: predicting {len(plan.points)} points (acceptance replayed, or from "
-        "one untimed run per point) ...")
-    start = time.perf_counter()
-    predicted = evaluator.predict_points(plan.points)
-    chosen = plan.rank(predicted)
-    say(f"predicted in {time.perf_counter() - start:.1f} s; measuring " + ", ".join(
-        f"{dict(point)} ({stage}, predicted {plan.predicted[point_key(point)]:.3f}x)"
-        for point, stage in chosen))
+def work(settings: StudySettings, study: optuna.Study, points: Points, evaluator: Any,
+         callbacks: Callbacks, cost: SearchCost) -> None:
+    """One worker's trials: the cost said (refused over the cap before the first trial where a
+    profile prices it, or after it), the profile's earlier verdict read, then the optimize loop
+    (trial 0 first: ``AfterDefault`` checks the profile and ranks for search=predict)."""
+    refused = profile_refused(study)
+    if refused is not None and settings.profile is not None:
+        say(f"{refused}: this study does not use it (checked against trial 0 earlier)")
+        evaluator.refuse_profile(refused)
+    restore(points.plan, study)
+    plan = points.plan
+    cost.announce(evaluator.vanilla_price(settings.profile)
+                  if settings.profile is not None and refused is None else None)
+    objective = Objective(settings, evaluator, study, callbacks.prompt_measured,
+                          AfterDefault(settings, study, plan, evaluator, cost, say))
+    began = time.perf_counter()
+    reason = optimize(settings, study, points, objective, callbacks, say,
+                      job_alive=job_alive_or_none, stop=cost.after_trial)
+    if plan is not None and plan.needs_ranking and not plan.ranked and reason is None:
+        # trial 0 failed, or a study ranked before rankings were stored: rank here, go on
+        restore(plan, study)
+        if not plan.ranked:
+            plan_rank(plan, evaluator, say)
+            study.set_user_attr(RANKING, plan.stored())
+        reason = optimize(settings, study, points, objective, callbacks, say,
+                          job_alive=job_alive_or_none, stop=cost.after_trial)
+    record_seconds(study, "trials_s", time.perf_counter() - began)
+    if reason is None and plan is not None and plan.needs_ranking:
+        reason = plan.refused
+    if reason is not None:
+        raise ConfigError(reason)
 
 
 def quiet_third_parties() -> None:

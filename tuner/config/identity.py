@@ -3,7 +3,7 @@
 Stored in the study when it is created; a resume compares it key by key and refuses on any
 difference (naming the keys), unless ``resume=force``. The default study name ends in a short hash
 of it, so different settings never land in one study by accident. Not part of it: the number of
-trials and the timeout (resuming to extend a search is legitimate), where results are logged.
+trials, the timeout and the cost cap (resuming to extend a search is legitimate), where results are logged.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
     another machine) changes no measurement: never a key.
     """
     search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout", "slo",
-                                                                   "profile", "predict_for")}
+                                                                   "profile", "predict_for",
+                                                                   "max_hours")}
     if search.get("kind") == "predict":      # there the profile chooses the measured points:
         from pathlib import Path             # its content, not its path, is the identity
         path = Path(str(search.get("profile")))

@@ -29,6 +29,12 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                                 or not timeout > 0):
         raise ConfigError(f"search.timeout={timeout!r} is invalid: allowed is a number of "
                           "seconds > 0, or null")
+    hours = search.get("max_hours", "auto")
+    if hours != "auto" and hours is not None and (
+            isinstance(hours, bool) or not isinstance(hours, (int, float)) or
+            not math.isfinite(hours) or not hours > 0):
+        raise ConfigError(f"search.max_hours={hours!r} is invalid: allowed is a number of hours "
+                          "> 0, auto (2 without a GPU, 12 with one) or null (no cap)")
     from tuner.search.objectives import OBJECTIVES, direction
     objectives = search.get("objectives")
     if not isinstance(objectives, list) or not objectives or \

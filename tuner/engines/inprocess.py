@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -63,6 +64,8 @@ class HFEvaluator:
         # method and parameters
         self.observed: dict[tuple, list[Any] | None] = {}   # untimed generations, per point
         self.warned_about: set[Any] = set()   # what a prediction's one-line notice has said
+        self.profile = settings.profile       # search.profile, until it fails its check
+        self.untimed_runs = 0                 # untimed, traced generations made (per prompt)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -172,7 +175,7 @@ class HFEvaluator:
         not matter, else it is made now). Held-out prompts are not predicted; a failed
         prediction loses the prediction only (one line), never the trial."""
         s = self.settings
-        if (s.profile is None and s.predict_for is None) or self.predicting is None:
+        if (self.profile is None and s.predict_for is None) or self.predicting is None:
             return {}
         method, params = self.predicting
         self.predicting = None
@@ -186,8 +189,8 @@ class HFEvaluator:
             if generations is None:
                 return {}
             out: dict[str, float] = {}
-            if s.profile is not None:
-                got = self.price(generations, s.profile)
+            if self.profile is not None:
+                got = self.price(generations, self.profile)
                 out.update({"predicted_speedup": got.speedup,
                             "predicted_mean_accepted_tokens": got.mean_accepted_tokens,
                             "predicted_by_replay": float(got.source == "replay")})
@@ -195,7 +198,7 @@ class HFEvaluator:
                 seeded = by_seed(generations)
                 if len(seeded) > 1:       # T > 0: the spread over the seeded runs
                     out["predicted_speedup_sd"] = statistics.pstdev(
-                        self.price(runs, s.profile).speedup for runs in seeded.values())
+                        self.price(runs, self.profile).speedup for runs in seeded.values())
             if s.predict_for is not None:
                 out["predicted_speedup_for"] = self.price(generations, s.predict_for).speedup
         except Exception as err:          # noqa: BLE001 - a prediction never fails a trial
@@ -272,6 +275,7 @@ class HFEvaluator:
         seeds = [None] if float(s.sampling.get("temperature", 0)) == 0 else \
             [s.seed + 1 + i for i in range(UNTIMED_SEEDS)]
         method.use_compiled(None)          # the forwards as the model makes them (hooks fire)
+        self.untimed_runs += len(ids) * len(seeds)
         try:
             return [g for seed in seeds for g in untimed_runs(
                 method, ids, models, s.budget["max_new_tokens"], seed)]
@@ -329,11 +333,46 @@ class HFEvaluator:
         for point, generations in zip(points, self.acceptance_points(points)):
             try:
                 out.append(float("-inf") if generations is None else
-                           self.price(generations, self.settings.profile).speedup)
+                           self.price(generations, self.profile).speedup)
             except Exception as err:      # noqa: BLE001 - one point's failure loses its rank
                 self.say(f"  {dict(point)}: not predicted ({type(err).__name__}: {err})")
                 out.append(float("-inf"))
         return out
+
+    # -- the profile's check and price (tuner.predict.check, tuner.study.cost) ---------------------
+
+    def check_profile(self, pairs: Sequence[Paired]) -> Any:
+        """``search.profile``'s vanilla against the default's (trial 0's) measured vanilla,
+        each per 1-row forward at the generation's middle context: the profile's own cell, and
+        the same forward timed now (``tuner.predict.loops.measure_surface``, 5 rounds)."""
+        from tuner.predict.check import VanillaGeneration, vanilla_check
+        from tuner.predict.loops import measure_surface
+        if self.profile is None or self.profile.kind != "measured":
+            return None
+        runs = {p.baseline.prompt_id: p.baseline for p in pairs}     # a cycled prompt: once
+        shapes = [VanillaGeneration(len(self.ids[i]), m.decode_tokens, m.decode_s, 0.0)
+                  for i, m in runs.items() if m.decode_tokens and m.decode_s is not None]
+        if not shapes:
+            return None
+        contexts = sorted({g.context() for g in shapes})
+        now = measure_surface(self.pair.target, contexts=contexts, rows=(1,), prefill=(),
+                              repeats=5)
+        one_row = dict(zip(contexts, (line[0] for line in now.seconds)))
+        return vanilla_check(self.profile, [replace(g, one_row_s=one_row[g.context()])
+                                            for g in shapes])
+
+    def refuse_profile(self, line: str) -> None:
+        self.profile = None
+
+    def vanilla_price(self, profile: Any) -> list[float] | None:
+        """``profile``'s price of vanilla's ``max_new_tokens`` on each tuning prompt."""
+        from tuner.predict.predict import vanilla_forward_seconds
+        if profile is None:
+            return None
+        budget = self.settings.budget["max_new_tokens"]
+        overhead = profile.step_overhead_s.get("vanilla", 0.0)
+        return [vanilla_forward_seconds(profile.target, len(self.ids[p.id]), budget, overhead)
+                for p in self.settings.tuning]
 
     def _measure(self, method: Any, prompt: Prompt) -> Measurement:
         s = self.settings

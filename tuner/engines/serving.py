@@ -80,6 +80,7 @@ class ServerEvaluator:
         self.quality_cache: dict[tuple, dict] = {}
         self.rated: dict[str, float] = {}    # the last measure's request-rate figures
         self.said_beyond = False              # search.profile: extrapolation said once
+        self.profile = settings.profile       # search.profile, until it fails its check
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -369,7 +370,7 @@ class ServerEvaluator:
         (``tuner.predict.served``: the cost side checked). A failed prediction loses the
         prediction only (one line), never the trial."""
         out = {"engine_restart_s": self.restarts[-1]} if self.restarts else {}
-        profile = self.settings.profile
+        profile = self.profile
         if profile is not None:
             from tuner.predict.served import DRAFTED, trial_predictions
             try:
@@ -387,6 +388,20 @@ class ServerEvaluator:
                 self.say(f"prediction failed ({type(err).__name__}: {err}): this trial keeps "
                          "its measurement")
         return out
+
+
+    def check_profile(self, pairs: Sequence[Paired]) -> None:
+        """Not checked against trial 0: an engine's surface is the engine's own step times at
+        each k (``tuner.predict.synthetic``), and each trial's per-level prediction is shown
+        beside its measurement."""
+        return None
+
+    def refuse_profile(self, line: str) -> None:
+        self.profile = None
+
+    def vanilla_price(self, profile: Any) -> None:
+        """Not priced before the first trial (the estimate comes from that trial)."""
+        return None
 
 
 def pad(values: Sequence[int], length: int) -> tuple[int, ...]:

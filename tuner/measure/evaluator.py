@@ -157,6 +157,19 @@ class Evaluator(Protocol):
     def assess(self, pairs: Sequence[Paired]) -> Evaluation:
         """Summarise ``pairs`` (quality and perplexity are scored here, outside timing)."""
 
+    def check_profile(self, pairs: Sequence[Paired]) -> Any:
+        """``search.profile`` against the default's measured ``pairs`` (trial 0): a
+        ``tuner.predict.check.VanillaCheck``, or None where this engine's profile is not
+        checked this way."""
+
+    def refuse_profile(self, line: str) -> None:
+        """Stop predicting by ``search.profile`` (it failed its check: ``line`` says why)."""
+
+    def vanilla_price(self, profile: Any) -> list[float] | None:
+        """``profile``'s price of the baseline's generation on each tuning prompt, in seconds
+        (what a search's cost is estimated from before its first trial), or None where this
+        engine's profile does not price it."""
+
     def deployment(self, params: Mapping[str, Any],
                    per_level: Mapping[int, Mapping[str, Any] | None] | None = None
                    ) -> dict[str, str]:

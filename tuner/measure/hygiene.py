@@ -9,7 +9,8 @@ and other processes busy on those CPUs while a prompt pair is timed.
   * ``sample_other_load``: over a short window, the busy time of the allowed CPUs
     (``/proc/stat``) minus this process's own CPU time (``getrusage``, all its threads), as a
     fraction of the allowance: one other busy process on a 2-CPU allowance reads ≈ 0.5. Child
-    processes count as *other* load: they compete for the same CPUs.
+    processes count as *other* load: they compete for the same CPUs. ``LoadMeter``: the same
+    reading over a block of this process's own work (a profile's timed runs), without sleeping.
   * ``ContentionGuard``: the ``contention=wait|warn|fail`` policy asked before each measured
     prompt pair; it returns a ``Quiet`` record to store with the pair.
 
@@ -178,21 +179,38 @@ def sample_other_load(cpus: Sequence[int] | None = None,
     """
     if not window_s > 0:
         raise ValueError(f"window_s={window_s!r}: expected a positive number of seconds")
-    cpus = tuple(cpus) if cpus is not None else allowed_cpus()
-    before = _cpu_ticks(cpus)
-    if before is None:
-        return LoadSample(None, None, 0.0, cpus)
-    own_before, began = _own_cpu_s(), time.monotonic()
-    time.sleep(window_s)
-    after, own_after, ended = _cpu_ticks(cpus), _own_cpu_s(), time.monotonic()
-    if after is None or after[1] <= before[1]:
-        return LoadSample(None, None, ended - began, cpus)
-    tick = os.sysconf("SC_CLK_TCK")
-    capacity = after[1] - before[1]                         # ticks the CPUs existed (all states)
-    busy = after[0] - before[0]
-    own = (own_after - own_before) * tick
-    return LoadSample(_fraction(busy - own, capacity), _fraction(own, capacity), ended - began,
-                      cpus)
+    with LoadMeter(cpus) as meter:
+        time.sleep(window_s)
+    return meter.sample
+
+
+class LoadMeter:
+    """Other processes' load on ``cpus`` while a block of this process's own work ran, without
+    sleeping: ``with LoadMeter() as meter: work()``, then ``meter.sample`` (a ``LoadSample``
+    over the block's wall time; the same arithmetic as ``sample_other_load``). A profile's
+    timed runs are checked with it: the machine's load during the run, not before it."""
+
+    def __init__(self, cpus: Sequence[int] | None = None) -> None:
+        self.cpus = tuple(cpus) if cpus is not None else allowed_cpus()
+        self.sample = LoadSample(None, None, 0.0, self.cpus)
+
+    def __enter__(self) -> LoadMeter:
+        self._before = _cpu_ticks(self.cpus)
+        self._own_before, self._began = _own_cpu_s(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        after, own_after, ended = _cpu_ticks(self.cpus), _own_cpu_s(), time.monotonic()
+        before = self._before
+        if before is None or after is None or after[1] <= before[1]:
+            self.sample = LoadSample(None, None, ended - self._began, self.cpus)
+            return
+        tick = os.sysconf("SC_CLK_TCK")
+        capacity = after[1] - before[1]                     # ticks the CPUs existed (all states)
+        busy = after[0] - before[0]
+        own = (own_after - self._own_before) * tick
+        self.sample = LoadSample(_fraction(busy - own, capacity), _fraction(own, capacity),
+                                 ended - self._began, self.cpus)
 
 
 def _fraction(part: float, whole: float) -> float:

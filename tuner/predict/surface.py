@@ -13,7 +13,8 @@ the first value, above it extends the last segment (never below the last value).
 A ``HardwareProfile`` holds the target's surface and, for methods with a draft model, the draft's,
 plus what they were measured on (machine, engine and its build, threads, models and dtypes, when)
 and ``step_overhead_s``: the loop's own time per step beyond its forwards (verification, Python;
-with a draft model also the slowdown of forwards interleaved with the target's).
+with a draft model also the slowdown of forwards interleaved with the target's), with its spread
+and the ``flags`` its fit got when it was made (``tuner.predict.check``).
 ``batches`` (optional): the same surfaces at further batch sizes (every sequence of the batch
 feeds the cell's rows after the cell's context), for predictions per batch size
 (``at_batch``; a roofline writes them, ``tuner.predict.roofline``).
@@ -128,6 +129,11 @@ class HardwareProfile:
     # (batch size, target, draft) ascending: the surfaces per batch size, batch 1 first; empty
     # where only batch 1 was measured (``target`` / ``draft``)
     batches: tuple[tuple[int, CostSurface, CostSurface | None], ...] = ()
+    # the overheads' spread (``tuner.predict.loops.LoopFit.spread``): empty in a profile made
+    # before fits kept it
+    step_overhead_spread_s: Mapping[str, float] = field(default_factory=dict)
+    # why the fit is not to be believed, one line each (``tuner.predict.check.fit_flags``)
+    flags: tuple[str, ...] = ()
 
     def batch_sizes(self) -> tuple[int, ...]:
         return tuple(b for b, _, _ in self.batches) or (1,)
@@ -158,6 +164,7 @@ class HardwareProfile:
         out["batches"] = [{"batch": b, "target": t.to_json(),
                            "draft": d.to_json() if d is not None else None}
                           for b, t, d in self.batches]
+        out["flags"] = list(self.flags)
         return out
 
     def save(self, path: str | Path) -> Path:
@@ -169,7 +176,7 @@ class HardwareProfile:
     def describe(self) -> str:
         what = "an ESTIMATE (roofline, not measured)" if self.kind == "roofline" else "measured"
         return (f"{what} on {self.machine}, engine {self.engine}, {self.threads} threads, "
-                f"made {self.made or '?'}")
+                f"made {self.made or '?'}" + (", FLAGGED when made" if self.flags else ""))
 
 
 def model_key(spec: Mapping[str, Any] | None) -> Any:
@@ -205,6 +212,9 @@ def load_profile(path: str | Path, *, models: Mapping[str, Any] | None = None,
             target=CostSurface.from_json(data["target"]),
             draft=CostSurface.from_json(data["draft"]) if data.get("draft") else None,
             step_overhead_s={k: float(v) for k, v in (data.get("step_overhead_s") or {}).items()},
+            step_overhead_spread_s={k: float(v) for k, v in
+                                    (data.get("step_overhead_spread_s") or {}).items()},
+            flags=tuple(str(f) for f in data.get("flags") or ()),
             made=str(data.get("made", "")), note=str(data.get("note", "")),
             batches=tuple((int(b["batch"]), CostSurface.from_json(b["target"]),
                            CostSurface.from_json(b["draft"]) if b.get("draft") else None)

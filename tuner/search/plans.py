@@ -17,7 +17,10 @@ is being evaluated elsewhere (the next stage depends on their values), or None w
   * ``GridPlan``: every point of a grid (the heuristic ranges, the whole space, or a named grid such
     as Ouroboros Table 9), the default first.
   * ``PredictPlan`` (``search=predict``): a grid ranked by predicted speedup (``tuner.predict``),
-    of which only the default, the best-predicted and a few calibration points are measured.
+    of which only the default, the best-predicted and a few calibration points are measured. The
+    default is measured first, before any ranking (the profile is checked against it); the
+    ranking is then stored in the study (``stored`` / ``restore``), so a resumed study or another
+    worker measures what it chose without ranking again.
 Samplers (TPE, random, NSGA, ...) are Optuna's own, built from the search config.
 """
 
@@ -39,6 +42,7 @@ def point_key(params: Mapping[str, Any]) -> tuple:
 
 class HeuristicPlan:
     holds_default = False       # trial 0 (the method's default) comes on top of the plan's points
+    needs_ranking = False       # its points need no prediction first (PredictPlan's do)
 
     def __init__(self, space: Mapping[str, Mapping[str, Any]], task_class: str, seed: int,
                  default: Mapping[str, Any] | None = None) -> None:
@@ -76,6 +80,8 @@ class HeuristicPlan:
 class GridPlan:
     """``ranges``: ``heuristic`` (Table 10 ranges), ``full`` (the space) or a named grid."""
 
+    needs_ranking = False
+
     def __init__(self, space: Mapping[str, Mapping[str, Any]], default: Mapping[str, Any],
                  ranges: str = "full", task_class: str | None = None) -> None:
         values = search_values(space, ranges, task_class, default)
@@ -103,9 +109,14 @@ class GridPlan:
 
 class PredictPlan:
     """``search=predict``: the grid's points ranked by predicted speedup (``rank``, once the
-    models are loaded), then measured: the default, the ``top`` best-predicted, and ``spread``
+    default is measured), then measured: the default, the ``top`` best-predicted, and ``spread``
     points at even intervals over the rest of the ranking (to calibrate the prediction). Ties in
-    prediction keep the grid's order, so every worker and a resumed study rank alike."""
+    prediction keep the grid's order, so every worker and a resumed study rank alike.
+
+    Before the ranking the plan offers the default only (``WAIT`` while another worker measures
+    it: that worker ranks; None once it is measured but nothing is ranked: the caller ranks);
+    ``refuse(line)`` ends the plan instead (a profile that failed its check against the
+    default, a ranking over the cost cap): ``refused`` holds the line."""
 
     needs_ranking = True
 
@@ -113,10 +124,17 @@ class PredictPlan:
                  ranges: str, task_class: str | None, top: int, spread: int) -> None:
         grid = GridPlan(space, default, ranges, task_class)
         self.points, self.holds_default = grid.points, grid.holds_default
+        self.default = dict(default)
         self.default_key = point_key(default)
         self.top, self.spread = top, spread
         self.chosen: list[tuple[Point, str]] | None = None
         self.predicted: dict[tuple, float] = {}
+        self.refused: str | None = None
+
+    @property
+    def ranked(self) -> bool:
+        """Ranked, or refused: nothing is left to decide before measuring."""
+        return self.chosen is not None or self.refused is not None
 
     def rank(self, predicted: Sequence[float]) -> list[tuple[Point, str]]:
         """``predicted[i]``: point i's predicted speedup (higher is better)."""
@@ -126,7 +144,7 @@ class PredictPlan:
         order = sorted(range(len(self.points)), key=lambda i: -predicted[i])
         rest = [self.points[i] for i in order if point_key(self.points[i]) != self.default_key
                 and predicted[i] > float("-inf")]           # -inf: the method refuses it
-        chosen = [(p, "default") for p in self.points if point_key(p) == self.default_key]
+        chosen = [(self.default, "default")]
         chosen += [(p, "top") for p in rest[: self.top]]
         remaining = rest[self.top:]
         last = len(remaining) - 1           # at even quantiles of the rest, its ends excluded
@@ -141,11 +159,37 @@ class PredictPlan:
         self.chosen = chosen
         return chosen
 
-    def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
-                   ) -> tuple[Point, str] | None:
+    def refuse(self, line: str) -> None:
+        self.refused = line
+
+    def stored(self) -> dict[str, Any]:
+        """What the study keeps (a study user attribute: plain JSON)."""
+        if self.refused is not None:
+            return {"refused": self.refused}
         if self.chosen is None:
-            raise RuntimeError("search=predict: the points are measured after they are ranked "
-                               "(PredictPlan.rank)")
+            raise RuntimeError("search=predict: nothing ranked to store")
+        return {"predicted": [[dict(p), self.predicted.get(point_key(p))] for p in self.points],
+                "chosen": [[dict(p), stage] for p, stage in self.chosen]}
+
+    def restore(self, stored: Mapping[str, Any]) -> None:
+        """The ranking ``stored`` (by this plan's ``stored``, in this study)."""
+        if "refused" in stored:
+            self.refused = str(stored["refused"])
+            return
+        self.predicted = {point_key(p): (float("-inf") if v is None else float(v))
+                          for p, v in stored["predicted"]}
+        self.chosen = [(dict(p), str(stage)) for p, stage in stored["chosen"]]
+
+    def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
+                   ) -> tuple[Point, str] | str | None:
+        if self.refused is not None:
+            return None
+        if self.chosen is None:             # before the ranking: the default, then wait for it
+            if self.default_key in results:     # measured, yet not ranked: the caller ranks
+                return None
+            if self.default_key not in taken:
+                return self.default, "default"
+            return WAIT
         for point, stage in self.chosen:
             key = point_key(point)
             if key not in results and key not in taken:
@@ -153,5 +197,7 @@ class PredictPlan:
         return None
 
     def size(self) -> int:
+        """Points of the grid measured: the top and the spread (fewer on a short grid), and the
+        default where the grid holds it (``Points.limit`` adds it where it does not)."""
         rest = len(self.points) - (1 if self.holds_default else 0)
         return (1 if self.holds_default else 0) + min(rest, self.top + self.spread)

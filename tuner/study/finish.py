@@ -29,6 +29,7 @@ from tuner.predict.predict import calibration, summary_line
 from tuner.predict.served import PREDICTED
 from tuner.search.objectives import objective_values
 from tuner.search.space import active_params
+from tuner.study.cost import record_seconds
 from tuner.study.level_plan import level_schedule
 from tuner.study.level_plan import rows as level_plan_rows
 from tuner.study.record import FIGURES, LEVEL, TrialRecord
@@ -224,7 +225,9 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     params = trial_params(settings, winner)
     best = {"trial": winner.number, "value": winner.values[0], "trials": len(completed(study)),
             "run_id": winner.user_attrs.get("mlflow_run_id")}
+    confirming = time.perf_counter()
     confirmed = confirm(settings, evaluator, params, say)
+    record_seconds(study, "held_out_s", time.perf_counter() - confirming)
     folder = Path(settings.studies_dir) / "best"
     deploy = evaluator.deployment(params, level_winners(settings, study, confirmed))
     per_rate = {rate: decision for rate in rates_of(settings)       # measured rates only

@@ -8,6 +8,8 @@ pruner says stop, the measured prompts are still assessed and recorded, and ``Pr
 is never the winner.
 The objective records on the trial what the report reads later (summary keys, constraints,
 feasibility, drift, contention) and sets the quality constraints with ``Trial.set_constraint``.
+``after_default(trial, pairs)`` runs once the default (stage ``default``, trial 0) is measured,
+before its assessment (``tuner.study.ranking``: the profile's check, search=predict's ranking).
 """
 
 from __future__ import annotations
@@ -63,9 +65,11 @@ class Objective:
     """Measures one trial's point with the evaluator; see the module docstring."""
 
     def __init__(self, settings: StudySettings, evaluator: Evaluator, study: optuna.Study,
-                 progress: Callable[[optuna.Trial, int, int, Paired], None]) -> None:
+                 progress: Callable[[optuna.Trial, int, int, Paired], None],
+                 after_default: Callable[[optuna.Trial, list[Paired]], None] | None = None
+                 ) -> None:
         self.settings, self.evaluator, self.study = settings, evaluator, study
-        self.progress = progress
+        self.progress, self.after_default = progress, after_default
         # one per-request speedup objective: each pair's value is reported to the pruner
         self.fed = settings.objectives[0] if list(settings.objectives) in (
             ["speedup"], ["decode_speedup"]) else None
@@ -88,6 +92,9 @@ class Objective:
                 if done < total and trial.should_prune():
                     pruned = True
                     break
+        if not pruned and self.after_default is not None and \
+                trial.user_attrs.get("stage") == "default":
+            self.after_default(trial, pairs)
         result = self._record(trial, self.evaluator.assess(pairs))
         if pruned:
             TrialRecord(pruned_at=len(pairs)).write(trial)

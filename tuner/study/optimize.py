@@ -45,11 +45,14 @@ POLL_S = 2.0          # how often a worker waiting for other workers' results lo
 
 def optimize(settings: StudySettings, study: optuna.Study, points: Points, objective: Objective,
              callbacks: Callback, say: Callable[[str], None],
-             job_alive: liveness.JobAlive | None = None) -> None:
+             job_alive: liveness.JobAlive | None = None,
+             stop: Callable[[], str | None] = lambda: None) -> str | None:
     """Run trials until the plan is done, the trial budget is spent or the timeout passes.
 
     ``job_alive`` tells the reaper whether another worker's Slurm job is alive (``tuner.run``
     passes ``tuner.cluster.slurm.job_alive_or_none``; the study never imports the launcher).
+    ``stop()``, asked after each trial, returns a line to stop the search with (the cost cap,
+    ``tuner.study.cost``); that line is returned (None when the search ran its course).
     """
     began, timeout = time.monotonic(), settings.search.get("timeout")
     while True:
@@ -57,16 +60,16 @@ def optimize(settings: StudySettings, study: optuna.Study, points: Points, objec
         running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
         used, limit = spent(study), points.limit()
         if used >= limit:
-            return
+            return None
         if timeout and time.monotonic() - began > float(timeout):
             say(f"search.timeout={timeout}s reached: no new trials")
-            return
+            return None
         if used + running >= limit:
             time.sleep(POLL_S)             # the rest is held by other workers
             continue
         claim = points.next_claim()
         if claim is None and not running:
-            return
+            return None
         if not isinstance(claim, Claim):
             if claim != RETRY:
                 time.sleep(POLL_S)         # other workers hold points this plan depends on
@@ -75,6 +78,9 @@ def optimize(settings: StudySettings, study: optuna.Study, points: Points, objec
         # heartbeat would leave a trial that never looks stale
         with liveness.Heartbeat.for_trial(study, claim.trial):
             run_trial(settings, study, claim, objective, callbacks)
+        reason = stop()
+        if reason is not None:
+            return reason
 
 
 def run_trial(settings: StudySettings, study: optuna.Study, claim: Claim, objective: Objective,

@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, PredictPlan, point_key
 from tuner.search.space import suggest
 from tuner.study.holding import enqueue, held_point
+from tuner.study.ranking import restore
 from tuner.study.record import TrialRecord
 from tuner.study.trials import counts, dead_trials
 
@@ -85,6 +86,7 @@ class Points:
         or None (the plan is done)."""
         if self.plan is not None and \
                 not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            restore(self.plan, self.study)      # search=predict: a ranking made by trial 0
             step = self.plan.next_point(*self.results_and_held())
             if step is None or step == WAIT:
                 return step

@@ -10,11 +10,13 @@ from tuner.tracking.callbacks import Callback, TrialOutcome
 
 class ConsoleProgress(Callback):
     """Prints what happens (``say`` is ``print`` with flush by default): per trial its place in
-    the search and an estimate of the time left (from this process's trials so far), per prompt
-    pair its speed, per trial its result."""
+    the search and an estimate of the time left (``cost``: ``tuner.study.cost.SearchCost``, from
+    the study's finished trials and the finish; without it from this process's trials), per
+    prompt pair its speed, per trial its result."""
 
-    def __init__(self, say: Callable[[str], None], study: Any = None, limit: int = 0) -> None:
-        self.say, self.study, self.limit = say, study, limit
+    def __init__(self, say: Callable[[str], None], study: Any = None, limit: int = 0,
+                 cost: Any = None) -> None:
+        self.say, self.study, self.limit, self.cost = say, study, limit, cost
         self.settings = None
         self.durations: list[float] = []
         self.began = 0.0
@@ -27,7 +29,9 @@ class ConsoleProgress(Callback):
         place = spent(self.study) + 1 if self.study is not None else trial.number + 1
         left = max(self.limit - place + 1, 1)
         eta = ""
-        if self.durations:
+        if self.cost is not None:          # tuner.study.cost: the study's trials, the finish
+            eta = self.cost.progress()
+        elif self.durations:
             mean = sum(self.durations) / len(self.durations)
             eta = f", ~{_minutes(mean * left)} left at {_minutes(mean)} per trial"
         self.say(f"trial {trial.number} [{stage}] {dict(params)} ({place} of at most "

@@ -1,0 +1,129 @@
+"""Is a hardware profile to be believed? Two checks, one when it is made, one in every study.
+
+1. **The fit** (``fit_flags``, when ``python -m tuner.profile`` makes it). The loops' per-step
+   overheads are differences of two large sums (a run's wall time − its forwards' price), so a
+   few seconds of other work on the machine become an additive error on every step's price. A
+   fit is flagged when
+     * other processes used more than ``BUSY_THRESHOLD`` of our CPUs during any timed run or
+       round of cells (``tuner.predict.loops.LoopFit.busy``);
+     * a loop's fitted overhead is uncertain by more than ``SPREAD_BOUND`` of the price of its
+       step (``LoopFit.spread``: the standard error over rounds; a quiet 2-core CPU gave
+       2–4 %, where single runs of 2.5 s there differ by up to 20 %);
+   No bound is put on the overhead's size: it is the loop's own cost beyond its forwards, which
+   is large where the loop is host-bound (our vanilla loop on the H200 took 36.7 ms per token
+   against a 19 ms forward) or the model tiny (a random 2-layer model: +36 %).
+2. **Against trial 0** (``vanilla_check``, after a study's first trial, before anything is
+   ranked by the profile). The profile's price of vanilla per decoded token and the trial's
+   measured vanilla time per decoded token (the decode phase: every step after the first, so
+   neither the prefill nor a generation's fixed set-up weighs on short generations), each
+   divided by the target's 1-row forward at the same context — the
+   profile's own cell, and the same cell timed now beside the trial — must agree within
+   ``VANILLA_CHECK_BOUND``. Dividing by the forward timed now makes the check blind to a machine
+   that is uniformly faster or slower than when the profile was made (predicted speedups are
+   ratios: they survive that), and sharp on what breaks them: a per-step overhead that is not
+   the loop's. Nothing is rescaled: a profile that fails is not used, and the study says so.
+   Under ``MIN_CHECK_S`` of measured decoding (tiny test models, a handful of tokens: the
+   timing is noise) the check says so and judges nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from tuner.predict.loops import BUSY_THRESHOLD
+
+if TYPE_CHECKING:
+    from tuner.predict.loops import LoopFit
+    from tuner.predict.surface import HardwareProfile
+
+SPREAD_BOUND = 0.10          # of a loop's priced step: its overhead's standard error
+VANILLA_CHECK_BOUND = 0.10   # |trial 0's vanilla per token / the profile's − 1|, per forward
+MIN_CHECK_S = 1.0            # trial 0's vanilla decode seconds below which nothing is judged
+
+
+def fit_flags(fit: LoopFit) -> list[str]:
+    """One line per reason not to believe ``fit`` (empty: believed)."""
+    flags = []
+    if fit.busy:
+        flags.append(f"other processes used more than {BUSY_THRESHOLD:.0%} of the CPUs during "
+                     f"{len(fit.busy)} timed part(s) of the profile, e.g. {fit.busy[0]}")
+    for loop in fit.samples:
+        spread, step = fit.spread(loop), fit.step_s[loop]
+        if spread > SPREAD_BOUND * step:
+            flags.append(f"{loop}'s fitted overhead is uncertain by ±{1e3 * spread:.1f} ms per "
+                         f"step (standard error over rounds), {spread / step:.0%} of its step's "
+                         f"forwards ({1e3 * step:.1f} ms; bound {SPREAD_BOUND:.0%})")
+    return flags
+
+
+@dataclass(frozen=True)
+class VanillaGeneration:
+    """Trial 0's vanilla run on one prompt, its decode phase (every step after the first: the
+    prefill and a generation's fixed set-up left out), and the 1-row forward timed beside it."""
+
+    prompt_len: int             # prompt tokens
+    decode_tokens: int          # tokens vanilla generated after its first step
+    decode_s: float             # their measured seconds
+    one_row_s: float            # a 1-row forward after ``context()`` cached tokens, timed now
+
+    def context(self) -> int:
+        """The decode phase's middle: where its 1-row forwards are compared."""
+        return self.prompt_len + 1 + self.decode_tokens // 2
+
+
+@dataclass(frozen=True)
+class VanillaCheck:
+    """The profile's vanilla against trial 0's, per 1-row forward (module docstring)."""
+
+    priced: float               # the profile's vanilla seconds per token / its 1-row forward
+    measured: float             # trial 0's vanilla seconds per token / the 1-row forward now
+    seconds: float              # trial 0's vanilla decode seconds the check rests on
+    bound: float = VANILLA_CHECK_BOUND
+
+    @property
+    def error(self) -> float:
+        return self.measured / self.priced - 1.0
+
+    @property
+    def decisive(self) -> bool:
+        """Enough measured decoding to judge by (``MIN_CHECK_S``)."""
+        return self.seconds >= MIN_CHECK_S
+
+    @property
+    def ok(self) -> bool:
+        """Not refused: within the bound, or too little measured to judge."""
+        return not self.decisive or abs(self.error) <= self.bound
+
+    def line(self, profile_name: str) -> str:
+        head = (f"profile check: {profile_name} prices vanilla at {self.priced:.3f} 1-row "
+                f"forwards per token, trial 0 measured {self.measured:.3f} ({self.error:+.1%}")
+        if not self.decisive:
+            return (f"{head}; not judged: trial 0's vanilla decoded for {self.seconds:.2f} s, "
+                    f"under the {MIN_CHECK_S:g} s a judgement needs: the profile is used "
+                    "unchecked)")
+        verdict = "within" if self.ok else "BEYOND"
+        return f"{head}, {verdict} the ±{self.bound:.0%} bound)"
+
+    def to_json(self) -> dict[str, float | bool]:
+        return {"priced": self.priced, "measured": self.measured, "error": self.error,
+                "seconds": self.seconds, "bound": self.bound, "decisive": self.decisive,
+                "ok": self.ok}
+
+
+def vanilla_check(profile: HardwareProfile, runs: Sequence[VanillaGeneration],
+                  bound: float = VANILLA_CHECK_BOUND) -> VanillaCheck:
+    """Trial 0's vanilla decode phases ``runs`` against ``profile``'s price of the same steps
+    (each a 1-row forward after the tokens before it, plus vanilla's overhead)."""
+    from tuner.predict.predict import priced
+    runs = [r for r in runs if r.decode_tokens > 0]
+    if not runs:
+        raise ValueError("no vanilla decode step to check the profile against")
+    overhead = profile.step_overhead_s.get("vanilla", 0.0)
+    target = profile.target
+    price = sum(priced(target.step_s(r.prompt_len + i, 1), overhead)
+                for r in runs for i in range(r.decode_tokens))
+    price_units = sum(r.decode_tokens * target.step_s(r.context(), 1) for r in runs)
+    measured = sum(r.decode_s for r in runs)
+    measured_units = sum(r.decode_tokens * r.one_row_s for r in runs)
+    return VanillaCheck(price / price_units, measured / measured_units, measured, bound)

@@ -1,0 +1,122 @@
+"""What a study does once its default (trial 0) is measured, before any other point: check the
+hardware profile against it and, for ``search=predict``, rank the grid by that profile.
+
+  * ``search.profile`` (any search in our own loops): the profile's price of vanilla against
+    trial 0's measured vanilla (``tuner.predict.check.vanilla_check``). The verdict is kept in the
+    study (``PROFILE_CHECK``), so every worker and a resumed study read it instead of checking
+    again. A profile beyond the bound is not used: no trial records a prediction by it, and
+    ``search=predict`` stops after trial 0 with one line (``ConfigError``): ranking by a profile
+    known to misprice, or running the whole grid instead, could each cost the user far more than
+    making the profile again (a few minutes).
+  * ``search=predict``: the ranking's cost is estimated again with trial 0's measured method time
+    (``tuner.study.cost``) and refused over the cap; then every point is predicted
+    (``evaluator.predict_points``), ranked, and the ranking stored in the study (``RANKING``)
+    before trial 0 is told complete. Other workers wait for it (the plan says WAIT while trial 0
+    runs) and a resumed study restores it (``restore``): neither ranks again. If this worker dies
+    while ranking, trial 0 is re-queued by the reaper and whoever measures it again ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from tuner.search.plans import point_key
+from tuner.study.cost import RANKING_S
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.measure.evaluator import Evaluator, Paired
+    from tuner.study.cost import SearchCost
+    from tuner.study.settings import StudySettings
+
+PROFILE_CHECK = "profile_check"      # study user attr: the check's record (tuner.predict.check)
+RANKING = "predict_ranking"          # study user attr: PredictPlan.stored()
+
+
+def restore(plan: Any, study: optuna.Study) -> None:
+    """A ranking plan's stored ranking (or refusal), where the study holds one."""
+    if plan is not None and plan.needs_ranking and not plan.ranked:
+        stored = study.user_attrs.get(RANKING)
+        if stored:
+            plan.restore(stored)
+
+
+def profile_refused(study: optuna.Study) -> str | None:
+    """The line of a profile check that failed in this study, else None."""
+    record = study.user_attrs.get(PROFILE_CHECK) or {}
+    return record.get("line") if record.get("ok") is False else None
+
+
+class AfterDefault:
+    """``Objective``'s ``after_default`` hook (module docstring)."""
+
+    def __init__(self, settings: StudySettings, study: optuna.Study, plan: Any,
+                 evaluator: Evaluator, cost: SearchCost, say: Callable[[str], None]) -> None:
+        self.settings, self.study, self.plan = settings, study, plan
+        self.evaluator, self.cost, self.say = evaluator, cost, say
+
+    def __call__(self, trial: optuna.Trial, pairs: Sequence[Paired]) -> None:
+        record = self.check_profile(pairs)
+        restore(self.plan, self.study)
+        if self.plan is None or not self.plan.needs_ranking or self.plan.ranked:
+            return
+        if record is not None and record.get("ok") is False:
+            self.plan.refuse(
+                f"search=predict stops after trial 0: {record['line']}; ranking by it would "
+                "misprice every point. Make the profile again on a quiet machine (python -m "
+                "tuner.profile; check uptime first), or measure the same points with "
+                "search=grid")
+        else:
+            # an untimed run per point: the method's side of trial 0 (one request at a time)
+            refusal = self.cost.ranking_refusal(sum(p.method.wall_s for p in pairs))
+            if refusal is not None:
+                self.plan.refuse(refusal)
+            else:
+                trial.set_user_attr(RANKING_S, rank(self.plan, self.evaluator, self.say))
+        self.study.set_user_attr(RANKING, self.plan.stored())
+
+    def check_profile(self, pairs: Sequence[Paired]) -> dict[str, Any] | None:
+        """The profile's check against this trial 0 (stored; said in one line), or the stored
+        one where a trial 0 measured earlier was checked already."""
+        s = self.settings
+        if s.profile is None:
+            return None
+        stored = self.study.user_attrs.get(PROFILE_CHECK)
+        if stored is not None:
+            return stored
+        name = f"search.profile={s.search.get('profile')}"
+        try:
+            check = self.evaluator.check_profile(pairs)
+        except Exception as err:          # noqa: BLE001 - a check never fails the trial
+            self.say(f"profile check failed ({type(err).__name__}: {err}): {name} is used "
+                     "unchecked")
+            return None
+        if check is None:
+            return None
+        record = {**check.to_json(), "line": check.line(name)}
+        self.study.set_user_attr(PROFILE_CHECK, record)
+        if check.ok:
+            self.say(record["line"])
+        else:
+            self.say(f"{record['line']}: this study does not use it (no trial records a "
+                     "prediction by it); make it again on a quiet machine")
+            self.evaluator.refuse_profile(record["line"])
+        return record
+
+
+def rank(plan: Any, evaluator: Evaluator, say: Callable[[str], None]) -> float:
+    """``search=predict``: every grid point's predicted speedup (``evaluator.predict_points``),
+    ranked; says which points the plan will measure; returns the seconds it took."""
+    say(f"search=predict: predicting {len(plan.points)} points (acceptance replayed, or from "
+        "one untimed run per point) ...")
+    start = time.perf_counter()
+    predicted = evaluator.predict_points(plan.points)
+    chosen = plan.rank(predicted)
+    seconds = time.perf_counter() - start
+    say(f"predicted in {seconds:.1f} s; measuring " + ", ".join(
+        f"{dict(point)} ({stage}" + (f", predicted {plan.predicted[point_key(point)]:.3f}x)"
+                                     if point_key(point) in plan.predicted else ")")
+        for point, stage in chosen))
+    return seconds
