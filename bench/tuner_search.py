@@ -1,135 +1,193 @@
-"""Benchmark of the tuner's searches: heuristic vs grid vs TPE with Wilcoxon pruning.
+"""Benchmark of what a user waits for: every search run for real, end to end, on one grid.
 
-1. Measure the full grid once, on real wall-clock, with the tuner itself::
+    python bench/tuner_search.py --method ouroboros --range num_draft_tokens=2:5 \
+        --range window=14:15 --range phrase_length=6:7 --profile profiles/smollm2-cpu.json \
+        --tpe-trials 8 --retest 3 --work /tmp/bench-search \
+        --json bench/results_search_ouroboros_cpu.json
 
-       python -m tuner +task=gsm8k method=ouroboros search=grid budget=full task.n_prompts=4 \
-           task.max_new_tokens=12 tracking=none study_name=bench-grid search.n_trials=200
+Every search (grid, heuristic, TPE with the paired pruner, TPE without pruning, search=predict)
+is one ``python -m tuner +task=gsm8k method=<m> budget=full task.n_prompts=4 task.n_held_out=2
+task.max_new_tokens=32`` process on the same narrowed space (each ``--range`` sets the
+parameter's space and its heuristic range alike, so the grid, the heuristic, the TPE sampler and
+search=predict all search the same points), one after the other on a quiet machine. Reported per
+search:
 
-2. Replay the other searches on that measured table::
+  * **end to end**: the process's wall time, as a user waits for it (imports, model load, the
+    ranking, trials, the finish with its held-out confirmation); search=predict's profile is
+    made once per machine (``--profile``; its making time is reported beside, from the profile
+    run when ``--make-profile`` makes it here);
+  * **the search's own time**: end to end minus what every search pays alike, the model load
+    (``phase_seconds.open_s``) and the held-out confirmation (``held_out_s``), both recorded by
+    the study itself;
+  * trials run (pruned ones counted), the winner and its held-out speedup, beside the grid
+    winner's held-out speedup and its test–retest spread (``--retest`` fresh replays of the grid
+    winner, ``python -m tuner ... +best=<grid study>``: min, max and the spread of the held-out
+    measurement itself).
 
-       python bench/tuner_search.py --journal studies/bench-grid.journal [--tpe-trials 20]
-
-With ``search.profile=<profile>`` on the grid study every trial also records its predicted
-speedup and the seconds its prediction took (``prediction_s``: the replay, or the untimed traced
-run of a method that does not replay), and ``search=predict`` is replayed too: it pays the
-prediction of every grid point, then the measured time of the default, the ``--top`` best
-predicted and ``--spread`` spread points, and picks the best measured of them. The prediction's
-own seconds are taken out of each grid point's time. ``--ranges-from-table`` rebuilds the
-heuristic ranges from the values the grid measured (a grid run with narrowed
-``method.space.*.heuristic`` ranges), so every search draws from the same points.
-
-Every grid point has a measured objective (paired geometric-mean speedup over the tuning prompts),
-its per-prompt speedups and the wall-clock the tuner spent on it. A replayed search pays the
-measured time of each point it evaluates (a pruned trial pays the fraction of prompts it measured)
-and ends with the point it would pick (best completed, non-pruned trial). We report the grid value of
-that point as a fraction of the grid's optimum, against the fraction of the grid's wall-clock spent.
-Replaying on one table removes run-to-run noise from the comparison; the searches' own logic
-(``tuner.search.plans.HeuristicPlan``, Optuna's TPESampler + WilcoxonPruner) runs unchanged.
+A second, labelled column replays heuristic, TPE and search=predict on the grid study's measured
+table (``replay_*``: no run-to-run noise, each point's time as the grid measured it; predict
+ranks by the grid trials' own predictions when the grid ran with ``--grid-profile``). The grid's
+per-prompt paired speedups are written to the JSON (``points[].per_prompt``) for
+``bench/pruner_resample.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
 import yaml
 from optuna.trial import TrialState
 
-from tuner.search.plans import HeuristicPlan, PredictPlan, point_key
-from tuner.search.space import search_values
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.search.plans import HeuristicPlan, PredictPlan, point_key  # noqa: E402
+from tuner.search.space import search_values  # noqa: E402
+
+BASE = ["+task=gsm8k", "budget=full", "task.n_prompts=4", "task.n_held_out=2",
+        "task.max_new_tokens=32", "tracking=none"]
 
 
-def load_table(journal: Path) -> tuple[dict, str]:
+# -- the real searches ----------------------------------------------------------------------------
+
+def range_overrides(ranges: list[str], method: dict) -> list[str]:
+    """``name=lo:hi`` (an int range) or ``name=a,b,c`` (values): the space and its heuristic
+    range (both task classes) narrowed alike."""
+    out = []
+    for item in ranges:
+        name, _, value = item.partition("=")
+        spec = method["space"][name]
+        if spec.get("type") == "int":
+            lo, _, hi = value.partition(":")
+            out += [f"method.space.{name}.low={lo}", f"method.space.{name}.high={hi}",
+                    f"method.space.{name}.heuristic.LH=[{lo},{hi}]",
+                    f"method.space.{name}.heuristic.HH=[{lo},{hi}]"]
+        else:
+            values = value.split(",")
+            listed = "[" + ",".join(values) + "]"
+            if spec.get("type") == "categorical":
+                out.append(f"method.space.{name}.choices={listed}")
+            out += [f"method.space.{name}.heuristic.LH={listed}",
+                    f"method.space.{name}.heuristic.HH={listed}"]
+    return out
+
+
+def run_tuner(work: Path, name: str, overrides: list[str], log: Path) -> float:
+    """One ``python -m tuner`` process in ``work``; its wall time (its output goes to ``log``)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "tuner", *BASE, f"study_name={name}", *overrides]
+    start = time.perf_counter()
+    with log.open("w") as out:
+        out.write(" ".join(command) + "\n")
+        out.flush()
+        done = subprocess.run(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed (exit {done.returncode}): see {log}")
+    return seconds
+
+
+def load_study(work: Path, name: str) -> optuna.Study:
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
-        str(journal)))
-    name = optuna.get_all_study_names(storage)[0]
-    study = optuna.load_study(study_name=name, storage=storage)
+        str(work / "studies" / f"{name}.journal")))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def search_record(work: Path, name: str, wall: float) -> dict:
+    """What one real search cost and found."""
+    study = load_study(work, name)
+    phases = study.user_attrs.get("phase_seconds") or {}
+    opened = sum(phases.get("open_s", []))
+    held_out = sum(phases.get("held_out_s", []))
+    best = yaml.safe_load((work / "studies" / "best" / f"{name}.yaml").read_text())
+    replay = best.get("replay") or {}
+    trials = study.get_trials(deepcopy=False)
+    winner = next(t for t in trials if t.number == replay.get("trial"))
+    return {"study": name, "end_to_end_s": wall, "open_s": opened, "held_out_s": held_out,
+            "search_s": wall - opened - held_out,
+            "ranking_s": sum(float(t.user_attrs.get("ranking_s") or 0) for t in trials),
+            "trials": sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials),
+            "pruned": sum(t.state == TrialState.PRUNED for t in trials),
+            "winner": dict(winner.params), "winner_tuning": replay.get("tuning_speedup"),
+            "winner_held_out": replay.get("held_out_speedup"),
+            "profile_check": study.user_attrs.get("profile_check")}
+
+
+def retest(work: Path, grid: str, method: str, n: int, log: Path) -> list[float]:
+    """``n`` fresh held-out measurements of the grid's winner (``+best=<grid study>``)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    values = []
+    for i in range(n):
+        command = [sys.executable, "-m", "tuner", "+task=gsm8k", f"method={method}",
+                   f"+best={grid}", "tracking=none"]
+        with log.open("a") as out:
+            done = subprocess.run(command, cwd=work, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+            out.write(done.stdout)
+        line = next((x for x in done.stdout.splitlines()
+                     if x.startswith("replay: held-out speedup ")), None)
+        if done.returncode or line is None:
+            raise SystemExit(f"replay {i + 1} of {grid} failed: see {log}")
+        values.append(float(line.split()[3].rstrip("x")))
+    return values
+
+
+# -- the replays on the grid's table (the labelled second column) ---------------------------------
+
+def load_table(study: optuna.Study) -> dict:
     table = {}
     for t in study.get_trials(states=(TrialState.COMPLETE,)):
         predicting = float(t.user_attrs.get("prediction_s") or 0.0)
         seconds = (t.datetime_complete - t.datetime_start).total_seconds() - predicting
         table[point_key(t.params)] = {"value": t.values[0], "seconds": seconds,
-                                      "per_prompt": dict(t.intermediate_values),
+                                      "per_prompt": {int(k): v for k, v in
+                                                     t.intermediate_values.items()},
                                       "predicted": t.user_attrs.get("predicted_speedup"),
                                       "prediction_s": predicting,
                                       "by_replay": t.user_attrs.get("predicted_by_replay"),
                                       "stage": t.user_attrs.get("stage")}
-    return table, name
-
-
-def ranges_from_table(table, space, default, task_class):
-    """The method's space with each parameter's heuristic range set to the values the grid
-    measured (the default's own point left out where the grid held it as an extra)."""
-    keys = [k for k in table if k != point_key(default)] or list(table)
-    out = {}
-    for name, spec in space.items():
-        values = sorted({dict(k)[name] for k in keys if name in dict(k)})
-        spec = dict(spec)
-        if values:
-            spec["heuristic"] = {**spec.get("heuristic", {}), task_class: [values[0], values[-1]]}
-        out[name] = spec
-    return out
-
-
-def replay_predict(table, space, default, task_class, top, spread, history=False):
-    """search=predict on the measured table: every point's prediction paid, then the measured
-    points (with, for a method whose history carries across prompts, ``history``, each one's
-    untimed run again in its trial's order); the pick is the best measured of them. The
-    predictions ranked by are the grid trials' own, each made in its trial's order of the
-    prompts: a real run ranks in one order (see docs/benchmarks.md)."""
-    plan = PredictPlan(space, default, "heuristic", task_class, top, spread)
-    points = [p for p in plan.points if point_key(p) in table]
-    plan.points = points
-    chosen = plan.rank([table[point_key(p)]["predicted"] for p in points])
-    if point_key(default) in table and all(point_key(p) != point_key(default) for p, _ in chosen):
-        chosen = [(default, "default")] + chosen      # the default, measured first in any case
-    seconds = sum(r["prediction_s"] for r in table.values())
-    seconds += sum(table[point_key(p)]["seconds"] for p, _ in chosen)
-    if history:
-        seconds += sum(table[point_key(p)]["prediction_s"] for p, _ in chosen
-                       if not table[point_key(p)]["by_replay"])
-    best = max((point_key(p) for p, _ in chosen), key=lambda k: table[k]["value"])
-    return best, seconds, len(chosen)
-
-
-def calibration(table):
-    """Predicted vs measured over the grid: median |predicted / measured − 1|, Spearman ρ."""
-    from tuner.predict.predict import calibration as calibrate
-    rows = [(r["predicted"], r["value"]) for r in table.values() if r["predicted"] is not None]
-    return calibrate(rows) if rows else None
+    return table
 
 
 def replay_heuristic(table, space, default, task_class, seed):
     results = {point_key(default): table[point_key(default)]["value"]}
     seconds = table[point_key(default)]["seconds"]
-    plan = HeuristicPlan(space, task_class, seed)
+    plan = HeuristicPlan(space, task_class, seed, default)
     while (step := plan.next_point(results)) is not None:
         key = point_key(step[0])
         results[key] = table[key]["value"]
         seconds += table[key]["seconds"]
-    best = max(results, key=results.get)
-    return best, seconds, len(results)
+    return max(results, key=results.get), seconds, len(results)
 
 
 def replay_tpe(table, space, default, task_class, seed, n_trials, prune=True):
+    """TPE over the table's points (integer and categorical parameters), pruned by the paired
+    pruner on the recorded per-prompt values in a seeded order."""
+    from tuner.search.pruners import PairedPruner
     values = search_values(space, "heuristic", task_class)
-    dists = {k: optuna.distributions.IntDistribution(min(v), max(v)) for k, v in values.items()}
-    pruner = optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2) if prune \
-        else optuna.pruners.NopPruner()
-    study = optuna.create_study(direction="maximize", pruner=pruner,
+    dists = {k: (optuna.distributions.IntDistribution(min(v), max(v)) if all(
+        isinstance(x, int) and not isinstance(x, bool) for x in v) else
+        optuna.distributions.CategoricalDistribution(v)) for k, v in values.items()}
+    study = optuna.create_study(direction="maximize",
+                                pruner=PairedPruner() if prune else optuna.pruners.NopPruner(),
                                 sampler=optuna.samplers.TPESampler(seed=seed))
     study.enqueue_trial(default)
     seconds, complete = 0.0, {}
     for number in range(n_trials):
         trial = study.ask(dists)
-        key = point_key(trial.params)
-        row = table[key]
+        row = table.get(point_key(trial.params))
+        if row is None:                          # a point the grid did not hold
+            study.tell(trial, state=TrialState.FAIL)
+            continue
         steps = sorted(row["per_prompt"])
         random.Random(f"{seed}-{number}").shuffle(steps)
         measured = []
@@ -139,81 +197,156 @@ def replay_tpe(table, space, default, task_class, seed, n_trials, prune=True):
             if len(measured) < len(steps) and trial.should_prune():
                 break
         seconds += row["seconds"] * len(measured) / len(steps)
-        value = statistics.geometric_mean(measured)
-        study.tell(trial, value)
-        if len(measured) == len(steps):
-            complete[key] = value
-    best = max(complete, key=complete.get)
-    return best, seconds, n_trials
+        if len(measured) < len(steps):
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        study.tell(trial, statistics.geometric_mean(measured))
+        complete[point_key(trial.params)] = row["value"]
+    return max(complete, key=complete.get), seconds, n_trials
 
+
+def replay_predict(table, space, default, task_class, top, spread):
+    """search=predict on the table: the default measured first, every other point predicted
+    (its grid trial's own prediction: each in that trial's order of the prompts, where a real
+    search ranks in one order), the chosen points measured."""
+    plan = PredictPlan(space, default, "heuristic", task_class, top, spread)
+    plan.points = [p for p in plan.points if point_key(p) in table]
+    chosen = plan.rank([table[point_key(p)]["predicted"] for p in plan.points])
+    seconds = sum(r["prediction_s"] for k, r in table.items() if k != point_key(default))
+    seconds += sum(table[point_key(p)]["seconds"] for p, _ in chosen)
+    best = max((point_key(p) for p, _ in chosen), key=lambda k: table[k]["value"])
+    return best, seconds, len(chosen)
+
+
+def replays(table, space, default, task_class, seeds, tpe_trials, top, spread) -> dict:
+    grid_s = sum(r["seconds"] for r in table.values())
+    optimum = max(r["value"] for r in table.values())
+    rows = {"heuristic": [replay_heuristic(table, space, default, task_class, s)
+                          for s in range(seeds)],
+            "tpe (paired pruner)": [replay_tpe(table, space, default, task_class, s,
+                                               tpe_trials) for s in range(seeds)],
+            "tpe (no pruning)": [replay_tpe(table, space, default, task_class, s, tpe_trials,
+                                            prune=False) for s in range(seeds)]}
+    if all(r["predicted"] is not None for r in table.values()):
+        rows["predict"] = [replay_predict(table, space, default, task_class, top, spread)]
+    out = {}
+    for label, runs in rows.items():
+        out[label] = {"reached": statistics.mean(table[b]["value"] / optimum for b, _, _ in runs),
+                      "reached_min": min(table[b]["value"] / optimum for b, _, _ in runs),
+                      "time_fraction": statistics.mean(s / grid_s for _, s, _ in runs),
+                      "evaluations": statistics.mean(n for _, _, n in runs)}
+    return out
+
+
+def narrowed_space(method: dict, ranges: list[str]) -> dict:
+    """The method's space as ``range_overrides`` narrows it (for the replays)."""
+    space = {k: dict(v) for k, v in method["space"].items()}
+    for item in ranges:
+        name, _, value = item.partition("=")
+        spec = space[name]
+        if spec.get("type") == "int":
+            lo, _, hi = value.partition(":")
+            spec.update(low=int(lo), high=int(hi), heuristic={"LH": [int(lo), int(hi)],
+                                                              "HH": [int(lo), int(hi)]})
+        else:
+            values = [yaml.safe_load(v) for v in value.split(",")]
+            if spec.get("type") == "categorical":
+                spec["choices"] = values
+            spec["heuristic"] = {"LH": values, "HH": values}
+    return space
+
+
+# -- main -------------------------------------------------------------------------------------------
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--journal", type=Path, required=True)
     parser.add_argument("--method", default="ouroboros")
-    parser.add_argument("--task-class", default="LH")
-    parser.add_argument("--tpe-trials", type=int, default=20)
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--top", type=int, default=3, help="search=predict: best predicted")
-    parser.add_argument("--spread", type=int, default=2, help="search=predict: spread points")
-    parser.add_argument("--ranges-from-table", action="store_true")
-    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument("--range", action="append", default=[], dest="ranges",
+                        help="name=lo:hi or name=a,b,c (repeat)")
+    parser.add_argument("--profile", type=Path, required=True, help="search=predict's profile")
+    parser.add_argument("--profile-seconds", type=float, default=None,
+                        help="what making --profile took (reported beside search=predict)")
+    parser.add_argument("--grid-profile", action="store_true",
+                        help="the grid study records predictions too (for the predict replay)")
+    parser.add_argument("--tpe-trials", type=int, default=8)
+    parser.add_argument("--top", type=int, default=3)
+    parser.add_argument("--spread", type=int, default=2)
+    parser.add_argument("--retest", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=10, help="replays: seeds")
+    parser.add_argument("--searches", nargs="+",
+                        default=["grid", "heuristic", "tpe", "tpe_unpruned", "predict"])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     method = yaml.safe_load((ROOT / "conf" / "method" / f"{args.method}.yaml").read_text())
-    space, default = method["space"], {k: method["params"][k] for k in method["space"]}
-    table, name = load_table(args.journal)
-    if args.ranges_from_table:
-        space = ranges_from_table(table, space, default, args.task_class)
-    grid_seconds = sum(r["seconds"] for r in table.values())
-    optimum = max(r["value"] for r in table.values())
-    best_point = max(table, key=lambda k: table[k]["value"])
-    print(f"# study {name}: {len(table)} grid points measured in {grid_seconds:.0f} s; optimum "
-          f"{optimum:.3f} at {dict(best_point)}; default {table[point_key(default)]['value']:.3f}")
-    print(f"{'search':<28} {'evaluations':>11} {'time (of grid)':>15} {'optimum reached':>16}")
-    print(f"{'grid (Table 9 style)':<28} {len(table):>11} {'100.0 %':>15} {'100.0 %':>16}")
-    rows = {"heuristic (Algorithm 1)": [replay_heuristic(table, space, default, args.task_class,
-                                                         seed) for seed in range(args.seeds)]}
-    integers = all(isinstance(v, int) and not isinstance(v, bool) for values in search_values(
-        space, "heuristic", args.task_class).values() for v in values)
-    if integers:                     # the TPE replay draws integer parameters only
-        rows[f"TPE + Wilcoxon ({args.tpe_trials})"] = [replay_tpe(
-            table, space, default, args.task_class, seed, args.tpe_trials)
-            for seed in range(args.seeds)]
-        rows[f"TPE, no pruning ({args.tpe_trials})"] = [replay_tpe(
-            table, space, default, args.task_class, seed, args.tpe_trials, prune=False)
-            for seed in range(args.seeds)]
-    calib = calibration(table)
-    if calib is not None and all(r["predicted"] is not None for r in table.values()):
-        rows[f"search=predict (top {args.top}, spread {args.spread})"] = [replay_predict(
-            table, space, default, args.task_class, args.top, args.spread,
-            history=bool(method["params"].get("reuse_history", False)))]
-    results = {"study": name, "grid_points": len(table), "grid_seconds": grid_seconds,
-               "optimum": optimum, "optimum_at": dict(best_point), "searches": {}}
-    for label, runs in rows.items():
-        reached = [table[best]["value"] / optimum for best, _, _ in runs]
-        spent = [seconds / grid_seconds for _, seconds, _ in runs]
-        evaluations = statistics.mean(n for _, _, n in runs)
-        print(f"{label:<28} {evaluations:>11.1f} {100 * statistics.mean(spent):>13.1f} % "
-              f"{100 * statistics.mean(reached):>8.1f} % (min {100 * min(reached):.1f} %)")
-        results["searches"][label] = {"evaluations": evaluations,
-                                      "time_fraction": statistics.mean(spent),
-                                      "reached": statistics.mean(reached),
-                                      "reached_min": min(reached)}
-    if calib is not None:
-        predicting = sum(r["prediction_s"] for r in table.values())
-        print(f"prediction over the grid ({len(table)} points): median error "
-              f"{100 * calib['median_abs_error']:.1f} %, Spearman "
-              f"{calib['spearman'] if calib['spearman'] is None else round(calib['spearman'], 2)}"
-              f"; predicting every point took {predicting:.0f} s "
-              f"({100 * predicting / grid_seconds:.1f} % of the grid's time)")
-        results["calibration"] = calib
-        results["prediction_seconds"] = predicting
-        results["points"] = [{"params": dict(k), **{f: v for f, v in r.items()
-                                                     if f != "per_prompt"}}
-                             for k, r in table.items()]
+    args.work.mkdir(parents=True, exist_ok=True)
+    narrow = [f"method={args.method}", *range_overrides(args.ranges, method)]
+    profile = str(args.profile.resolve())
+    searches = {
+        "grid": ["search=grid", "search.ranges=heuristic", "search.n_trials=1000"] +
+                ([f"search.profile={profile}"] if args.grid_profile else []),
+        "heuristic": ["search=heuristic"],
+        "tpe": ["search=tpe", f"search.n_trials={args.tpe_trials}"],
+        "tpe_unpruned": ["search=tpe", f"search.n_trials={args.tpe_trials}",
+                         "search.pruner=null"],
+        "predict": ["search=predict", f"search.profile={profile}", f"search.top={args.top}",
+                    f"search.spread={args.spread}"]}
+    tag = f"{args.method}-{int(time.time())}"
+    results = {"method": args.method, "ranges": args.ranges, "base": BASE,
+               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "profile": {"path": str(args.profile), "made_s": args.profile_seconds},
+               "searches": {}}
+    for name in args.searches:
+        study = f"{tag}-{name}"
+        print(f"# {name}: {study} ...", flush=True)
+        wall = run_tuner(args.work, study, [*narrow, *searches[name]],
+                         args.work / f"{study}.log")
+        results["searches"][name] = record = search_record(args.work, study, wall)
+        print(f"  end to end {wall:.0f} s, search {record['search_s']:.0f} s, "
+              f"{record['trials']} trials ({record['pruned']} pruned), winner "
+              f"{record['winner']} held out {record['winner_held_out']:.3f}x", flush=True)
+    if "grid" in results["searches"]:
+        grid = results["searches"]["grid"]
+        if args.retest:
+            values = retest(args.work, grid["study"], args.method, args.retest,
+                            args.work / f"{tag}-retest.log")
+            grid["retest_held_out"] = values
+            print(f"  grid winner held out again: {values}")
+        table = load_table(load_study(args.work, grid["study"]))
+        space = narrowed_space(method, args.ranges)
+        default = {k: method["params"][k] for k in space}
+        results["replay"] = replays(table, space, default, "LH", args.seeds, args.tpe_trials,
+                                    args.top, args.spread)
+        results["points"] = [{"params": dict(k), **r} for k, r in table.items()]
+    print(table_text(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+        print(f"wrote {args.json}")
+
+
+def table_text(results: dict) -> str:
+    """The end-to-end table (markdown)."""
+    searches = results["searches"]
+    grid = searches.get("grid")
+    lines = ["| search | trials (pruned) | end to end | search's own time | model load | "
+             "held-out | winner | held-out speedup |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in searches.items():
+        share = f" ({100 * r['search_s'] / grid['search_s']:.0f} % of the grid's)" \
+            if grid else ""
+        lines.append(f"| {name} | {r['trials']} ({r['pruned']}) | {r['end_to_end_s']:.0f} s | "
+                     f"{r['search_s']:.0f} s{share} | {r['open_s']:.0f} s | "
+                     f"{r['held_out_s']:.0f} s | {r['winner']} | {r['winner_held_out']:.3f}x |")
+    if grid and grid.get("retest_held_out"):
+        values = grid["retest_held_out"]
+        lines.append(f"\ngrid winner held out again {len(values)}x: "
+                     + ", ".join(f"{v:.3f}x" for v in values)
+                     + f" (spread {max(values) / min(values) - 1:.1%})")
+    for label, r in (results.get("replay") or {}).items():
+        lines.append(f"replay on the grid's table, {label}: {100 * r['reached']:.1f} % of the "
+                     f"grid's optimum (min {100 * r['reached_min']:.1f} %) at "
+                     f"{100 * r['time_fraction']:.1f} % of its trials' time")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

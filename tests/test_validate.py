@@ -144,9 +144,12 @@ CASES = [
      "optuna.samplers.{"),
     (["search=tpe", "+search.sampler.bogus=1"],
      "search.sampler.bogus=1 is not an argument of optuna.samplers.TPESampler: allowed are"),
-    (["search=tpe", "search.pruner.p_threshold=7"],
-     "search.pruner: optuna.pruners.WilcoxonPruner(p_threshold=7, n_startup_steps=2) fails: "
-     "p_threshold must be between 0 and 1"),
+    (["search=tpe", "search.pruner.margin=7"],
+     "search.pruner: tuner.search.pruners.PairedPruner(margin=7, alpha=0.025, min_df=2) fails: "
+     "margin=7: expected a fraction in [0, 1)"),
+    (["search=tpe", "search.max_hours=-1"],
+     "search.max_hours=-1 is invalid: allowed is a number of hours > 0, auto (2 without a GPU, "
+     "12 with one) or null (no cap)"),
     (["budget=full", "task.max_new_tokens=5000"],
      "task.max_new_tokens=5000 does not fit the context length 4096 of models.target (tiny)"),
     (["studies_dir="], "studies_dir='' is empty: allowed is a folder path"),
@@ -467,8 +470,8 @@ def test_a_data_file_with_blank_lines_or_a_json_array_passes(tmp_path):
     (["search.sampler._target_=optuna.pruners.MedianPruner"],
      "search.sampler._target_='optuna.pruners.MedianPruner' is not an Optuna sampler"),
     (["+search.pruner.bogus=1"], "search.pruner.bogus=1 is not an argument of "
-                                 "optuna.pruners.WilcoxonPruner: allowed are ['p_threshold', "
-                                 "'n_startup_steps']"),
+                                 "tuner.search.pruners.PairedPruner: allowed are ['margin', "
+                                 "'alpha', 'min_df']"),
     (["search.sampler._target_=optuna.samplers.RandomSampler",
       "+search.sampler.n_startup_trials=3"],
      "search.sampler.n_startup_trials=3 is not an argument of optuna.samplers.RandomSampler"),

@@ -94,6 +94,8 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
             finishing = time.perf_counter()
             result = finish_study(settings, study, evaluator, callbacks, say)
             record_seconds(study, "finish_s", time.perf_counter() - finishing)
+            if phase == "all":             # the search as its user waited for it, models loaded
+                record_seconds(study, "search_s", cost.elapsed())
             return result
         except KeyboardInterrupt as err:
             callbacks.study_ended("KILLED")
@@ -118,19 +120,24 @@ def work(settings: StudySettings, study: optuna.Study, points: Points, evaluator
     plan = points.plan
     cost.announce(evaluator.vanilla_price(settings.profile)
                   if settings.profile is not None and refused is None else None)
-    objective = Objective(settings, evaluator, study, callbacks.prompt_measured,
-                          AfterDefault(settings, study, plan, evaluator, cost, say))
+    after_default = AfterDefault(settings, study, plan, evaluator, cost, say)
+    objective = Objective(settings, evaluator, study, callbacks.prompt_measured, after_default)
+
+    def stop() -> str | None:
+        after_default.stop()               # Ctrl-C caught in a ranking: raised after trial 0
+        return cost.after_trial()
     began = time.perf_counter()
     reason = optimize(settings, study, points, objective, callbacks, say,
-                      job_alive=job_alive_or_none, stop=cost.after_trial)
+                      job_alive=job_alive_or_none, stop=stop)
     if plan is not None and plan.needs_ranking and not plan.ranked and reason is None:
-        # trial 0 failed, or a study ranked before rankings were stored: rank here, go on
+        # trial 0 failed, its ranking was interrupted, or a study ranked before rankings were
+        # stored: rank here (what an interrupted ranking kept is not predicted again), go on
         restore(plan, study)
         if not plan.ranked:
-            plan_rank(plan, evaluator, say)
+            plan_rank(plan, evaluator, study, say)
             study.set_user_attr(RANKING, plan.stored())
         reason = optimize(settings, study, points, objective, callbacks, say,
-                          job_alive=job_alive_or_none, stop=cost.after_trial)
+                          job_alive=job_alive_or_none, stop=stop)
     record_seconds(study, "trials_s", time.perf_counter() - began)
     if reason is None and plan is not None and plan.needs_ranking:
         reason = plan.refused

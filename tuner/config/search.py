@@ -17,6 +17,7 @@ from tuner.search.space import distributions, grid_names, heuristic_values
 SEARCH_KINDS = ("heuristic", "grid", "predict", "sampler")
 OPTUNA_KINDS = {"sampler": ("optuna.samplers", "BaseSampler"),
                 "pruner": ("optuna.pruners", "BasePruner")}
+OWN_CLASSES = {"pruner": "tuner.search.pruners."}   # the project's own, beside Optuna's
 
 
 def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class: str) -> None:
@@ -153,9 +154,11 @@ def check_optuna(key: str, spec: Any) -> None:
         raise ConfigError(f"search.{key}={spec!r} is invalid: allowed is null or a mapping with "
                           f"_target_ (one of {allowed_classes(key)})")
     target = str(spec["_target_"])
-    if not target.startswith("optuna."):
+    own = OWN_CLASSES.get(key)
+    if not target.startswith("optuna.") and not (own and target.startswith(own)):
         raise ConfigError(f"search.{key}._target_={target!r} is not allowed: only Optuna "
-                          "classes ('optuna.')")
+                          "classes ('optuna.')" + (f" or this project's ('{own}')" if own
+                                                   else ""))
     import importlib
     module_name, base_name = OPTUNA_KINDS[key]
     base = getattr(importlib.import_module(module_name), base_name)
@@ -188,6 +191,38 @@ def check_optuna(key: str, spec: Any) -> None:
                           f"are {takes}") from None
 
 
+def check_pruner_reach(search: Mapping[str, Any], steps: int) -> None:
+    """A ``WilcoxonPruner`` that can never prune at the study's size is refused in one line.
+
+    The pruner is asked after every reported prompt but the last (``tuner.study.objective``),
+    so it sees at most ``steps`` − 1 paired differences, where the smallest one-sided p a
+    signed-rank test can reach is 1/2^(steps − 1); it needs at least max(2,
+    ``n_startup_steps``) of them."""
+    spec = search.get("pruner") or {}
+    if not str(spec.get("_target_", "")).endswith("WilcoxonPruner"):
+        return
+    threshold = float(spec.get("p_threshold", 0.1))
+    startup = int(spec.get("n_startup_steps", 2))
+    looks = steps - 1
+    smallest = 0.5 ** looks if looks > 0 else 1.0
+    if looks < max(2, startup) or smallest >= threshold:
+        raise ConfigError(
+            f"search.pruner: WilcoxonPruner(p_threshold={threshold:g}) can never prune at "
+            f"{steps} tuning prompt(s): it is asked after at most {looks}, where the smallest "
+            f"p a signed-rank test reaches is {smallest:g} (it needs p < {threshold:g} and "
+            f"at least {max(2, startup)} prompts); allowed: the paired pruner (search=tpe's "
+            "default, tuner.search.pruners.PairedPruner), more prompts (task.n_prompts >= "
+            f"{needed_prompts(threshold, startup)}), or search.pruner=null")
+
+
+def needed_prompts(threshold: float, startup: int) -> int:
+    """The fewest tuning prompts at which a signed-rank test can reach p < ``threshold``."""
+    looks = max(2, startup)
+    while 0.5 ** looks >= threshold:
+        looks += 1
+    return looks + 1
+
+
 def allowed_classes(key: str) -> str:
     """'optuna.samplers.{RandomSampler, TPESampler, ...}': the public classes of that kind."""
     import importlib
@@ -196,4 +231,7 @@ def allowed_classes(key: str) -> str:
     base = getattr(module, base_name)
     names = sorted(n for n, c in vars(module).items() if inspect.isclass(c) and issubclass(
         c, base) and not n.startswith(("_", "Base")))
-    return f"{module_name}.{{{', '.join(names)}}}"
+    text = f"{module_name}.{{{', '.join(names)}}}"
+    if key == "pruner":
+        text += ", tuner.search.pruners.PairedPruner"
+    return text

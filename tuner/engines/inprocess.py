@@ -300,43 +300,54 @@ class HFEvaluator:
         """Every point's steps on the tuning prompts (``acceptance``); None for a point the
         method refuses or whose acceptance can be neither replayed nor traced. A point that
         took over a second gets a progress line."""
-        from tuner.predict.trace import TracedGeneration
-        out = []
-        for i, point in enumerate(points):
-            params = {**self.settings.default, **point}
-            try:
-                method = self.build(self.settings.method, params)
-            except ParametersRefused:
-                out.append(None)
-                continue
-            start = time.perf_counter()
-            try:
-                out.append(self.acceptance(method, list(self.settings.tuning), params))
-            except Exception as err:      # noqa: BLE001 - one point's failure loses its rank
-                self.say(f"  {i + 1}/{len(points)} {dict(point)}: not predicted "
-                         f"({type(err).__name__}: {err})")
-                out.append(None)
-                continue
-            seconds = time.perf_counter() - start
-            if seconds > 1.0:              # an untimed run or a draft-model replay: say so
-                got = out[-1]
-                how = "not predicted" if not got else "untimed run" if \
-                    isinstance(got[0], TracedGeneration) else "replayed"
-                self.say(f"  {i + 1}/{len(points)} {dict(point)}: {how} in {seconds:.1f} s")
-        return out
+        return [self.point_acceptance(i, point, len(points)) for i, point in enumerate(points)]
 
-    def predict_points(self, points: Sequence[Mapping[str, Any]]) -> list[float]:
+    def point_acceptance(self, i: int, point: Mapping[str, Any], total: int) -> Any:
+        """Point ``i`` of ``total``'s steps (``acceptance_points``)."""
+        from tuner.predict.trace import TracedGeneration
+        params = {**self.settings.default, **point}
+        try:
+            method = self.build(self.settings.method, params)
+        except ParametersRefused:
+            return None
+        start = time.perf_counter()
+        try:
+            got = self.acceptance(method, list(self.settings.tuning), params)
+        except Exception as err:          # noqa: BLE001 - one point's failure loses its rank
+            self.say(f"  {i + 1}/{total} {dict(point)}: not predicted "
+                     f"({type(err).__name__}: {err})")
+            return None
+        seconds = time.perf_counter() - start
+        if seconds > 1.0:                  # an untimed run or a draft-model replay: say so
+            how = "not predicted" if not got else "untimed run" if \
+                isinstance(got[0], TracedGeneration) else "replayed"
+            self.say(f"  {i + 1}/{total} {dict(point)}: {how} in {seconds:.1f} s")
+        return got
+
+    def predict_points(self, points: Sequence[Mapping[str, Any]],
+                       known: Mapping[int, float] | None = None,
+                       on_point: Callable[[int, float], None] = lambda i, value: None
+                       ) -> list[float]:
         """``search=predict``: every point's predicted speedup on the tuning prompts, priced by
         ``search.profile``; a point the method refuses or that cannot be predicted: -inf
-        (never measured first)."""
+        (never measured first). ``known``: points already predicted (by index: a ranking
+        interrupted earlier), not predicted again; ``on_point(i, value)``: after each point
+        (the ranking keeps them as it goes)."""
+        known = known or {}
         out = []
-        for point, generations in zip(points, self.acceptance_points(points)):
+        for i, point in enumerate(points):
+            if i in known:
+                out.append(float(known[i]))
+                continue
+            generations = self.point_acceptance(i, point, len(points))
             try:
-                out.append(float("-inf") if generations is None else
-                           self.price(generations, self.profile).speedup)
+                value = float("-inf") if generations is None else \
+                    self.price(generations, self.profile).speedup
             except Exception as err:      # noqa: BLE001 - one point's failure loses its rank
                 self.say(f"  {dict(point)}: not predicted ({type(err).__name__}: {err})")
-                out.append(float("-inf"))
+                value = float("-inf")
+            out.append(value)
+            on_point(i, value)
         return out
 
     # -- the profile's check and price (tuner.predict.check, tuner.study.cost) ---------------------

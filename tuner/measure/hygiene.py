@@ -180,6 +180,8 @@ def sample_other_load(cpus: Sequence[int] | None = None,
     if not window_s > 0:
         raise ValueError(f"window_s={window_s!r}: expected a positive number of seconds")
     with LoadMeter(cpus) as meter:
+        if not meter.readable:               # no /proc/stat: unknown, and nothing to wait for
+            return LoadSample(None, None, 0.0, meter.cpus)
         time.sleep(window_s)
     return meter.sample
 
@@ -198,6 +200,11 @@ class LoadMeter:
         self._before = _cpu_ticks(self.cpus)
         self._own_before, self._began = _own_cpu_s(), time.monotonic()
         return self
+
+    @property
+    def readable(self) -> bool:
+        """Whether the CPUs' ticks could be read when the block began."""
+        return self._before is not None
 
     def __exit__(self, *exc: object) -> None:
         after, own_after, ended = _cpu_ticks(self.cpus), _own_cpu_s(), time.monotonic()

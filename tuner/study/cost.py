@@ -205,6 +205,7 @@ class SearchCost:
                      f"prices it), and refused then if over the cap ({self._cap_text()})")
             return
         self.say(f"{what}: estimated {estimate.describe()}; cap {self._cap_text()}")
+        self._keep("before_first_trial", estimate)
         self._check_cap(estimate)
 
     def after_trial(self) -> str | None:
@@ -217,6 +218,7 @@ class SearchCost:
             return None
         self.checked_trials = True
         self.say(f"search estimate now: {estimate.describe()}")
+        self._keep("after_first_trial", estimate)
         try:
             self._check_cap(estimate)
         except ConfigError as err:
@@ -243,6 +245,18 @@ class SearchCost:
         elapsed = time.monotonic() - self.began
         return (f", ~{duration(estimate.total_s)} left of ~{duration(elapsed + estimate.total_s)}"
                 f" at ~{duration(estimate.per_trial_s)} per trial")
+
+    def elapsed(self) -> float:
+        """Seconds since this worker's search began (``announce``)."""
+        return time.monotonic() - self.began
+
+    def _keep(self, key: str, estimate: Estimate) -> None:
+        """The estimate in the study (``estimates``: when it was made, what it said), to be
+        held against the time the search took (``phase_seconds.search_s``)."""
+        kept = dict(self.study.user_attrs.get("estimates") or {})
+        kept.setdefault(key, {"elapsed_s": round(self.elapsed(), 3),
+                              "left_s": round(estimate.total_s, 3), "source": estimate.source})
+        self.study.set_user_attr("estimates", kept)
 
     def _check_cap(self, estimate: Estimate) -> None:
         if self.cap_h is None or estimate.total_s <= self.cap_h * 3600:

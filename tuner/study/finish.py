@@ -272,6 +272,12 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
         what = "trial-levels (the cost side: each trial's own acceptance)" if \
             calib.get("per_level") else "trials"
         rows.append(("prediction (search.profile)", summary_line(calib, what) + shown))
+    check = study.user_attrs.get("profile_check")
+    if check and check.get("line"):
+        rows.append(("profile check (trial 0)", check["line"].removeprefix("profile check: ")))
+    spent = time_line(study)
+    if spent:
+        rows.append(("time", spent))
     rows += level_plan_rows(served) if served is not None else []
     if elsewhere is not None:
         rows.append(("predicted for another machine (search.predict_for)", elsewhere["line"]))
@@ -342,6 +348,29 @@ def measure(settings: StudySettings, evaluator: Evaluator, params: Mapping[str, 
     """The configuration vs vanilla on ``prompts``, interleaved (vanilla first on even pairs)."""
     pairs = list(evaluator.measure(params, list(enumerate(prompts)), parity=1))
     return evaluator.assess(pairs)
+
+
+def time_line(study: optuna.Study) -> str:
+    """Where the search's time went (``phase_seconds``, summed over runs of this study) and what
+    was estimated after its first trial (``tuner.study.cost``)."""
+    from tuner.study.cost import duration
+    phases = {k: sum(v) for k, v in (study.user_attrs.get("phase_seconds") or {}).items()}
+    ranking = sum(float(t.user_attrs.get("ranking_s") or 0) for t in
+                  study.get_trials(deepcopy=False))
+    if "trials_s" not in phases:
+        return ""
+    parts = [f"models loaded {duration(phases.get('open_s', 0.0))}"]
+    if ranking:
+        parts.append(f"ranking {duration(ranking)}")
+    parts.append(f"trials {duration(phases['trials_s'] - ranking)}")
+    if "held_out_s" in phases:
+        parts.append(f"held-out confirmation {duration(phases['held_out_s'])}")
+    text = ", ".join(parts)
+    estimate = (study.user_attrs.get("estimates") or {}).get("after_first_trial")
+    if estimate:
+        total = estimate["elapsed_s"] + estimate["left_s"]
+        text += f"; estimated after the first trial: ~{duration(total)} in all"
+    return text
 
 
 def confirm(settings: StudySettings, evaluator: Evaluator, params: Mapping[str, Any],

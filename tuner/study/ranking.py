@@ -14,6 +14,9 @@ hardware profile against it and, for ``search=predict``, rank the grid by that p
     before trial 0 is told complete. Other workers wait for it (the plan says WAIT while trial 0
     runs) and a resumed study restores it (``restore``): neither ranks again. If this worker dies
     while ranking, trial 0 is re-queued by the reaper and whoever measures it again ranks.
+    The ranking keeps its predictions in the study as it goes (``PARTIAL`` chunks, every
+    ``FLUSH_S``): Ctrl-C during a ranking completes trial 0, keeps what was predicted and stops
+    the study (``interrupted``); the same command resumes the ranking where it stopped.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
 
 PROFILE_CHECK = "profile_check"      # study user attr: the check's record (tuner.predict.check)
 RANKING = "predict_ranking"          # study user attr: PredictPlan.stored()
+PARTIAL = "predict_partial_"         # study user attrs: {grid index: prediction} chunks
+FLUSH_S = 30.0                       # a ranking keeps its predictions at least this often
 
 
 def restore(plan: Any, study: optuna.Study) -> None:
@@ -56,6 +61,7 @@ class AfterDefault:
                  evaluator: Evaluator, cost: SearchCost, say: Callable[[str], None]) -> None:
         self.settings, self.study, self.plan = settings, study, plan
         self.evaluator, self.cost, self.say = evaluator, cost, say
+        self.interrupted = False        # Ctrl-C during the ranking: trial 0 ends, then the stop
 
     def __call__(self, trial: optuna.Trial, pairs: Sequence[Paired]) -> None:
         record = self.check_profile(pairs)
@@ -74,8 +80,23 @@ class AfterDefault:
             if refusal is not None:
                 self.plan.refuse(refusal)
             else:
-                trial.set_user_attr(RANKING_S, rank(self.plan, self.evaluator, self.say))
+                began = time.perf_counter()
+                try:
+                    rank(self.plan, self.evaluator, self.study, self.say)
+                except KeyboardInterrupt:
+                    self.interrupted = True      # trial 0 is kept; the study stops after it
+                    self.say("ranking interrupted: trial 0 and the predictions so far are kept; "
+                             "the same command resumes the ranking")
+                    return
+                finally:
+                    trial.set_user_attr(RANKING_S, time.perf_counter() - began)
         self.study.set_user_attr(RANKING, self.plan.stored())
+
+    def stop(self) -> None:
+        """After a trial: the interrupt a ranking caught, raised now that trial 0 is told."""
+        if self.interrupted:
+            self.interrupted = False
+            raise KeyboardInterrupt
 
     def check_profile(self, pairs: Sequence[Paired]) -> dict[str, Any] | None:
         """The profile's check against this trial 0 (stored; said in one line), or the stored
@@ -106,13 +127,40 @@ class AfterDefault:
         return record
 
 
-def rank(plan: Any, evaluator: Evaluator, say: Callable[[str], None]) -> float:
-    """``search=predict``: every grid point's predicted speedup (``evaluator.predict_points``),
-    ranked; says which points the plan will measure; returns the seconds it took."""
+def rank(plan: Any, evaluator: Evaluator, study: optuna.Study,
+         say: Callable[[str], None]) -> float:
+    """``search=predict``: every grid point's predicted speedup (``evaluator.predict_points``;
+    what an interrupted ranking of this study kept is not predicted again, and what is
+    predicted now is kept as it goes), ranked; says which points the plan will measure; returns
+    the seconds it took."""
+    known = {}
+    for key, chunk in study.user_attrs.items():
+        if key.startswith(PARTIAL):
+            known.update({int(i): float("-inf") if v is None else float(v)
+                          for i, v in chunk.items()})
+    known = {i: v for i, v in known.items() if i < len(plan.points)}
     say(f"search=predict: predicting {len(plan.points)} points (acceptance replayed, or from "
-        "one untimed run per point) ...")
+        "one untimed run per point) ..." + (f" {len(known)} kept from an interrupted ranking"
+                                            if known else ""))
+    pending: dict[int, float | None] = {}
+    flushed = [time.monotonic(), sum(k.startswith(PARTIAL) for k in study.user_attrs)]
+
+    def flush() -> None:
+        if pending:
+            study.set_user_attr(f"{PARTIAL}{flushed[1]}", {str(i): v for i, v in pending.items()})
+            flushed[1] += 1
+            pending.clear()
+        flushed[0] = time.monotonic()
+
+    def keep(i: int, value: float) -> None:
+        pending[i] = None if value == float("-inf") else value
+        if time.monotonic() - flushed[0] >= FLUSH_S:
+            flush()
     start = time.perf_counter()
-    predicted = evaluator.predict_points(plan.points)
+    try:
+        predicted = evaluator.predict_points(plan.points, known, keep)
+    finally:
+        flush()
     chosen = plan.rank(predicted)
     seconds = time.perf_counter() - start
     say(f"predicted in {seconds:.1f} s; measuring " + ", ".join(

@@ -142,6 +142,8 @@ class StudySettings(MethodView):
             raise ConfigError(str(err)) from None
         objectives = tuple(search["objectives"])
         _check_energy(objectives, device)
+        from tuner.config.search import check_pruner_reach
+        check_pruner_reach(search, budget["n_prompts"] * len(cfg.budget.concurrency))
         sampling = plain(cfg.sampling)
         threads = cfg.get("threads", "auto")
         concurrency = tuple(cfg.budget.concurrency)
@@ -162,11 +164,25 @@ class StudySettings(MethodView):
                                   "measured up to every level (python -m tuner.profile --engine "
                                   f"{engine_object.name} --levels "
                                   f"{' '.join(map(str, concurrency))})")
+        if profile is not None and profile.flags:      # not believed when it was made
+            line = (f"search.profile={search['profile']!r} was FLAGGED when it was made "
+                    f"({profile.flags[0]}{'; ...' if len(profile.flags) > 1 else ''})")
+            if search["kind"] == "predict":
+                raise ConfigError(f"{line}: search=predict would rank by it; allowed is a "
+                                  "profile made again on a quiet machine (python -m "
+                                  "tuner.profile; check uptime first)")
+            notices = (*notices, f"{line}: no trial records a prediction by it; make it again "
+                                 "on a quiet machine")
+            profile = None
         predict_for = None
         if search.get("predict_for"):      # another machine: our loops' acceptance, its costs
             from tuner.predict.surface import load_profile
             predict_for = load_profile(str(search["predict_for"]), models=plain(cfg.models),
                                        engine=engine_object.name, setting="search.predict_for")
+            if predict_for.flags:
+                notices = (*notices, f"search.predict_for={search['predict_for']!r} was FLAGGED "
+                                     f"when it was made ({predict_for.flags[0]}): its "
+                                     "predictions carry that doubt")
         print_ = fingerprint(
             task=task_cfg, tuning_ids=[p.id for p in tuning],
             held_out_ids=[p.id for p in held_out], budget=budget, sampling=sampling,

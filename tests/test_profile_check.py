@@ -1,0 +1,204 @@
+"""A hardware profile is checked before it is believed (tuner.predict.check): its overhead fit
+when it is made (other load during any timed part, the fit's spread), and its price of vanilla
+against a study's trial 0, before search=predict ranks anything by it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tuner.config.errors import ConfigError
+from tuner.predict.check import (
+    MIN_CHECK_S,
+    SPREAD_BOUND,
+    VanillaGeneration,
+    fit_flags,
+    vanilla_check,
+)
+from tuner.predict.loops import LoopFit
+from tuner.predict.surface import CostSurface, HardwareProfile
+
+MS = 1e-3
+# the quiet fit of the embedded default measured here (2-core AMD EPYC, 2026-11-27 22:49 UTC):
+# per prompt, per round, the loop's seconds per step beyond its forwards; single 2.5 s runs
+# differ by up to 20 %, the fitted median's standard error over rounds is 3-4 % of a step
+QUIET = {"vanilla": ((-12.95, -1.03, -4.75, 13.94, -18.25), (-10.99, -5.63, -6.95, 5.93, -3.21),
+                     (-15.15, 3.23, -3.92, -7.01, -8.52)),
+         "loop": ((29.55, 5.47, 30.65, 12.09, -15.64), (0.93, 25.67, 0.92, 15.84, 0.99),
+                  (-6.37, 1.51, 12.87, 18.94, 4.62)),
+         "draft_loop": ((-26.36, -10.90, 15.28, 35.89, -15.22),
+                        (-27.56, 5.65, -30.79, 26.86, -25.91),
+                        (-42.83, -4.36, -3.73, -23.28, -3.59))}
+STEPS = {"vanilla": 80 * MS, "loop": 130 * MS, "draft_loop": 255 * MS}
+
+
+def fit(samples, step_s=STEPS, busy=()) -> LoopFit:
+    return LoopFit({k: tuple(tuple(MS * x for x in line) for line in v)
+                    for k, v in samples.items()}, step_s, tuple(busy))
+
+
+def test_the_quiet_fit_is_believed_and_the_73_ms_case_is_flagged():
+    """The profile that mispriced two studies by 1.6x fitted vanilla +73 ms per step from 3 runs
+    on one prompt (its 1-row forward: 106 ms), two of them in a busy spell: its standard error
+    (28 ms, 26 % of the step) is flagged; the quiet fit measured here is not."""
+    quiet = fit(QUIET)
+    assert fit_flags(quiet) == []
+    assert all(quiet.spread(k) < SPREAD_BOUND * STEPS[k] for k in QUIET)
+    assert quiet.value("vanilla") == pytest.approx(-5.63 * MS)
+    disturbed = fit({"vanilla": ((73.0, 75.0, -9.3),)}, {"vanilla": 106 * MS})
+    assert disturbed.value("vanilla") == pytest.approx(73 * MS)
+    flags = fit_flags(disturbed)
+    assert len(flags) == 1 and flags[0].startswith(
+        "vanilla's fitted overhead is uncertain by ±27.8 ms per step (standard error over "
+        "rounds), 26% of its step's forwards (106.0 ms; bound 10%)"), flags
+    busy = fit(QUIET, busy=["round 3: vanilla on fit prompt 2 (61% of the CPUs busy with other "
+                            "processes over 2.4 s)"])
+    assert fit_flags(busy) == ["other processes used more than 25% of the CPUs during 1 timed "
+                               "part(s) of the profile, e.g. round 3: vanilla on fit prompt 2 "
+                               "(61% of the CPUs busy with other processes over 2.4 s)"]
+
+
+SURFACE = CostSurface((0, 100), (1, 4), ((0.010, 0.014), (0.020, 0.030)), ((10, 0.020),))
+
+
+def profile(vanilla_overhead: float) -> HardwareProfile:
+    return HardwareProfile(kind="measured", machine="cpu: test", engine="hf", build={},
+                           threads=2, models={}, target=SURFACE,
+                           step_overhead_s={"vanilla": vanilla_overhead})
+
+
+def test_the_vanilla_check_by_hand():
+    """Two decode phases of 4 tokens after prompts of 10 and 50 tokens: the profile prices each
+    step as the 1-row forward after the tokens before it (10 ms at 0 cached, +0.1 ms per token)
+    plus 1 ms; per 1-row forward at the middle of each phase. Trial 0 measured 0.25 s and 0.30 s
+    with 1-row forwards of 50 ms and 60 ms timed now (a machine 4x slower than the profile's:
+    the check is blind to that)."""
+    runs = [VanillaGeneration(10, 4, 0.25, 0.050), VanillaGeneration(50, 4, 0.30, 0.060)]
+    check = vanilla_check(profile(0.001), runs)
+    price = sum(0.010 + 0.0001 * (n + i) + 0.001 for n in (10, 50) for i in range(4))
+    units = 4 * (0.010 + 0.0001 * 13) + 4 * (0.010 + 0.0001 * 53)
+    assert check.priced == pytest.approx(price / units)
+    assert check.measured == pytest.approx(0.55 / (4 * 0.050 + 4 * 0.060))
+    assert check.seconds == pytest.approx(0.55) and not check.decisive and check.ok
+    assert "not judged: trial 0's vanilla decoded for 0.55 s" in check.line("p.json")
+    long = [VanillaGeneration(10, 40, 2.0, 0.050)]
+    good = vanilla_check(profile(0.001), long)
+    assert good.decisive and good.ok and "within the ±10% bound" in good.line("p.json")
+    bad = vanilla_check(profile(0.010), long)             # +10 ms a step: the profile's fault
+    assert bad.decisive and not bad.ok and bad.error < -0.10
+    assert "BEYOND the ±10% bound" in bad.line("p.json")
+    assert MIN_CHECK_S == 1.0
+
+
+# -- on real models ----------------------------------------------------------------------------
+
+# a random pair large enough for trial 0's vanilla to decode for over a second (a decisive check)
+SMALL_PAIR = ["models=tiny", "+models.target.hidden_size=512",
+              "+models.target.intermediate_size=1024", "models.target.num_hidden_layers=4",
+              "+models.target.num_attention_heads=8", "+models.target.num_key_value_heads=4",
+              "+models.target.vocab_size=4096"]
+STUDY = ["method=speculative", "method.space.num_draft_tokens.low=1",
+         "method.space.num_draft_tokens.high=3", "method.params.num_draft_tokens=2",
+         "task.n_prompts=3", "task.n_held_out=1", "task.max_new_tokens=48", "search=predict",
+         "search.ranges=full", "search.top=1", "search.spread=0", "tracking=none"]
+
+
+def make_profile(tmp_path, overrides, name, **hooks):
+    """A profile of the composed config's models, on a small grid (what ``python -m
+    tuner.profile`` writes)."""
+    from tests.conftest import compose_cfg
+    from tuner import profile as cli
+    from tuner.config.validate import plain
+    cfg = compose_cfg(tmp_path, *overrides)
+    models = {"target": plain(cfg.models)["target"], "draft": plain(cfg.models).get("draft")}
+    args = cli.parse(["--repeats", "2", "--contexts", "16", "128", "--rows", "1", "2", "3", "4",
+                      "--draft-rows", "1", "2"])
+    path = tmp_path / name
+    cli.make_profile(models, args, say=lambda line: None, **hooks).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_profile(tmp_path_factory):
+    return make_profile(tmp_path_factory.mktemp("small"), SMALL_PAIR, "small.json")
+
+
+def test_a_profile_made_while_another_process_is_busy_is_flagged(tmp_path, capsys):
+    """A busy process started on this process's CPUs during the fit (round 1 of 2): the profile
+    is written with the flag, and a study given it says so in one line before anything loads:
+    search=predict is refused, a grid records no prediction by it."""
+    busy: list[subprocess.Popen] = []
+
+    def start(round_: int) -> None:
+        if round_ == 1:                   # inherits this process's CPUs (xdist pins them)
+            busy.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+    try:
+        path = make_profile(tmp_path, ["models=tiny"], "busy.json", between_rounds=start)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    flags = json.loads(path.read_text())["flags"]
+    assert busy and any(f.startswith("other processes used more than 25% of the CPUs during")
+                        for f in flags), flags
+    from tests.conftest import compose_cfg
+    from tuner.study.settings import StudySettings
+    with pytest.raises(ConfigError) as err:
+        StudySettings.from_config(compose_cfg(tmp_path, "search=predict",
+                                              f"search.profile={path}"))
+    assert f"search.profile='{path}' was FLAGGED when it was made (other processes used" in \
+        str(err.value) and "\n" not in str(err.value)
+    settings = StudySettings.from_config(compose_cfg(tmp_path, "search=grid",
+                                                     f"search.profile={path}"))
+    assert settings.profile is None
+    assert any("FLAGGED" in n and "no trial records a prediction by it" in n
+               for n in settings.notices)
+
+
+def test_a_clean_profile_passes_its_check_and_ranks(tmp_path, monkeypatch, capsys,
+                                                    small_profile):
+    """Made on a quiet machine (or a quiet CPU), the small pair's profile is not flagged, its
+    check against trial 0 is decisive (over a second of vanilla decoding) and within the bound,
+    and search=predict ranks by it after trial 0."""
+    from tests.conftest import load_study, run_study
+    monkeypatch.chdir(tmp_path)
+    assert json.loads(small_profile.read_text())["flags"] == []
+    run_study(tmp_path, *SMALL_PAIR, *STUDY, f"search.profile={small_profile}")
+    out = capsys.readouterr().out
+    line = next((x for x in out.splitlines() if x.startswith("profile check:")), "")
+    assert "within the ±10% bound" in line, out[-3000:]
+    assert out.index("trial 0 [default]") < out.index(line) < \
+        out.index("search=predict: predicting 3 points")
+    check = load_study(tmp_path).user_attrs["profile_check"]
+    assert check["ok"] and check["decisive"] and check["seconds"] >= MIN_CHECK_S
+
+
+def test_the_73_ms_profile_is_caught_after_trial_0_and_not_ranked_by(tmp_path, monkeypatch,
+                                                                     capsys, small_profile):
+    """The same profile with vanilla's overhead raised to +73 % of its 1-row forward (the case
+    that mispriced two studies by 1.6x, loaded and ranked without a word): the study measures
+    trial 0, says in one line that the profile prices vanilla beyond the bound, ranks nothing,
+    and stops with trial 0 kept; a second run of the same command says so again at once."""
+    from tests.conftest import load_study, run_study
+    monkeypatch.chdir(tmp_path)
+    data = json.loads(small_profile.read_text())
+    one_row = data["target"]["seconds"][0][0]
+    data["step_overhead_s"]["vanilla"] = 0.73 * one_row
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as err:
+        run_study(tmp_path, *SMALL_PAIR, *STUDY, f"search.profile={bad}")
+    out = capsys.readouterr().out
+    assert str(err.value).startswith("search=predict stops after trial 0: profile check: "
+                                     f"search.profile={bad} prices vanilla at")
+    assert "BEYOND the ±10% bound" in str(err.value) and "\n" not in str(err.value)
+    assert "predicting" not in out and "trial 0 done" in out
+    trials = load_study(tmp_path).get_trials()
+    assert len(trials) == 1 and trials[0].state.name == "COMPLETE"
+    assert "predicted_speedup" not in trials[0].user_attrs
+    with pytest.raises(ConfigError, match="search=predict stops after trial 0"):
+        run_study(tmp_path, *SMALL_PAIR, *STUDY, f"search.profile={bad}")
+    assert len(load_study(tmp_path).get_trials()) == 1
