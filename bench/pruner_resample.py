@@ -18,8 +18,8 @@ moment of a study at ``--prompts`` prompts (``budget=auto``: 3):
 The candidate is *in fact within 2 %* when its geometric mean over the drawn prompts is at least
 0.98 × the best trial's; a prune of such a candidate is a false prune. Reported per table and
 over all: the false-prune rate among such candidates (with a 95 % Wilson interval), and the
-prune rate of candidates at most 0.90 × the best (the pruner's power), at which prompt it
-pruned. With ``--retest-sd`` (e.g. 0.03: the per-prompt test–retest spread of a paired speedup
+prune rate of candidates at most 0.90 × and at most 0.80 × the best (the pruner's power), at
+which prompt it pruned. With ``--retest-sd`` (e.g. 0.03: the per-prompt test–retest spread of a paired speedup
 measured here), the candidate's observed values also carry that much fresh log-normal noise,
 as a re-measurement would: truth stays the table's value.
 """
@@ -89,6 +89,7 @@ def wilson(k, n, z=1.96):
 def summarise(draws):
     near = [(r, n) for r, n in draws if r >= 0.98]
     worse = [(r, n) for r, n in draws if r <= 0.90]
+    far = [(r, n) for r, n in draws if r <= 0.80]
     false = sum(n is not None for _, n in near)
     power = sum(n is not None for _, n in worse)
     return {"draws": len(draws), "near_ties": len(near), "false_prunes": false,
@@ -96,6 +97,8 @@ def summarise(draws):
             "false_prune_95": wilson(false, len(near)),
             "clearly_worse": len(worse), "pruned_worse": power,
             "power": power / len(worse) if worse else None,
+            "far_behind": len(far), "pruned_far": sum(n is not None for _, n in far),
+            "power_far": sum(n is not None for _, n in far) / len(far) if far else None,
             "pruned_at": {str(k): sum(n == k for _, n in draws) for k in
                           sorted({n for _, n in draws if n is not None})}}
 
@@ -131,11 +134,13 @@ def main() -> None:
               f"within 2 % of the best ({fmt(row['false_prune_rate'])}, 95 % "
               f"{fmt(row['false_prune_95'][0])}–{fmt(row['false_prune_95'][1])}); pruned "
               f"{row['pruned_worse']} of {row['clearly_worse']} at most 0.90x the best "
-              f"({fmt(row['power'])}); pruned at prompt {row['pruned_at']}")
+              f"({fmt(row['power'])}), {row['pruned_far']} of {row['far_behind']} at most "
+              f"0.80x ({fmt(row['power_far'])}); pruned at prompt {row['pruned_at']}")
     report["all"] = row = summarise(every)
     print(f"all: false-prune rate {fmt(row['false_prune_rate'])} (95 % "
           f"{fmt(row['false_prune_95'][0])}–{fmt(row['false_prune_95'][1])}, "
-          f"{row['near_ties']} near ties), power {fmt(row['power'])}")
+          f"{row['near_ties']} near ties), power {fmt(row['power'])} at 0.90x the best, "
+          f"{fmt(row['power_far'])} at 0.80x")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 

@@ -119,11 +119,14 @@ def search_record(work: Path, name: str, wall: float) -> dict:
             "pruned": sum(t.state == TrialState.PRUNED for t in trials),
             "winner": dict(winner.params), "winner_tuning": replay.get("tuning_speedup"),
             "winner_held_out": replay.get("held_out_speedup"),
-            "profile_check": study.user_attrs.get("profile_check")}
+            "profile_check": study.user_attrs.get("profile_check"),
+            "estimates": study.user_attrs.get("estimates"),
+            "search_wall_s": sum(phases.get("search_s", []))}
 
 
 def retest(work: Path, grid: str, method: str, n: int, log: Path) -> list[float]:
-    """``n`` fresh held-out measurements of the grid's winner (``+best=<grid study>``)."""
+    """``n`` fresh held-out measurements of the grid's winner (``+best=<grid study>``: the
+    study's own models, budget and prompts, from its best YAML)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     values = []
     for i in range(n):
@@ -275,13 +278,20 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10, help="replays: seeds")
     parser.add_argument("--searches", nargs="+",
                         default=["grid", "heuristic", "tpe", "tpe_unpruned", "predict"])
+    parser.add_argument("--override", action="append", default=[],
+                        help="a further tuner override for every search (e.g. models=tiny)")
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--tag", default=None,
+                        help="go on with an interrupted run: its tag (``<method>-<time>``)")
+    parser.add_argument("--walls", nargs="*", default=[], metavar="SEARCH=SECONDS",
+                        help="with --tag: searches already finished, read back from their "
+                             "studies, with the end-to-end seconds that run printed")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     method = yaml.safe_load((ROOT / "conf" / "method" / f"{args.method}.yaml").read_text())
     args.work.mkdir(parents=True, exist_ok=True)
-    narrow = [f"method={args.method}", *range_overrides(args.ranges, method)]
+    narrow = [f"method={args.method}", *range_overrides(args.ranges, method), *args.override]
     profile = str(args.profile.resolve())
     searches = {
         "grid": ["search=grid", "search.ranges=heuristic", "search.n_trials=1000"] +
@@ -292,16 +302,18 @@ def main() -> None:
                          "search.pruner=null"],
         "predict": ["search=predict", f"search.profile={profile}", f"search.top={args.top}",
                     f"search.spread={args.spread}"]}
-    tag = f"{args.method}-{int(time.time())}"
+    tag = args.tag or f"{args.method}-{int(time.time())}"
+    walls = {name: float(seconds) for name, seconds in
+             (item.split("=", 1) for item in args.walls)}
     results = {"method": args.method, "ranges": args.ranges, "base": BASE,
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "profile": {"path": str(args.profile), "made_s": args.profile_seconds},
-               "searches": {}}
+               "searches": {}, "read_back": sorted(walls)}
     for name in args.searches:
         study = f"{tag}-{name}"
         print(f"# {name}: {study} ...", flush=True)
-        wall = run_tuner(args.work, study, [*narrow, *searches[name]],
-                         args.work / f"{study}.log")
+        wall = walls.get(name) or run_tuner(args.work, study, [*narrow, *searches[name]],
+                                            args.work / f"{study}.log")
         results["searches"][name] = record = search_record(args.work, study, wall)
         print(f"  end to end {wall:.0f} s, search {record['search_s']:.0f} s, "
               f"{record['trials']} trials ({record['pruned']} pruned), winner "
@@ -342,6 +354,12 @@ def table_text(results: dict) -> str:
         lines.append(f"\ngrid winner held out again {len(values)}x: "
                      + ", ".join(f"{v:.3f}x" for v in values)
                      + f" (spread {max(values) / min(values) - 1:.1%})")
+    for name, r in searches.items():
+        first = (r.get("estimates") or {}).get("after_first_trial")
+        if first and r.get("search_wall_s"):
+            total = first["elapsed_s"] + first["left_s"]
+            lines.append(f"{name}: estimated after its first trial {total:.0f} s, took "
+                         f"{r['search_wall_s']:.0f} s ({total / r['search_wall_s'] - 1:+.0%})")
     for label, r in (results.get("replay") or {}).items():
         lines.append(f"replay on the grid's table, {label}: {100 * r['reached']:.1f} % of the "
                      f"grid's optimum (min {100 * r['reached_min']:.1f} %) at "

@@ -53,7 +53,7 @@ def test_the_quiet_fit_is_believed_and_the_73_ms_case_is_flagged():
     flags = fit_flags(disturbed)
     assert len(flags) == 1 and flags[0].startswith(
         "vanilla's fitted overhead is uncertain by ±27.8 ms per step (standard error over "
-        "rounds), 26% of its step's forwards (106.0 ms; bound 10%)"), flags
+        "rounds), 26% of its step's forwards (106.0 ms; bound 15%)"), flags
     busy = fit(QUIET, busy=["round 3: vanilla on fit prompt 2 (61% of the CPUs busy with other "
                             "processes over 2.4 s)"])
     assert fit_flags(busy) == ["other processes used more than 25% of the CPUs during 1 timed "
@@ -86,24 +86,24 @@ def test_the_vanilla_check_by_hand():
     assert "not judged: trial 0's vanilla decoded for 0.55 s" in check.line("p.json")
     long = [VanillaGeneration(10, 40, 2.0, 0.050)]
     good = vanilla_check(profile(0.001), long)
-    assert good.decisive and good.ok and "within the ±10% bound" in good.line("p.json")
+    assert good.decisive and good.ok and "within the ±20% bound" in good.line("p.json")
     bad = vanilla_check(profile(0.010), long)             # +10 ms a step: the profile's fault
     assert bad.decisive and not bad.ok and bad.error < -0.10
-    assert "BEYOND the ±10% bound" in bad.line("p.json")
+    assert "BEYOND the ±20% bound" in bad.line("p.json")
     assert MIN_CHECK_S == 1.0
 
 
 # -- on real models ----------------------------------------------------------------------------
 
-# a random pair large enough for trial 0's vanilla to decode for over a second (a decisive check)
-SMALL_PAIR = ["models=tiny", "+models.target.hidden_size=512",
-              "+models.target.intermediate_size=1024", "models.target.num_hidden_layers=4",
-              "+models.target.num_attention_heads=8", "+models.target.num_key_value_heads=4",
-              "+models.target.vocab_size=4096"]
-STUDY = ["method=speculative", "method.space.num_draft_tokens.low=1",
-         "method.space.num_draft_tokens.high=3", "method.params.num_draft_tokens=2",
-         "task.n_prompts=3", "task.n_held_out=1", "task.max_new_tokens=48", "search=predict",
-         "search.ranges=full", "search.top=1", "search.spread=0", "tracking=none"]
+# the embedded default target, prompt lookup on a budget=auto study: trial 0's vanilla decodes
+# 3 prompts x 31 tokens (about 6 s here), a decisive check; the ranking replays in milliseconds
+STUDY = ["models=smollm2", "~models.draft", "method=prompt_lookup",
+         "method.space.num_draft_tokens.low=2", "method.space.num_draft_tokens.high=4",
+         "method.params.num_draft_tokens=3", "method.space.max_ngram.low=3",
+         "method.space.max_ngram.high=3", "method.space.min_ngram.high=1",
+         "method.space.num_matches.high=1", "task.n_prompts=3", "task.n_held_out=1",
+         "task.max_new_tokens=32", "search=predict", "search.ranges=full", "search.top=1",
+         "search.spread=0", "search.n_trials=1", "tracking=none"]
 
 
 def make_profile(tmp_path, overrides, name, **hooks):
@@ -114,16 +114,18 @@ def make_profile(tmp_path, overrides, name, **hooks):
     from tuner.config.validate import plain
     cfg = compose_cfg(tmp_path, *overrides)
     models = {"target": plain(cfg.models)["target"], "draft": plain(cfg.models).get("draft")}
-    args = cli.parse(["--repeats", "2", "--contexts", "16", "128", "--rows", "1", "2", "3", "4",
-                      "--draft-rows", "1", "2"])
+    args = cli.parse(["--repeats", "2", "--contexts", "16", "128", "384", "--rows", "1", "2",
+                      "3", "4", "5", "--draft-rows", "1", "2", "--prefill", "16", "64", "256"])
     path = tmp_path / name
     cli.make_profile(models, args, say=lambda line: None, **hooks).save(path)
     return path
 
 
 @pytest.fixture(scope="module")
-def small_profile(tmp_path_factory):
-    return make_profile(tmp_path_factory.mktemp("small"), SMALL_PAIR, "small.json")
+def default_profile(tmp_path_factory):
+    """The default target's profile on a small grid, two rounds (what the studies below need;
+    40 s)."""
+    return make_profile(tmp_path_factory.mktemp("default"), STUDY, "default.json")
 
 
 def test_a_profile_made_while_another_process_is_busy_is_flagged(tmp_path, capsys):
@@ -159,17 +161,18 @@ def test_a_profile_made_while_another_process_is_busy_is_flagged(tmp_path, capsy
 
 
 def test_a_clean_profile_passes_its_check_and_ranks(tmp_path, monkeypatch, capsys,
-                                                    small_profile):
-    """Made on a quiet machine (or a quiet CPU), the small pair's profile is not flagged, its
-    check against trial 0 is decisive (over a second of vanilla decoding) and within the bound,
-    and search=predict ranks by it after trial 0."""
+                                                    default_profile):
+    """Made on a quiet machine, the default target's profile is not flagged, its check against
+    trial 0 is decisive (over a second of vanilla decoding) and within the bound, and
+    search=predict ranks by it after trial 0 (then stops: search.n_trials=1)."""
     from tests.conftest import load_study, run_study
     monkeypatch.chdir(tmp_path)
-    assert json.loads(small_profile.read_text())["flags"] == []
-    run_study(tmp_path, *SMALL_PAIR, *STUDY, f"search.profile={small_profile}")
+    assert json.loads(default_profile.read_text())["flags"] == []
+    run_study(tmp_path, *STUDY, f"search.profile={default_profile}")
     out = capsys.readouterr().out
     line = next((x for x in out.splitlines() if x.startswith("profile check:")), "")
-    assert "within the ±10% bound" in line, out[-3000:]
+    assert "within the ±20% bound" in line, out[-3000:]
+    assert "search=predict: predicting 3 points" in out, out[-3000:]
     assert out.index("trial 0 [default]") < out.index(line) < \
         out.index("search=predict: predicting 3 points")
     check = load_study(tmp_path).user_attrs["profile_check"]
@@ -177,28 +180,28 @@ def test_a_clean_profile_passes_its_check_and_ranks(tmp_path, monkeypatch, capsy
 
 
 def test_the_73_ms_profile_is_caught_after_trial_0_and_not_ranked_by(tmp_path, monkeypatch,
-                                                                     capsys, small_profile):
+                                                                     capsys, default_profile):
     """The same profile with vanilla's overhead raised to +73 % of its 1-row forward (the case
     that mispriced two studies by 1.6x, loaded and ranked without a word): the study measures
     trial 0, says in one line that the profile prices vanilla beyond the bound, ranks nothing,
     and stops with trial 0 kept; a second run of the same command says so again at once."""
     from tests.conftest import load_study, run_study
     monkeypatch.chdir(tmp_path)
-    data = json.loads(small_profile.read_text())
+    data = json.loads(default_profile.read_text())
     one_row = data["target"]["seconds"][0][0]
     data["step_overhead_s"]["vanilla"] = 0.73 * one_row
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
     with pytest.raises(ConfigError) as err:
-        run_study(tmp_path, *SMALL_PAIR, *STUDY, f"search.profile={bad}")
+        run_study(tmp_path, *STUDY, f"search.profile={bad}")
     out = capsys.readouterr().out
     assert str(err.value).startswith("search=predict stops after trial 0: profile check: "
                                      f"search.profile={bad} prices vanilla at")
-    assert "BEYOND the ±10% bound" in str(err.value) and "\n" not in str(err.value)
+    assert "BEYOND the ±20% bound" in str(err.value) and "\n" not in str(err.value)
     assert "predicting" not in out and "trial 0 done" in out
     trials = load_study(tmp_path).get_trials()
     assert len(trials) == 1 and trials[0].state.name == "COMPLETE"
     assert "predicted_speedup" not in trials[0].user_attrs
     with pytest.raises(ConfigError, match="search=predict stops after trial 0"):
-        run_study(tmp_path, *SMALL_PAIR, *STUDY, f"search.profile={bad}")
+        run_study(tmp_path, *STUDY, f"search.profile={bad}")
     assert len(load_study(tmp_path).get_trials()) == 1

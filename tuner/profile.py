@@ -63,6 +63,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, nargs="+", default=None,
                         help="the target's forward rows (default: 1-16 for chains and tries, "
                              "32-128 for lookahead's and Ouroboros's trees)")
+    parser.add_argument("--prefill", type=int, nargs="+", default=None,
+                        help="prompt lengths whose prefill is timed (default: 16-2048; cover "
+                             "the task's prompts)")
     parser.add_argument("--draft-rows", type=int, nargs="+", default=None,
                         help="the draft model's forward rows (default: 1, 2 for chains, up to "
                              "256 for Ouroboros's lookahead drafts)")
@@ -101,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.repeats < 1:
             raise ConfigError(f"--repeats={args.repeats} is invalid: allowed is an integer >= 1")
         for name, values in (("--contexts", args.contexts), ("--rows", args.rows),
-                             ("--draft-rows", args.draft_rows)):
+                             ("--draft-rows", args.draft_rows), ("--prefill", args.prefill)):
             if values is not None and (min(values) < 1 or sorted(set(values)) != values):
                 raise ConfigError(f"{name}={values} is invalid: allowed are distinct ascending "
                                   "integers >= 1")
@@ -407,7 +410,8 @@ def make_profile(models: dict, args: argparse.Namespace, say=print,
     target, draft, fit = loops.measure_profile(
         pair.target, pair.draft, contexts=tuple(args.contexts or loops.CONTEXTS),
         rows=tuple(args.rows or loops.TARGET_ROWS),
-        draft_rows=tuple(args.draft_rows or loops.DRAFT_ROWS), repeats=args.repeats,
+        draft_rows=tuple(args.draft_rows or loops.DRAFT_ROWS),
+        prefill=tuple(args.prefill or loops.PREFILL), repeats=args.repeats,
         progress=say, between_rounds=between_rounds)
     import transformers
     return HardwareProfile(

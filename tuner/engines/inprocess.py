@@ -355,8 +355,8 @@ class HFEvaluator:
     def check_profile(self, pairs: Sequence[Paired]) -> Any:
         """``search.profile``'s vanilla against the default's (trial 0's) measured vanilla,
         each per 1-row forward at the generation's middle context: the profile's own cell, and
-        the same forward timed now (``tuner.predict.loops.measure_surface``, 5 rounds)."""
-        from tuner.predict.check import VanillaGeneration, vanilla_check
+        the same forward timed now (``tuner.predict.loops.measure_surface``, 10 rounds)."""
+        from tuner.predict.check import ONE_ROW_ROUNDS, VanillaGeneration, vanilla_check
         from tuner.predict.loops import measure_surface
         if self.profile is None or self.profile.kind != "measured":
             return None
@@ -367,7 +367,7 @@ class HFEvaluator:
             return None
         contexts = sorted({g.context() for g in shapes})
         now = measure_surface(self.pair.target, contexts=contexts, rows=(1,), prefill=(),
-                              repeats=5)
+                              repeats=ONE_ROW_ROUNDS)
         one_row = dict(zip(contexts, (line[0] for line in now.seconds)))
         return vanilla_check(self.profile, [replace(g, one_row_s=one_row[g.context()])
                                             for g in shapes])
