@@ -19,7 +19,8 @@ The candidate is *in fact within 2 %* when its geometric mean over the drawn pro
 0.98 × the best trial's; a prune of such a candidate is a false prune. Reported per table and
 over all: the false-prune rate among such candidates (with a 95 % Wilson interval), and the
 prune rate of candidates at most 0.90 × and at most 0.80 × the best (the pruner's power), at
-which prompt it pruned. With ``--retest-sd`` (e.g. 0.03: the per-prompt test–retest spread of a paired speedup
+which prompt it pruned. With ``--retest-sd`` (e.g. 0.03: the per-prompt test–retest spread of a
+paired speedup
 measured here), the candidate's observed values also carry that much fresh log-normal noise,
 as a re-measurement would: truth stays the table's value.
 """

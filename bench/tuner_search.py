@@ -8,8 +8,9 @@
 Every search (grid, heuristic, TPE with the paired pruner, TPE without pruning, search=predict)
 is one ``python -m tuner +task=gsm8k method=<m> budget=full task.n_prompts=4 task.n_held_out=2
 task.max_new_tokens=32`` process on the same narrowed space (each ``--range`` sets the
-parameter's space and its heuristic range alike, so the grid, the heuristic, the TPE sampler and
-search=predict all search the same points), one after the other on a quiet machine. Reported per
+parameter's space and its heuristic range alike, and a parameter given none is narrowed to its
+GSM8K heuristic range, so the grid, the heuristic, the TPE sampler and search=predict all search
+the same points), one after the other on a quiet machine. Reported per
 search:
 
   * **end to end**: the process's wall time, as a user waits for it (imports, model load, the
@@ -241,6 +242,23 @@ def replays(table, space, default, task_class, seeds, tpe_trials, top, spread) -
     return out
 
 
+def heuristic_ranges(method: dict, ranges: list[str]) -> list[str]:
+    """Every parameter not given a ``--range`` narrowed to its GSM8K (LH) heuristic range, so
+    that the samplers search the space the grid and the heuristic search (Ouroboros's K: the
+    grid holds it at 3, TPE would sample 1-5)."""
+    given = {item.partition("=")[0] for item in ranges}
+    out = []
+    for name, spec in method["space"].items():
+        values = (spec.get("heuristic") or {}).get("LH")
+        if name in given or not values:
+            continue
+        if spec.get("type") == "int":
+            out.append(f"{name}={min(values)}:{max(values)}")
+        else:
+            out.append(f"{name}={','.join(str(v) for v in values)}")
+    return out
+
+
 def narrowed_space(method: dict, ranges: list[str]) -> dict:
     """The method's space as ``range_overrides`` narrows it (for the replays)."""
     space = {k: dict(v) for k, v in method["space"].items()}
@@ -259,7 +277,7 @@ def narrowed_space(method: dict, ranges: list[str]) -> dict:
     return space
 
 
-# -- main -------------------------------------------------------------------------------------------
+# -- main ----------------------------------------------------------------------------------------
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -291,6 +309,7 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     method = yaml.safe_load((ROOT / "conf" / "method" / f"{args.method}.yaml").read_text())
     args.work.mkdir(parents=True, exist_ok=True)
+    args.ranges += heuristic_ranges(method, args.ranges)
     narrow = [f"method={args.method}", *range_overrides(args.ranges, method), *args.override]
     profile = str(args.profile.resolve())
     searches = {

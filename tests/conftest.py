@@ -44,7 +44,8 @@ PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees",
                     "test_readme", "test_validate", "test_profile", "test_quality", "test_tasks",
                     "test_models", "test_decode_phase", "test_prompts", "test_imports",
                     "test_report", "test_server_groups", "test_real_model", "test_compiled",
-                    "test_vllm", "test_work_units", "test_engines"}
+                    "test_vllm", "test_work_units", "test_engines", "test_pruner",
+                    "test_search_cost"}
 SERIAL_FIXTURES = {"mlflow_url"}    # one server per session
 
 

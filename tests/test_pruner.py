@@ -96,7 +96,8 @@ def test_a_wilcoxon_pruner_that_can_never_prune_is_refused_in_one_line(tmp_path)
     assert "\n" not in message
     assert "WilcoxonPruner(p_threshold=0.1) can never prune at 3 tuning prompt(s)" in message
     assert "smallest p a signed-rank test reaches is 0.25" in message
-    StudySettings.from_config(compose_cfg(tmp_path, "search=tpe", "budget=full", "task.n_prompts=6",
+    StudySettings.from_config(compose_cfg(tmp_path, "search=tpe", "budget=full",
+                                          "task.n_prompts=6",
                                           "task.n_held_out=1", *wilcoxon))
     settings = StudySettings.from_config(compose_cfg(tmp_path, "search=tpe", "task.n_prompts=3"))
     assert settings.search["pruner"]["_target_"] == "tuner.search.pruners.PairedPruner"

@@ -93,13 +93,15 @@ def test_the_full_default_ranking_is_refused_before_any_untimed_run(tmp_path, ti
     assert [t.state.name for t in trials] == ["COMPLETE"]
 
 
+@pytest.mark.alone     # times a search: the whole machine, in the serial pass
 def test_the_estimate_after_the_first_trial_is_within_30_percent(tmp_path, monkeypatch, capsys):
     """A grid of 5 points on the tiny pair: before the first trial the time is not known (no
     profile); the estimate made after it (elapsed + trials left + the confirmation), kept in the
     study, is within ±30 % of the time the search took; the progress line shows the time left."""
     from tests.conftest import load_study, run_study
     monkeypatch.chdir(tmp_path)
-    run_study(tmp_path, "search=grid", "search.ranges=full", "method.space.num_draft_tokens.high=5",
+    run_study(tmp_path, "search=grid", "search.ranges=full",
+              "method.space.num_draft_tokens.high=5",
               "task.max_new_tokens=24", "tracking=none")
     out = capsys.readouterr().out
     assert "the time is estimated after the first trial" in out

@@ -145,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {out}: {profile.describe()}; target forward {1e3 * vanilla:.1f} ms for one "
           f"token, {profile.target.step_s(profile.target.contexts[0], 5) / vanilla:.2f}x that "
           f"for 5 tokens; the loop's own time per step: " + ", ".join(
-              f"{key} {1e3 * value:+.2f} ms (spread {1e3 * profile.step_overhead_spread_s[key]:.2f})"
+              f"{key} {1e3 * value:+.2f} ms "
+              f"(spread {1e3 * profile.step_overhead_spread_s[key]:.2f})"
               for key, value in profile.step_overhead_s.items()))
     if profile.flags:
         for flag in profile.flags:

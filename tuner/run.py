@@ -20,7 +20,7 @@ from __future__ import annotations
 import signal
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import optuna
 from hydra.utils import instantiate

@@ -350,7 +350,7 @@ class HFEvaluator:
             on_point(i, value)
         return out
 
-    # -- the profile's check and price (tuner.predict.check, tuner.study.cost) ---------------------
+    # -- the profile's check and price (tuner.predict.check, tuner.study.cost) --------------------
 
     def check_profile(self, pairs: Sequence[Paired]) -> Any:
         """``search.profile``'s vanilla against the default's (trial 0's) measured vanilla,
