@@ -114,6 +114,17 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def tiny_profile(tmp_path):
+    """A hardware profile of the tiny pair on a small grid, one round (``python -m
+    tuner.profile``; a few seconds)."""
+    from tuner import profile as cli
+    path = tmp_path / "tiny.json"
+    assert cli.main(["--models", "tiny", "--repeats", "1", "--contexts", "8", "128",
+                     "--rows", "1", "4", "8", "--draft-rows", "1", "2", "--out", str(path)]) == 0
+    return path
+
+
 def tiny_pair(kind: str, **target_opts) -> ModelPair:
     """Tiny fp32 pairs: ``same`` (draft is the target), ``unrelated`` (another seed),
     ``related`` (the target's first layer: partial agreement)."""

@@ -150,15 +150,6 @@ STUDY = ["task.n_held_out=1", "task.max_new_tokens=24", "search=grid", "search.r
          "tracking=none"]
 
 
-@pytest.fixture
-def tiny_profile(tmp_path):
-    from tuner import profile as cli
-    path = tmp_path / "tiny.json"
-    assert cli.main(["--models", "tiny", "--repeats", "1", "--contexts", "8", "128",
-                     "--rows", "1", "4", "8", "--draft-rows", "1", "2", "--out", str(path)]) == 0
-    return path
-
-
 def test_a_study_records_a_prediction_beside_every_measurement(tmp_path, monkeypatch, capsys,
                                                                tiny_profile):
     """search.profile: every completed trial of a γ grid records its predicted speedup and the

@@ -39,15 +39,6 @@ def test_a_bad_cap_is_refused_in_one_line(tmp_path, value):
         str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.fixture
-def tiny_profile(tmp_path):
-    from tuner import profile as cli
-    path = tmp_path / "tiny.json"
-    assert cli.main(["--models", "tiny", "--repeats", "1", "--contexts", "8", "128",
-                     "--rows", "1", "4", "8", "--draft-rows", "1", "2", "--out", str(path)]) == 0
-    return path
-
-
 def test_the_full_default_ranking_is_refused_before_any_untimed_run(tmp_path, tiny_profile):
     """search=predict over the default method's whole space (search.ranges=full: 16 x 17 x 7 x 5
     = 9,520 points): its estimate (an untimed run per point, priced by the profile) is over the
