@@ -93,13 +93,14 @@ def summarise(draws):
     far = [(r, n) for r, n in draws if r <= 0.80]
     false = sum(n is not None for _, n in near)
     power = sum(n is not None for _, n in worse)
+    pruned_far = sum(n is not None for _, n in far)
     return {"draws": len(draws), "near_ties": len(near), "false_prunes": false,
             "false_prune_rate": false / len(near) if near else None,
             "false_prune_95": wilson(false, len(near)),
             "clearly_worse": len(worse), "pruned_worse": power,
             "power": power / len(worse) if worse else None,
-            "far_behind": len(far), "pruned_far": sum(n is not None for _, n in far),
-            "power_far": sum(n is not None for _, n in far) / len(far) if far else None,
+            "far_behind": len(far), "pruned_far": pruned_far,
+            "power_far": pruned_far / len(far) if far else None,
             "pruned_at": {str(k): sum(n == k for _, n in draws) for k in
                           sorted({n for _, n in draws if n is not None})}}
 

@@ -118,9 +118,7 @@ def work(settings: StudySettings, study: optuna.Study, points: Points, evaluator
         evaluator.refuse_profile(refused)
     restore(points.plan, study)
     plan = points.plan
-    measured = settings.profile is not None and settings.profile.kind == "measured"
-    cost.announce(evaluator.vanilla_price(settings.profile)        # a roofline misprices a CPU
-                  if measured and refused is None else None)
+    cost.announce(evaluator.vanilla_price(settings.profile) if refused is None else None)
     after_default = AfterDefault(settings, study, plan, evaluator, cost, say)
     objective = Objective(settings, evaluator, study, callbacks.prompt_measured, after_default)
 

@@ -376,9 +376,10 @@ class HFEvaluator:
         self.profile = None
 
     def vanilla_price(self, profile: Any) -> list[float] | None:
-        """``profile``'s price of vanilla's ``max_new_tokens`` on each tuning prompt."""
+        """``profile``'s price of vanilla's ``max_new_tokens`` on each tuning prompt (None for a
+        roofline, which misprices a CPU, as ``check_profile`` leaves one unchecked)."""
         from tuner.predict.predict import vanilla_forward_seconds
-        if profile is None:
+        if profile is None or profile.kind != "measured":
             return None
         budget = self.settings.budget["max_new_tokens"]
         overhead = profile.step_overhead_s.get("vanilla", 0.0)
