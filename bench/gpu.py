@@ -7,6 +7,12 @@ Sections:
   * ``cost``: one target forward of n new tokens after a 512-token cached context, for a chain
     (causal) and for a token tree (4D mask), n = 1..128, CUDA-event timing (median of 10 after 3
     warm-ups), as a ratio to n = 1. This is the number that decides how wide a tree may be.
+  * ``loops``: where a generation's time per token goes on this device (``torch.profiler``, CPU and
+    CUDA activities): our vanilla loop, block γ=4 and a bare forward + argmax loop on the same
+    cache, timed side by side in two orders (vanilla first and last), then one profiled prompt each:
+    GPU kernel time per token, host time inside and outside the target's forward, host syncs and
+    the costliest ops outside the forward. Answers "why does vanilla pay more per token than one
+    forward" from a trace rather than a guess.
   * ``methods``: every decoding method on the same 7B-shaped bf16 target (Llama-2-7B shapes,
     random weights, seed 0) with a draft derived from it (its first 1/8 of the layers + the LM head:
     ``early_exit``), greedy, same prompts (seeded random token ids), side by side: tokens/s, ratio to
@@ -38,6 +44,10 @@ from decoding.models import ModelPair, resolve_dtype  # noqa: E402
 from decoding.runtime import crop_cache, forward_logits, new_cache  # noqa: E402
 from decoding.tree import tree_forward  # noqa: E402
 from tuner.measure.energy import EnergyMeter  # noqa: E402
+
+FORWARD = "target forward"                 # the profiler range around every target forward
+HOST_SYNCS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+              "cudaEventSynchronize")
 
 
 def median_ms(fn, device: torch.device, repeats: int = 10, warmup: int = 3) -> float:
@@ -169,6 +179,135 @@ def timed_runs(pair: ModelPair, configs, prompts, max_new_tokens: int, label: st
     return table
 
 
+@torch.inference_mode()
+def bare_loop(model: torch.nn.Module, prompt: torch.Tensor, max_new_tokens: int) -> int:
+    """The least a greedy loop can do: one cached forward and an argmax per token, the token read
+    back to the host each step (as every loop must, to test EOS). Returns the tokens made."""
+    cache = new_cache(model, prompt.shape[0] + max_new_tokens + 8)
+    inputs, start = prompt[None], 0
+    for _ in range(max_new_tokens):
+        logits = forward_logits(model, inputs, cache, start, 1)                 # [1, V]
+        token = logits[-1].argmax()
+        int(token)                                                              # host sync
+        start += inputs.shape[1]
+        inputs = token.view(1, 1)
+    return max_new_tokens
+
+
+def trace_summary(prof, tokens: int) -> dict:
+    """Per token: GPU time (the profiler's "Self CUDA time total": every kernel, copy and memset
+    once), host time inside and outside the ``FORWARD`` ranges, host syncs, kernel launches, and
+    the costliest top-level host ops outside the forward (a draft's forwards included)."""
+    gpu_us = sum(row.self_device_time_total for row in prof.key_averages())
+    cuda = torch.autograd.DeviceType.CUDA
+    inside_us = launches = syncs = 0.0
+    outside_ops: dict[str, float] = {}
+    forward_ranges = []
+    host_events = [e for e in prof.events() if e.device_type != cuda]
+    for event in host_events:
+        if event.name == FORWARD:
+            forward_ranges.append((event.time_range.start, event.time_range.end))
+            inside_us += event.cpu_time_total
+    for event in host_events:
+        syncs += event.name in HOST_SYNCS
+        launches += event.name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
+        if event.name == FORWARD or event.cpu_parent is not None:
+            continue                     # top-level host ops only: their children are inside
+        began = event.time_range.start
+        if not any(lo <= began <= hi for lo, hi in forward_ranges):
+            outside_ops[event.name] = outside_ops.get(event.name, 0.0) + event.cpu_time_total
+    top = sorted(outside_ops.items(), key=lambda kv: -kv[1])[:6]
+    return {"gpu_ms_per_token": gpu_us / 1000 / tokens,
+            "host_forward_ms_per_token": inside_us / 1000 / tokens,
+            "host_outside_ms_per_token": sum(outside_ops.values()) / 1000 / tokens,
+            "host_syncs_per_token": syncs / tokens, "kernel_launches_per_token": launches / tokens,
+            "costliest_outside_us_per_token": [(name, round(us / tokens, 1)) for name, us in top]}
+
+
+TRACED_TOKENS = 16                         # a profiled generation's length (traces grow fast)
+
+
+LOOPS = [("vanilla", "vanilla", {}), ("block γ=4", "block", {"num_draft_tokens": 4})]
+
+
+def section_loops(pair: ModelPair, prompts: int, max_new_tokens: int) -> dict:
+    """Vanilla, block γ=4 and the bare loop side by side (ms per token, two orders), then one
+    profiled prompt of each (``trace_summary``), with the target's forward wrapped in a range."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    device = next(pair.target.parameters()).device
+    ids = [torch.tensor(p, device=device) for p in
+           random_prompts(prompts + 1, 64, pair.target.config.vocab_size)]
+    runners = {"bare forward + argmax": lambda p: bare_loop(pair.target, p, max_new_tokens)}
+    methods = {}
+    for name, method_name, kw in LOOPS:
+        method = methods[name] = build_method(method_name, pair, **kw)
+        runners[name] = (lambda m: lambda p: generate(m, p, max_new_tokens).stats.new_tokens)(method)
+    for run in runners.values():
+        run(ids[0])                                              # warm-up (kernels, allocator)
+    order = ["vanilla", "bare forward + argmax", "block γ=4", "vanilla (again, last)"]
+    times: dict[str, list[float]] = {name: [] for name in order}
+    for prompt in ids[1:]:
+        for name in order:
+            synchronize(device)
+            began = time.perf_counter()
+            tokens = runners[name.split(" (")[0]](prompt)
+            synchronize(device)
+            times[name].append(1000 * (time.perf_counter() - began) / tokens)
+    rows = []
+    bare = statistics.median(times["bare forward + argmax"])
+    for name in order:
+        ms = statistics.median(times[name])
+        rows.append({"loop": name, "ms_per_token": ms, "vs_bare": ms / bare,
+                     "per_prompt_ms": [round(t, 2) for t in times[name]]})
+        print(f"loops {name:<24} {ms:7.2f} ms/token ({ms / bare:5.2f}x the bare loop)", flush=True)
+
+    depth = [0]
+
+    def enter(module, args):
+        depth[0] += 1
+        if depth[0] == 1:
+            scope = record_function(FORWARD)
+            scope.__enter__()
+            scopes.append(scope)
+
+    def leave(module, args, output):
+        depth[0] -= 1
+        if depth[0] == 0 and scopes:
+            scopes.pop().__exit__(None, None, None)
+
+    scopes: list = []
+    handles = [pair.target.register_forward_pre_hook(enter),
+               pair.target.register_forward_hook(leave)]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    traces = {}
+    try:
+        for name in ("bare forward + argmax", "vanilla", "block γ=4"):
+            short = bare_loop if name.startswith("bare") else None
+            with profile(activities=activities) as prof:
+                if short is not None:
+                    tokens = bare_loop(pair.target, ids[1], TRACED_TOKENS)
+                else:
+                    tokens = generate(methods[name], ids[1], TRACED_TOKENS).stats.new_tokens
+                synchronize(device)
+            traces[name] = trace_summary(prof, tokens)
+            t = traces[name]
+            print(f"trace {name:<24} GPU {t['gpu_ms_per_token']:6.2f} ms/token, "
+                  f"host in forward {t['host_forward_ms_per_token']:6.2f}, outside "
+                  f"{t['host_outside_ms_per_token']:6.2f}, syncs {t['host_syncs_per_token']:.1f}, "
+                  f"launches {t['kernel_launches_per_token']:.0f}; outside: "
+                  f"{t['costliest_outside_us_per_token'][:3]}", flush=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {"timed": rows, "traces": traces,
+            "note": "timed: no profiler, medians over prompts of ms per generated token, each "
+                    "prompt runs the loops in the order listed; traces: one prompt, "
+                    f"{TRACED_TOKENS} tokens, under torch.profiler (its overhead inflates host times: compare loops, not "
+                    "absolute figures)"}
+
+
 def section_methods(pair: ModelPair, prompts: int, max_new_tokens: int) -> list[dict]:
     ids = random_prompts(prompts + 1, 64, pair.target.config.vocab_size)
     return timed_runs(pair, METHODS_7B, ids, max_new_tokens, pair.target_name.split()[0])
@@ -176,7 +315,7 @@ def section_methods(pair: ModelPair, prompts: int, max_new_tokens: int) -> list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="+", choices=["cost", "methods"])
+    parser.add_argument("sections", nargs="+", choices=["cost", "loops", "methods"])
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
@@ -202,10 +341,12 @@ def main() -> None:
                     "torch": torch.__version__,
                     "cuda": torch.version.cuda, "transformers": transformers.__version__,
                     "target": pair.target_name, "draft": pair.draft_name, "dtype": args.dtype}
-    if "methods" in args.sections:
+    if "methods" in args.sections or "loops" in args.sections:
         result |= {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens}
     if "cost" in args.sections:
         result["cost"] = section_cost(pair.target, sizes=tuple(args.sizes))
+    if "loops" in args.sections:
+        result["loops"] = section_loops(pair, args.prompts, args.max_new_tokens)
     if "methods" in args.sections:
         result["methods"] = section_methods(pair, args.prompts, args.max_new_tokens)
     if args.out:

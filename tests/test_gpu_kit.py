@@ -184,14 +184,20 @@ def test_every_part_runs_on_the_cpu_and_writes_its_result_files(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "compiled.json", "cost.json", "gpu_check.log", "image.json", "lossless.json",
-        "methods.json", "study.json"]
+        "loops.json", "methods.json", "study.json"]
     assert done.stdout.splitlines()[0].startswith("image: Python ")
     assert "kit: 0 wheels installed; no kit at" in done.stdout
     parts = {p: json.loads((out / f"{p}.json").read_text())
-             for p in ("cost", "methods", "lossless", "compiled", "study")}
+             for p in ("cost", "loops", "methods", "lossless", "compiled", "study")}
     assert all(r["ok"] and r["mode"] == "cpu" for r in parts.values())
     cost = parts["cost"]["results"]["cost"]
     assert [row["n"] for row in cost["cost"]] == [1, 4, 16] and cost["cost"][0]["chain_ratio"] == 1
+    loops = parts["loops"]["results"]["loops"]["loops"]
+    assert [row["loop"] for row in loops["timed"]] == [
+        "vanilla", "bare forward + argmax", "block γ=4", "vanilla (again, last)"]
+    assert set(loops["traces"]) == {"bare forward + argmax", "vanilla", "block γ=4"}
+    vanilla = loops["traces"]["vanilla"]           # every token read back to test EOS: ≥ 1 sync
+    assert vanilla["host_forward_ms_per_token"] > 0 and vanilla["host_syncs_per_token"] >= 1
     methods = {row["configuration"]: row for row in parts["methods"]["results"]["methods"]["methods"]}
     assert methods["vanilla"]["ratio"] == 1 and methods["vanilla"]["j_per_token"] is None
     assert all(row["identical"] == "1/1" for row in methods.values())     # fp32: lossless
