@@ -163,6 +163,10 @@ class DecodingMethod:
     """
 
     name = "base"
+    # Capabilities: the ``ClassVar``s below, read by the tuner from the class or an instance,
+    # never probed; every method class declares each one in its own body, even where it keeps
+    # the default (tests/test_capabilities.py checks both).
+    #
     # at T = 0 its per-step acceptance is replayed exactly from one vanilla generation
     # (``decoding.replay.drafter_steps``: its drafter reads only the committed prefix)
     replayable: ClassVar[bool] = False
@@ -171,14 +175,18 @@ class DecodingMethod:
     # neither, vanilla has nothing to predict)
     traceable: ClassVar[bool] = False
     # its acceptance on a prompt depends on the prompts generated before it since ``reset``
-    # (Ouroboros's phrase pool with reuse_history): an untimed run must follow the timed order
-    keeps_history = False
+    # (Ouroboros's phrase pool with reuse_history): an untimed run must follow the timed order.
+    # A method whose constructor decides it declares a read-only property instead (Ouroboros)
+    keeps_history: ClassVar[bool] = False
     # the loop drives the target through ``decoding.target_cache.TargetCache`` (so it can run on
     # a ``decoding.compiled.CompiledTarget``); lookahead keeps its own cache arithmetic
     supports_compiled: ClassVar[bool] = False
     # EAGLE heads: the head format the method runs (3: EAGLE-3 heads only; None: no head, or
     # either format)
     head_version: ClassVar[int | None] = None
+    # the drafter the shared loop asks for drafts (``decoding.loop.DraftVerifyLoop``); None for
+    # a method without one (vanilla, lookahead's fused Jacobi window)
+    drafter: Drafter | None = None
 
     @classmethod
     def compiled_refusal(cls, params: Mapping[str, Any]) -> str | None:

@@ -127,6 +127,10 @@ class EagleDecoding(DraftVerifyLoop):
     """
 
     name = "eagle"
+    replayable = False            # its head reads the target's hidden states
+    traceable = False             # the head's forwards are priced by no profile yet
+    keeps_history = False
+    supports_compiled = True      # EAGLE-1/2 heads (an EAGLE-3 one: compiled_refusal)
     head_version: ClassVar[int | None] = None   # the head format "random"/"auto" make (None:
                                                 # EAGLE-1/2; files of either format load)
 

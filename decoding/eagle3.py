@@ -38,6 +38,10 @@ class Eagle3Decoding(EagleDecoding):
     """
 
     name = "eagle3"
+    replayable = False            # its head reads the target's hidden states
+    traceable = False             # the head's forwards are priced by no profile yet
+    keeps_history = False
+    supports_compiled = True      # the shared loop; its head is refused (compiled_refusal)
     head_version = 3
 
     def __init__(self, target: nn.Module, *, head: Any = "auto", shape: Shape = "dynamic",

@@ -172,7 +172,11 @@ class LookaheadDecoding(DecodingMethod):
     """
 
     name = "lookahead"
-    traceable = True              # target and draft-model forwards only
+    replayable = False            # no drafter: its Jacobi window is its own
+    traceable = True              # target forwards only
+    keeps_history = False
+    supports_compiled = False     # its own loop and cache arithmetic
+    head_version = None
 
     def __init__(self, target: nn.Module, *, window: int = 15, ngram: int = 5,
                  guess_set: int = 15, temperature: float = 0.0, top_k: int = 0,

@@ -185,7 +185,11 @@ class MJSD(DraftVerifyLoop):
     """
 
     name = "mjsd"
+    replayable = False            # beams sampled from the draft
     traceable = True              # target and draft-model forwards only
+    keeps_history = False
+    supports_compiled = True
+    head_version = None
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, num_draft_tokens: int = 4,
                  num_beams: int = 8, width: int = 1, tau: float = 0.9,

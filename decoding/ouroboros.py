@@ -177,7 +177,15 @@ class Ouroboros(DraftVerifyLoop):
     """
 
     name = "ouroboros"
+    replayable = False            # its phrase pool mines the target's forwards
     traceable = True              # target and draft-model forwards only
+    supports_compiled = True
+    head_version = None
+
+    @property
+    def keeps_history(self) -> bool:  # type: ignore[override]  # decided per instance
+        """With ``reuse_history`` the pool outlives a generation (``DecodingMethod``)."""
+        return self.reuse_history
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, num_draft_tokens: int = 4,
                  window: int = 15, phrase_length: int = 6, num_phrases: int = 3,
@@ -196,7 +204,7 @@ class Ouroboros(DraftVerifyLoop):
         super().__init__(target, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                          eos_token_ids=eos_token_ids)
         self.pool = PhrasePool(guess_set)
-        self.keeps_history = reuse_history         # the pool outlives a generation
+        self.reuse_history = reuse_history
         self.drafter = PhraseDrafter(
             draft, self.pool, num_tokens=self.num_draft_tokens, window=window,
             phrase_length=phrase_length, guess_set=guess_set, num_phrases=num_phrases,

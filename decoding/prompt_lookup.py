@@ -95,8 +95,11 @@ class PromptLookup(DraftVerifyLoop):
     """
 
     name = "prompt_lookup"
-    traceable = True              # target and draft-model forwards only
-    replayable = True
+    replayable = True             # drafts read only the committed prefix
+    traceable = True              # target forwards only
+    keeps_history = False
+    supports_compiled = True
+    head_version = None
 
     def __init__(self, target: nn.Module, *, max_ngram: int = 3, min_ngram: int = 1,
                  num_draft_tokens: int = 10, num_matches: int = 1, temperature: float = 0.0,

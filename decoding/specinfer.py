@@ -112,7 +112,11 @@ class SpecInfer(DraftVerifyLoop):
     """
 
     name = "specinfer"
+    replayable = False            # several sampled drafts
     traceable = True              # target and draft-model forwards only
+    keeps_history = False
+    supports_compiled = True
+    head_version = None
 
     def __init__(self, target: nn.Module, draft: nn.Module | Sequence[nn.Module], *,
                  num_drafts: int = 3, num_draft_tokens: int = 4,

@@ -89,8 +89,11 @@ class SpeculativeDecoding(DraftVerifyLoop):
     """
 
     name = "speculative"
+    replayable = True             # drafts read only the committed prefix
     traceable = True              # target and draft-model forwards only
-    replayable = True
+    keeps_history = False
+    supports_compiled = True
+    head_version = None
     verify_rule: VerifyRule = staticmethod(token_verify)
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, num_draft_tokens: int = 4,
@@ -107,4 +110,9 @@ class BlockVerification(SpeculativeDecoding):
     """Draft model + target, block verification (Sun et al. 2024); same drafting and caches."""
 
     name = "block"
+    replayable = True             # speculative's drafter
+    traceable = True              # target and draft-model forwards only
+    keeps_history = False
+    supports_compiled = True
+    head_version = None
     verify_rule: VerifyRule = staticmethod(block_verify)

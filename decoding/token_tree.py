@@ -266,8 +266,11 @@ class TreeDecoding(DraftVerifyLoop):
     """
 
     name = "tree"
+    replayable = True             # drafts read only the committed prefix
     traceable = True              # target and draft-model forwards only
-    replayable = True
+    keeps_history = False
+    supports_compiled = True
+    head_version = None
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, shape: Shape = "dynamic",
                  siblings: str = "topk", width: int = 4, depth: int = 4,

@@ -31,7 +31,11 @@ class Vanilla(DecodingMethod):
     """
 
     name = "vanilla"
+    replayable = False            # nothing drafted
+    traceable = False             # nothing drafted: nothing to predict
+    keeps_history = False
     supports_compiled = True
+    head_version = None
 
     def __init__(self, target: nn.Module, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0,

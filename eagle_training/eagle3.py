@@ -29,9 +29,9 @@ import torch
 
 from decoding.eagle3_head import Eagle3Config, Eagle3Head, default_layer_ids
 from decoding.eagle_head import rotate_half
-from eagle_training.train import Example
+from eagle_training.features import Example
 
-MIN_LENGTH = 4     # tokens a training sequence needs (``train.extract``'s ``min_length``)
+MIN_LENGTH = 4     # tokens a training sequence needs (``features.extract``'s ``min_length``)
 
 
 def draft_vocabulary(examples: list[Example], size: int, vocab: int) -> tuple[torch.Tensor,

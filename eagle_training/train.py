@@ -41,7 +41,8 @@ from tqdm import tqdm
 
 from decoding.eagle_head import EagleHead, HeadConfig, parameter_count
 from decoding.eagle_weights import save_head
-from decoding.runtime import Hidden, hidden_rows
+from eagle_training import eagle3
+from eagle_training.features import Example, extract
 
 SHIPPED_NAMES = {("smollm2", 2): "smollm2-135m-instruct",
                  ("smollm2", 3): "smollm2-135m-instruct-eagle3"}
@@ -67,42 +68,6 @@ class TrainSettings:
     ttt_steps: int = 4               # EAGLE-3: training-time test unroll (the authors: 7)
     ttt_decay: float = 0.8           # EAGLE-3: step k's loss weight is decay^k
     draft_vocab: int = 8192          # EAGLE-3: draft vocabulary size (capped at the target's)
-
-
-@dataclass(frozen=True)
-class Example:
-    """One sequence and what the target computed on it."""
-
-    tokens: torch.Tensor      # [T] int64
-    features: torch.Tensor    # [T, H] fp16 target features f_i (EAGLE-1/2: the last layer's),
-    #                           or [T, k·H] the states entering an EAGLE-3 head's k layers
-    top_ids: torch.Tensor     # [T, k] int64 target's most likely next tokens after position i
-    top_probs: torch.Tensor   # [T, k] fp16 their probabilities
-
-
-# --------------------------------------------------------------------------------------------
-# 1-2. Features
-
-
-@torch.inference_mode()
-def extract(target: torch.nn.Module, sequences: list[list[int]], topk: int, deadline: float,
-            layers: Hidden = True, min_length: int = 3) -> list[Example]:
-    """Target states (``layers`` as ``decoding.runtime.hidden_rows``: True the last layer's,
-    else those layer ids side by side) and top-k next-token distributions, one forward per
-    sequence of at least ``min_length`` tokens, until ``deadline`` (perf_counter)."""
-    examples = []
-    device = next(target.parameters()).device
-    for ids in tqdm(sequences, desc="target states", unit="seq", mininterval=5):
-        if time.perf_counter() > deadline:
-            break
-        if len(ids) < min_length:
-            continue
-        tokens = torch.tensor(ids, device=device)
-        out = target(input_ids=tokens[None], output_hidden_states=True)
-        top = torch.topk(torch.softmax(out.logits[0].float(), dim=-1), topk)
-        examples.append(Example(tokens.cpu(), hidden_rows(out.hidden_states, layers).half().cpu(),
-                                top.indices.cpu(), top.values.half().cpu()))
-    return examples
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,7 +276,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     held_text = held_out_sequences(tokenizer, settings.max_len, args.held_out)
     extra: dict[str, Any] = {}
     if settings.version == 3:
-        from eagle_training import eagle3
         layer_ids = eagle3.default_layer_ids(int(target.config.num_hidden_layers))
         examples = extract(target, sequences, settings.topk,
                            began + settings.extract_fraction * budget, layer_ids, eagle3.MIN_LENGTH)

@@ -341,7 +341,7 @@ def test_training_time_test_equals_the_head_drafting_a_chain(tiny_pairs):
     from the target's states, then a chain of k draft steps on its own outputs."""
     from decoding.tree import additive_mask
     from eagle_training.eagle3 import unrolled
-    from eagle_training.train import Example
+    from eagle_training.features import Example
     pair = tiny_pairs["related"]
     head = eagle3_head(pair.target, 8)
     tokens = torch.tensor([3, 17, 9, 40, 41, 5, 77, 12, 8, 30])

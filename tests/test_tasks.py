@@ -159,3 +159,11 @@ def test_sandbox_allows_ordinary_code_and_its_own_files():
     program = "open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'\n"
     assert run_program(program).passed
     assert run_program("import math\nassert math.factorial(5) == 120\n").passed
+
+
+# moved from tests/test_study.py (its small correctness fixes)
+def test_the_sandbox_fails_a_program_that_exits_early():
+    from tuner.tasks.sandbox import run_program
+    assert run_program("assert 1 + 1 == 2").passed
+    assert not run_program("import sys\nsys.exit(0)\nassert 1 + 1 == 3").passed
+    assert not run_program("import os\nos._exit(0)\nassert 1 + 1 == 3").passed

@@ -21,7 +21,7 @@ from tuner.search.plans import GridPlan, HeuristicPlan, point_key
 from tuner.search.space import distributions, grid_size, suggest, validate_params
 from tuner.study.trials import failure_reason
 
-from tests.conftest import CONF, ENV, FAST, compose_cfg, load_study, run_study
+from tests.conftest import CONF, ENV, FAST, ROOT, compose_cfg, load_study, run_study
 
 pytestmark = pytest.mark.usefixtures("in_tmp")
 
@@ -35,7 +35,7 @@ def run_cfg(tmp_path, *overrides):
 
 
 @pytest.mark.parametrize("method", sorted(p.stem for p in (CONF / "method").glob("*.yaml")))
-@pytest.mark.parametrize("search", sorted(p.stem for p in (CONF / "search").glob("*.yaml")))
+@pytest.mark.parametrize("search", sorted(p.stem for p in (CONF / "search").glob("[!_]*.yaml")))
 def test_every_method_and_search_composes_and_instantiates(tmp_path, method, search):
     from tuner.config.build import build_method, load_models, plain
     cfg = compose_cfg(tmp_path, f"method={method}", f"search={search}")
@@ -165,6 +165,25 @@ def test_grid_plan_is_complete_and_starts_with_the_default():
     assert seen[0] == {"a": 2, "b": "y"} and len(seen) == grid_size(space) == 6
     assert {point_key(p) for p in seen} == {point_key({"a": a, "b": b}) for a in (1, 2, 3)
                                             for b in "xy"}
+
+
+# moved from tests/test_study.py (its small correctness fixes)
+def test_table9_grid_is_the_papers_27_points():
+    from tuner.search.plans import GridPlan
+    method = yaml.safe_load((ROOT / "conf" / "method" / "ouroboros.yaml").read_text())
+    plan = GridPlan(method["space"], {k: method["params"][k] for k in method["space"]}, "table9")
+    points = {(p["num_draft_tokens"], p["window"], p["phrase_length"], p["num_phrases"])
+              for p in plan.points}
+    assert plan.size() == 27 and points == {(g, w, b, 3) for g in (3, 4, 5)
+                                             for w in (14, 15, 16) for b in (5, 6, 7)}
+
+
+# moved from tests/test_study.py (its small correctness fixes)
+def test_heuristic_ranges_are_clipped_to_the_space():
+    from tuner.search.space import search_values
+    space = {"g": {"type": "int", "low": 1, "high": 5, "heuristic": {"HH": [4, 9]}}}
+    with pytest.warns(UserWarning, match=r"clipped to \[4, 5\]"):
+        assert search_values(space, "heuristic", "HH") == {"g": [4, 5]}
 
 
 def test_wilcoxon_pruning_stops_a_clearly_worse_trial():

@@ -159,6 +159,9 @@ CASES = [
      "ascending integers >= 1"),
     (["engine.compile=true", "method=lookahead"],
      "method=lookahead keeps its own decoding loop and cannot run with engine.compile=true"),
+    (["engine=llamacpp", "+engine.compile=true"],
+     "engine.compile=true is invalid for engine=llamacpp: it has no compiled mode here; allowed "
+     "is false, or engine=hf | engine=vllm"),
 ]
 
 
@@ -237,6 +240,32 @@ def test_a_studies_dir_that_cannot_hold_hydras_run_folder_gets_one_line(tmp_path
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("override,message", [
+    ("engine=sglang", "engine=sglang is unknown: allowed are hf, llamacpp, vllm"),
+    ("budget=huge", "budget=huge is unknown: allowed are auto, full"),
+    ("+task=nope", "+task=nope is unknown: allowed are cnndm, gsm8k, humaneval, mbpp, mtbench, "
+                   "prompts, specbench, wmt16"),
+    ("search=_base", "search=_base is unknown: allowed are grid, heuristic, pareto, "
+                     "pareto_energy, predict, tpe"),
+])
+def test_an_unknown_group_option_is_named_with_the_allowed_ones(override, message):
+    """``GROUP=OPTION`` with no such file: one line listing the group's options, not Hydra's
+    list of its search path (a group's shared ``_base`` is not an option)."""
+    from tuner.__main__ import check_group_options
+    assert check_group_options([*BASE, override]) == message
+    assert check_group_options([*BASE, "engine=vllm", "search=pareto_energy", "~tracking",
+                                "method=block,tree", "engine.kind=other"]) is None
+
+
+def test_the_cli_names_an_unknown_engine_in_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "tuner", *BASE, "engine=sglang"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.returncode == 2
+    assert lines == ["error: engine=sglang is unknown: allowed are hf, llamacpp, vllm"], lines
 
 
 def test_a_missing_best_config_is_an_error(tmp_path):
@@ -485,7 +514,8 @@ def test_a_bad_optuna_sampler_or_pruner_is_refused(overrides, fragment):
 
 
 def test_every_shipped_search_config_instantiates():
-    for name in sorted(p.stem for p in (ROOT / "conf" / "search").glob("*.yaml")):
+    # every option (_base.yaml is what they share, not an option)
+    for name in sorted(p.stem for p in (ROOT / "conf" / "search").glob("[!_]*.yaml")):
         # pareto_energy needs GPU energy readings (refused elsewhere); predict needs a hardware
         # profile (tests/test_prediction.py runs it with one)
         if name not in ("pareto_energy", "predict"):

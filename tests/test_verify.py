@@ -201,6 +201,20 @@ def implementation_chi_square(rule, verify, point_mass: bool, draws: int = 12_00
     return pooled_chi_square(counts, law), set(counts) - {b for b, p in law.items() if p > 0}
 
 
+# moved from tests/test_study.py (its small correctness fixes)
+def test_block_verify_with_a_zero_uniform_never_accepts_a_zero_probability_token(monkeypatch):
+    import decoding.verify as verify
+    real_rand = torch.rand
+    monkeypatch.setattr(verify.torch, "rand", lambda *a, **k: torch.zeros_like(real_rand(*a, **k)))
+    target = torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    draft = torch.tensor([[1.0, 0.0, 0.0], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    tokens = torch.tensor([0, 2])                       # p(token 0) = 0 at position 1
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        verdict = verify.block_verify(tokens, draft, target, gen)
+        assert verdict.accepted == 0 and verdict.next_token != 0
+
+
 @pytest.mark.parametrize("rule,verify", [(token_law, token_verify), (block_law, block_verify)],
                          ids=["token", "block"])
 @pytest.mark.parametrize("point_mass", [False, True], ids=["sampled-draft", "point-mass-draft"])

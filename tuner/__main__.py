@@ -81,8 +81,27 @@ def check_run_folder(argv: list[str]) -> str | None:
     return None
 
 
+def check_group_options(argv: list[str], searched: tuple[Path, ...] = (CONF, Path("studies"))
+                        ) -> str | None:
+    """The one-line refusal of ``GROUP=OPTION`` naming an option that no config group folder
+    holds (Hydra would list its whole search path), or None. Only plain options of conf/'s groups
+    are checked (``engine=sglang``, ``+task=nope``); sweeps, interpolations and deletions are
+    Hydra's to read. Files whose name starts with ``_`` are a group's shared base, not options."""
+    groups = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+    for arg in argv:
+        key, sep, value = arg.lstrip("+").partition("=")
+        if not sep or key not in groups or arg.startswith("~") or value == "null" or \
+                not value.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            continue
+        options = sorted({f.stem for folder in searched for f in (folder / key).glob("*.yaml")
+                          if not f.stem.startswith("_")})
+        if value not in options:
+            return f"{arg} is unknown: allowed are {', '.join(options)}"
+    return None
+
+
 if __name__ == "__main__":
-    refusal = check_run_folder(sys.argv[1:])
+    refusal = check_group_options(sys.argv[1:]) or check_run_folder(sys.argv[1:])
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr, flush=True)
         sys.exit(2)

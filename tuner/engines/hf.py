@@ -15,7 +15,8 @@ from omegaconf import DictConfig
 from tuner.config.errors import ConfigError
 from tuner.config.methods import method_class
 from tuner.config.values import plain
-from tuner.engines.base import SERVERS, Engine
+from tuner.engines import servers
+from tuner.engines.base import Engine
 
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Evaluator, MeasureSettings
@@ -27,14 +28,17 @@ class HFEngine(Engine):
 
     name, display = "hf", "transformers (in process)"
     max_concurrency = 1
-    compiles = True
-    counters = ("drafted", "accepted", "accepted per position", "draft and verify time")
+    compiles = True                     # a static cache compiled per forward length
+    synthetic_surface = False           # its profile is tuner.profile's own loops
+    default_objective = "speedup"
+    streams = False
     predicts = True
+    draft_tokens_knob = None            # each method names its own (num_draft_tokens, ...)
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} needs an engine server: "
                           f"engine={self.name} measures one request at a time; allowed is [1], "
-                          f"or {SERVERS}")
+                          f"or {servers()}")
 
     def check(self, cfg: DictConfig, choice: str) -> None:
         super().check(cfg, choice)
@@ -42,13 +46,9 @@ class HFEngine(Engine):
 
     def check_compile(self, engine: Mapping[str, Any], choice: str,
                       method: Mapping[str, Any]) -> None:
-        """engine.compile is a boolean; its buckets are ascending positive integers; the method
-        can run on a compiled target (it says so itself)."""
-        compile_ = engine.get("compile", False)
-        if not isinstance(compile_, bool):
-            raise ConfigError(f"engine.compile={compile_!r} is invalid: allowed are true and "
-                              "false")
-        if not compile_:
+        """engine.compile (a boolean: ``Engine.check_compile_flag``): its buckets are ascending
+        positive integers; the method can run on a compiled target (it says so itself)."""
+        if not engine.get("compile", False):
             return
         from decoding.compiled import check_buckets
         try:

@@ -40,6 +40,7 @@ from tuner.measure.quality import mean_log_prob
 from tuner.measure.timing import Timer, reset_peak_memory, time_generation
 
 if TYPE_CHECKING:
+    from decoding.base import DecodingMethod
     from tuner.tasks.task import Prompt
 
 VANILLA = {"_target_": "decoding.vanilla.Vanilla", "needs_draft": False}
@@ -115,6 +116,10 @@ class HFEvaluator:
                                 f"{c.mode or 'default'}, compile "
                                 f"{sum(c.compile_s.values()):.1f} s")
         return info
+
+    def speculative_base(self, params: Mapping[str, Any]) -> None:
+        """Not vLLM: no speculative config to write a schedule around."""
+        return None
 
     def deployment(self, params: Mapping[str, Any],
                    per_level: Mapping[int, Mapping[str, Any] | None] | None = None
@@ -208,7 +213,7 @@ class HFEvaluator:
         out["prediction_s"] = time.perf_counter() - start
         return out
 
-    def acceptance(self, method: Any, prompts: Sequence[Prompt],
+    def acceptance(self, method: DecodingMethod, prompts: Sequence[Prompt],
                    params: Mapping[str, Any]) -> list[Any] | None:
         """``method``'s steps on ``prompts``: replayed where its acceptance replays
         (``replay``: T = 0 only), else from untimed, traced runs (``observe``: one, or at
@@ -220,7 +225,7 @@ class HFEvaluator:
         replayed = self.replay(method, prompts)
         if replayed is not None:
             return replayed
-        ordered = bool(getattr(method, "keeps_history", False))
+        ordered = method.keeps_history
         ids = tuple(p.id for p in prompts)
         key = (json.dumps(dict(params), sort_keys=True, default=str),
                ids if ordered else tuple(sorted(ids)))
@@ -228,14 +233,15 @@ class HFEvaluator:
             self.observed[key] = self.observe(method, prompts)
         return self.observed[key]
 
-    def replay(self, method: Any, prompts: Sequence[Prompt]) -> list[tuple[int, Any]] | None:
+    def replay(self, method: DecodingMethod, prompts: Sequence[Prompt]
+               ) -> list[tuple[int, Any]] | None:
         """``method``'s verification steps on ``prompts``, (prompt length, steps) each: its
         acceptance replayed on vanilla's trajectories (``decoding.replay.drafter_steps``, each
         trajectory computed once per study, untimed); None for a method whose acceptance does
         not replay."""
         from decoding.replay import drafter_steps, replayable, trajectory
-        drafter = getattr(method, "drafter", None)
-        if not self.settings.lossless or not getattr(method, "replayable", False) or \
+        drafter = method.drafter
+        if not self.settings.lossless or not method.replayable or \
                 drafter is None or not replayable(drafter) or \
                 float(self.settings.sampling.get("temperature", 0)) != 0:
             return None
@@ -251,7 +257,7 @@ class HFEvaluator:
         drafter.reset()
         return generations
 
-    def observe(self, method: Any, prompts: Sequence[Prompt]) -> list[Any] | None:
+    def observe(self, method: DecodingMethod, prompts: Sequence[Prompt]) -> list[Any] | None:
         """One untimed generation of ``method`` per prompt, in the order given, from a fresh
         history (``reset``, as after the warm-up), every forward of the target and the draft
         models traced (``tuner.predict.trace``); at T > 0 one such run per seed of
@@ -262,7 +268,7 @@ class HFEvaluator:
         from tuner.predict.trace import UNTIMED_SEEDS, untimed_runs
         s = self.settings
         drafts = list(self.pair.drafts) if s.method["needs_draft"] else []
-        if not getattr(method, "traceable", False):
+        if not method.traceable:
             return None
         if len({id(m) for m in [self.pair.target, *drafts]}) != 1 + len(drafts):
             if "same" not in self.warned_about:
@@ -393,9 +399,12 @@ class HFEvaluator:
                                    s.device)
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)   # after the window
         st, reading = out.stats, self.meter.reading
-        return Measurement(prompt.id, prompt.category, out.tokens, text, wall, st.steps,
-                           st.drafted, st.accepted, st.draft_time_s, st.verify_time_s,
-                           st.accepted_per_position, st.drafted_per_position,
+        return Measurement(prompt_id=prompt.id, category=prompt.category, tokens=out.tokens,
+                           text=text, wall_s=wall, steps=st.steps, drafted=st.drafted,
+                           accepted=st.accepted, draft_time_s=st.draft_time_s,
+                           verify_time_s=st.verify_time_s,
+                           accepted_per_position=st.accepted_per_position,
+                           drafted_per_position=st.drafted_per_position,
                            truncated=len(out.tokens) >= s.budget["max_new_tokens"],
                            energy_j=reading.joules if reading and reading.available else None,
                            prompt_s=st.first_step_s, decode_s=wall - st.first_step_s,
@@ -427,8 +436,11 @@ class HFEvaluator:
         tokens = tuple(record["tokens"])
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         first = record.get("prompt_s")          # absent in a study stored before it was kept
-        return Measurement(prompt.id, prompt.category, tokens, text, record["wall_s"], 0, 0, 0,
-                           0.0, 0.0, (), (), energy_j=record.get("energy_j"), prompt_s=first,
+        return Measurement(prompt_id=prompt.id, category=prompt.category, tokens=tokens,
+                           text=text, wall_s=record["wall_s"], steps=0, drafted=0, accepted=0,
+                           draft_time_s=0.0, verify_time_s=0.0, accepted_per_position=(),
+                           drafted_per_position=(), energy_j=record.get("energy_j"),
+                           prompt_s=first,
                            decode_s=None if first is None else record["wall_s"] - first,
                            decode_tokens=record.get("decode_tokens"))
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, ClassVar, Collection, Mapping, Sequence
 
 from tuner.search.space import canonical, is_active, search_values
 
@@ -40,9 +40,28 @@ def point_key(params: Mapping[str, Any]) -> tuple:
     return tuple(sorted(params.items()))
 
 
-class HeuristicPlan:
-    holds_default = False       # trial 0 (the method's default) comes on top of the plan's points
+class Plan:
+    """What the study asks of every plan. Its capabilities are the ``ClassVar``s, declared by
+    each plan class in its own body and read, never probed (tests/test_capabilities.py)."""
+
+    # its points need a prediction first (``ranked`` once made; the study ranks before
+    # measuring past the default: tuner.study.ranking)
+    needs_ranking: ClassVar[bool] = False
+    holds_default: bool = False     # trial 0 (the method's default) is one of the plan's points
+
+    def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
+                   ) -> tuple[Point, str] | str | None:
+        """The next point nobody has evaluated or taken, ``WAIT``, or None when it is done."""
+        raise NotImplementedError
+
+    def size(self) -> int:
+        """How many points it may measure."""
+        raise NotImplementedError
+
+
+class HeuristicPlan(Plan):
     needs_ranking = False       # its points need no prediction first (PredictPlan's do)
+    holds_default = False       # trial 0 (the method's default) comes on top of the plan's points
 
     def __init__(self, space: Mapping[str, Mapping[str, Any]], task_class: str, seed: int,
                  default: Mapping[str, Any] | None = None) -> None:
@@ -77,7 +96,7 @@ class HeuristicPlan:
         return sum(len(self.values[name]) for name in self.order) or 1
 
 
-class GridPlan:
+class GridPlan(Plan):
     """``ranges``: ``heuristic`` (Table 10 ranges), ``full`` (the space) or a named grid."""
 
     needs_ranking = False
@@ -107,7 +126,7 @@ class GridPlan:
         return len(self.points)
 
 
-class PredictPlan:
+class PredictPlan(Plan):
     """``search=predict``: the grid's points ranked by predicted speedup (``rank``, once the
     default is measured), then measured: the default, the ``top`` best-predicted, and ``spread``
     points at even intervals over the rest of the ranking (to calibrate the prediction). Ties in
@@ -118,7 +137,7 @@ class PredictPlan:
     ``refuse(line)`` ends the plan instead (a profile that failed its check against the
     default, a ranking over the cost cap): ``refused`` holds the line."""
 
-    needs_ranking = True
+    needs_ranking = True        # ranked by predicted speedup once the default is measured
 
     def __init__(self, space: Mapping[str, Mapping[str, Any]], default: Mapping[str, Any],
                  ranges: str, task_class: str | None, top: int, spread: int) -> None:

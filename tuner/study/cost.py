@@ -131,10 +131,8 @@ class SearchCost:
         that does not replay; ``method_s``: trial 0's measured method seconds over its prompts,
         else vanilla's priced), or a replay: the draft's forwards for a draft model, next to
         nothing for model-free drafters."""
-        from tuner.config.values import get_class
         s = self.settings
-        cls = get_class(str(s.method["_target_"]))
-        if not getattr(cls, "replayable", False) or not s.greedy:
+        if not s.method_class.replayable or not s.greedy:
             return method_s if method_s is not None else sum(prices)
         profile = s.profile
         if s.method.get("needs_draft") and profile is not None and profile.draft is not None:
@@ -177,9 +175,7 @@ class SearchCost:
                         ranking, per_trial * self.finish_share(), self._timeout_left())
 
     def _replays(self) -> bool:
-        from tuner.config.values import get_class
-        cls = get_class(str(self.settings.method["_target_"]))
-        return bool(getattr(cls, "replayable", False)) and self.settings.greedy
+        return self.settings.method_class.replayable and self.settings.greedy
 
     def _timeout_left(self) -> float | None:
         timeout = self.settings.search.get("timeout")

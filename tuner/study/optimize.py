@@ -29,10 +29,10 @@ from tuner.config.identity import hardware
 from tuner.measure.evaluator import ParametersRefused
 from tuner.measure.lossless import LosslessViolation
 from tuner.study import liveness
+from tuner.study.callbacks import Callback, TrialOutcome
 from tuner.study.objective import Pruned
-from tuner.study.points import RETRY, Claim, Points
+from tuner.study.points import Claim, NoClaim, Points
 from tuner.study.trials import spent
-from tuner.tracking.callbacks import Callback, TrialOutcome
 
 if TYPE_CHECKING:
     import optuna
@@ -68,11 +68,11 @@ def optimize(settings: StudySettings, study: optuna.Study, points: Points, objec
             time.sleep(POLL_S)             # the rest is held by other workers
             continue
         claim = points.next_claim()
-        if claim is None and not running:
+        if claim is NoClaim.DONE and not running:
             return None
-        if not isinstance(claim, Claim):
-            if claim != RETRY:
-                time.sleep(POLL_S)         # other workers hold points this plan depends on
+        if isinstance(claim, NoClaim):
+            if claim is not NoClaim.RETRY:  # WAIT, or DONE while other workers' trials run
+                time.sleep(POLL_S)
             continue
         # beat from the moment the trial exists: a worker that dies before its first
         # heartbeat would leave a trial that never looks stale

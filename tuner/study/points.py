@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import optuna
 from optuna.trial import TrialState
 
-from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, PredictPlan, point_key
+from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, Plan, PredictPlan, point_key
 from tuner.search.space import suggest
 from tuner.study.holding import enqueue, held_point
 from tuner.study.ranking import restore
@@ -33,7 +34,6 @@ from tuner.study.trials import counts, dead_trials
 if TYPE_CHECKING:
     from tuner.study.settings import StudySettings
 
-RETRY = "retry"       # the claimed trial lost a race: ask again at once
 HOLDING = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
 
 
@@ -46,7 +46,15 @@ class Claim:
     stage: str                 # default | the plan's stage | the search kind
 
 
-def make_plan(settings: StudySettings, say: Callable[[str], None]):
+class NoClaim(Enum):
+    """Why ``Points.next_claim`` holds no trial for this worker now."""
+
+    RETRY = "retry"     # the claimed trial lost a race to another worker: ask again at once
+    WAIT = "wait"       # the plan's next points are held by other workers: ask again later
+    DONE = "done"       # the plan is done (samplers never are)
+
+
+def make_plan(settings: StudySettings, say: Callable[[str], None]) -> Plan | None:
     """The search's plan (None for samplers: Optuna proposes the points)."""
     kind, default = settings.search["kind"], settings.searched(settings.default)
     if kind == "heuristic":
@@ -70,7 +78,7 @@ def make_plan(settings: StudySettings, say: Callable[[str], None]):
 class Points:
     """Claims points for one worker of a study (plans) or lets the sampler choose (samplers)."""
 
-    def __init__(self, settings: StudySettings, study: optuna.Study, plan) -> None:
+    def __init__(self, settings: StudySettings, study: optuna.Study, plan: Plan | None) -> None:
         self.settings, self.study, self.plan = settings, study, plan
 
     def limit(self) -> int:
@@ -81,26 +89,27 @@ class Points:
             return trials
         return min(trials, self.plan.size() + (0 if self.plan.holds_default else 1))
 
-    def next_claim(self) -> Claim | str | None:
-        """A trial to evaluate, ``WAIT`` (the plan's next points are held by others), ``RETRY``,
-        or None (the plan is done)."""
+    def next_claim(self) -> Claim | NoClaim:
+        """A trial to evaluate, or why there is none now (``NoClaim``: RETRY, WAIT, DONE)."""
         if self.plan is not None and \
                 not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             restore(self.plan, self.study)      # search=predict: a ranking made by trial 0
             step = self.plan.next_point(*self.results_and_held())
-            if step is None or step == WAIT:
-                return step
+            if step is None:
+                return NoClaim.DONE
+            if step == WAIT:
+                return NoClaim.WAIT
             point, stage = step
             enqueue(self.study, point, stage=stage)
         trial = self.study.ask()
         if self.plan is not None and "point" not in trial.user_attrs and \
                 "stage" not in trial.user_attrs:       # the queue emptied before our ask
             self._fail_duplicate(trial, "another worker took the queued point")
-            return RETRY
+            return NoClaim.RETRY
         values = suggest(trial, self.settings.space, conditional=self.plan is None)
         stage = trial.user_attrs.get("stage", self.settings.search["kind"])
         if self.plan is not None and not self._first_holder(trial, values):
-            return RETRY
+            return NoClaim.RETRY
         return Claim(trial, values, stage)
 
     def results_and_held(self) -> tuple[dict[tuple, float], set[tuple]]:

@@ -9,7 +9,7 @@ and the replay use it too, without touching any storage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -105,19 +105,12 @@ class StudySettings(MethodView):
 
     @property
     def measuring(self) -> MeasureSettings:
-        """What the evaluator needs of this study (nothing else)."""
-        return MeasureSettings(
-            task=self.task, tuning=self.tuning, held_out=self.held_out, budget=self.budget,
-            concurrency=self.concurrency, sampling=self.sampling, seed=self.seed,
-            models=self.models, method=self.method, method_choice=self.method_choice,
-            engine=self.engine, warmup_prompts=self.warmup_prompts,
-            near_tie_ulps=self.near_tie_ulps, device=self.device, threads=self.threads,
-            contention=self.contention, contention_wait_s=self.contention_wait_s,
-            contention_window_s=self.contention_window_s,
-            scores_perplexity=self.scores_perplexity,
-            work_dir=str(Path(self.studies_dir) / self.name),
-            head_identity=self.fingerprint.get("method.head"), traffic=self.traffic,
-            profile=self.profile, predict_for=self.predict_for)
+        """What the evaluator needs of this study (nothing else): each ``MeasureSettings`` field
+        is this record's field (or property) of the same name, but the two derived here."""
+        derived = {"work_dir": str(Path(self.studies_dir) / self.name),
+                   "head_identity": self.fingerprint.get("method.head")}
+        return MeasureSettings(**{f.name: derived[f.name] if f.name in derived
+                                  else getattr(self, f.name) for f in fields(MeasureSettings)})
 
     # -- building ------------------------------------------------------------------------------
 
