@@ -71,7 +71,9 @@ def held_out(overrides: list[str], params: dict) -> dict:
 
 
 def levels(record: dict, prefix: str = "held_out_") -> dict:
-    return {c: record.get(f"{prefix}throughput_ratio@c{c}") for c in LEVELS}
+    from tuner.measure.figures import Figures
+    return {c: Figures.from_flat(record).at_level(f"{prefix}throughput_ratio", c)
+            for c in LEVELS}
 
 
 def part_a(base: list[str]) -> dict:
@@ -97,9 +99,11 @@ def hf_gamma(base: list[str], record: dict, name: str) -> dict:
 
 def engine_gamma(base: list[str], record: dict, name: str, knob: str) -> dict:
     """An engine γ study's row (``knob``: the engine's γ): the same, per concurrency level."""
+    from tuner.measure.figures import level_key
     return {"best_gamma": record["params"][knob],
             "held_out_throughput_ratio": levels(record),
-            "tuning": per_point(base, name, knob, [f"throughput_ratio@c{c}" for c in LEVELS]),
+            "tuning": per_point(base, name, knob,
+                                [level_key("throughput_ratio", c) for c in LEVELS]),
             "seconds": record["study_seconds"]}
 
 

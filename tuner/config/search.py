@@ -93,9 +93,8 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
 
 def check_traffic(search: Mapping[str, Any], budget: Mapping[str, Any]) -> None:
     """``search.slo`` and rate objectives (``…@r<rate>``) against ``budget.request_rate``."""
-    from tuner.measure.rates import rate_key
+    from tuner.measure.figures import parse, rate_key, rate_text
     from tuner.measure.traffic import SLO_KEYS
-    from tuner.search.objectives import RATE, rate_value
     rates = [float(r) for r in budget.get("request_rate") or []]
     slo = search.get("slo")
     if slo is not None:
@@ -110,22 +109,22 @@ def check_traffic(search: Mapping[str, Any], budget: Mapping[str, Any]) -> None:
                               "rate: allowed is search.slo with budget.request_rate=[...] "
                               "(e.g. [1,4]), or search.slo=null")
     for name in search.get("objectives") or []:
-        base, rated, rate = str(name).partition(RATE)
-        if not rated:
+        key = parse(str(name))
+        if key is None or key.rate is None:
             continue
-        if rate_value(rate) is None or \
-                rate_key(float(rate)) not in {rate_key(r) for r in rates}:
+        base, rate = key.name, key.rate
+        if rate_text(rate) not in {rate_text(r) for r in rates}:
             raise ConfigError(f"search.objectives: {name} names request rate {rate}, which "
                               f"budget.request_rate={budget.get('request_rate')} does not "
                               "measure")
-        spelled = f"{base}{rate_key(float(rate))}"
+        spelled = key.flat()
         if spelled != name:         # the figures' keys: 4 -> @r4, 0.5 -> @r0.5
             raise ConfigError(f"search.objectives: {name} is spelled {spelled} in the trials' "
                               f"figures: allowed is {spelled}")
         if base == "goodput_ratio":
             raise ConfigError(f"search.objectives: {name} is not an objective (it is not "
                               "measured where none of vanilla's requests met the SLO): allowed "
-                              f"is goodput{rate_key(float(rate))}")
+                              f"is {rate_key('goodput', rate)}")
         if base.startswith("goodput") and slo is None:
             raise ConfigError(f"search.objectives: {name} needs search.slo (the bounds a "
                               "request must meet to count), e.g. search.slo={tpot_ms:50}")

@@ -146,11 +146,11 @@ def check_budget(budget: Any) -> None:
         raise ConfigError(f"budget.request_rate={rates!r} is invalid: allowed is a list of "
                           "distinct numbers of requests per second in (0, 1000], e.g. [1,4], "
                           "or [] for none")
+    from tuner.measure.figures import rate_key, rate_text
     from tuner.measure.traffic import MAX_REQUESTS, MAX_SCHEDULE_S
-    from tuner.measure.rates import rate_key
-    if len({rate_key(r) for r in rates}) < len(rates):
+    if len({rate_text(r) for r in rates}) < len(rates):
         raise ConfigError(f"budget.request_rate={rates!r} is invalid: two rates share the "
-                          f"figures' key ({[rate_key(r) for r in rates]}): allowed are rates "
+                          f"figures' key ({[rate_key('', r) for r in rates]}): allowed are rates "
                           "that differ within 6 significant digits")
     count = budget.get("requests_per_rate", 8)
     integer("budget.requests_per_rate", count, 1,

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from tuner.measure.evaluator import Paired
+from tuner.measure.figures import level_key
 from tuner.measure.measurement import Measurement, geometric_mean
 
 
@@ -35,13 +36,15 @@ def level_summary(pairs: Sequence[Paired]) -> dict[str, float]:
         method_tps, base_tps = throughput(ms), throughput(refs)
         ratios.append(method_tps / base_tps)
         drafted, accepted = sum(m.drafted for m in ms), sum(m.accepted for m in ms)
-        out.update({f"tokens_per_s@c{c}": method_tps, f"vanilla_tokens_per_s@c{c}": base_tps,
-                    f"throughput_ratio@c{c}": method_tps / base_tps,
-                    f"speedup@c{c}": geometric_mean([m.speedup for m in ms]),
-                    f"tpot_ms@c{c}": tpot_ms(ms), f"vanilla_tpot_ms@c{c}": tpot_ms(refs),
-                    **decode_speedup(ms, c),
-                    f"acceptance_rate@c{c}": accepted / drafted if drafted else 0.0,
-                    f"mean_accepted_tokens@c{c}": 1.0 + accepted / sum(m.steps for m in ms)})
+        figures = {"tokens_per_s": method_tps, "vanilla_tokens_per_s": base_tps,
+                   "throughput_ratio": method_tps / base_tps,
+                   "speedup": geometric_mean([m.speedup for m in ms]),
+                   "tpot_ms": tpot_ms(ms), "vanilla_tpot_ms": tpot_ms(refs)}
+        out.update({level_key(name, c): value for name, value in figures.items()})
+        out.update(decode_speedup(ms, c))
+        out.update({level_key("acceptance_rate", c): accepted / drafted if drafted else 0.0,
+                    level_key("mean_accepted_tokens", c):
+                        1.0 + accepted / sum(m.steps for m in ms)})
     out["throughput_ratio"] = geometric_mean(ratios)
     return out
 
@@ -76,4 +79,4 @@ def decode_speedup(ms: Sequence[Measurement], level: int) -> dict[str, float]:
     """``decode_speedup@c<level>``: the geometric mean of the requests' paired decode-phase
     speedups (none where the server reported no decode time)."""
     values = [m.decode_speedup for m in ms if m.decode_speedup is not None]
-    return {f"decode_speedup@c{level}": geometric_mean(values)} if values else {}
+    return {level_key("decode_speedup", level): geometric_mean(values)} if values else {}

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
+from tuner.measure import figures
 from tuner.measure.traffic import StreamedRequest, arrival_schedule, rate_summary
-from tuner.search.objectives import RATE
 
 if TYPE_CHECKING:
     from tuner.tasks.task import Prompt
@@ -62,11 +62,6 @@ class RateBackend(Protocol):
 
     def settle(self) -> None:
         """Wait for quiet CPUs before a timed side."""
-
-
-def rate_key(rate: float) -> str:
-    """``@r4`` for 4 requests/s, ``@r0.5`` for 0.5."""
-    return f"{RATE}{rate:g}"
 
 
 def schedule(rate: float, place: int, count: int, seed: int) -> tuple[float, ...]:
@@ -110,17 +105,15 @@ def rate_line(rate: float, count: int, method: Mapping[str, float],
 
 def rate_figures(rate: float, method: Mapping[str, float], vanilla: Mapping[str, float],
                  with_slo: bool) -> dict[str, float]:
-    key = rate_key(rate)
     out: dict[str, float] = {}
     for name in KEPT + (("goodput", "good_fraction") if with_slo else ()):
         if math.isfinite(method[name]) and math.isfinite(vanilla[name]):   # NaN: not measured
-            out[f"{name}{key}"] = method[name]
-            out[f"vanilla_{name}{key}"] = vanilla[name]
+            out[figures.rate_key(name, rate)] = method[name]
+            out[figures.rate_key(f"vanilla_{name}", rate)] = vanilla[name]
     if method["tpot_ms_p50"] > 0 and math.isfinite(vanilla["tpot_ms_p50"]):   # NaN: one token
-        out[f"tpot_ratio{key}"] = vanilla["tpot_ms_p50"] / method["tpot_ms_p50"]
-    out[f"throughput_ratio{key}"] = method["output_tokens_per_s"] / vanilla["output_tokens_per_s"]
+        out[figures.rate_key("tpot_ratio", rate)] = vanilla["tpot_ms_p50"] / method["tpot_ms_p50"]
+    out[figures.rate_key("throughput_ratio", rate)] = \
+        method["output_tokens_per_s"] / vanilla["output_tokens_per_s"]
     if with_slo and vanilla["goodput"] > 0:     # none of vanilla's requests met it: no ratio
-        out[f"goodput_ratio{key}"] = method["goodput"] / vanilla["goodput"]
+        out[figures.rate_key("goodput_ratio", rate)] = method["goodput"] / vanilla["goodput"]
     return out
-
-

@@ -19,13 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from tuner.measure.figures import level_key
+
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Paired
     from tuner.measure.measurement import Measurement
     from tuner.predict.schedule import LevelCheck, Schedule
     from tuner.predict.surface import HardwareProfile
 
-PREDICTED = "predicted_decode_speedup"      # <PREDICTED>@c<level>: beside decode_speedup@c<level>
+PREDICTED = "predicted_decode_speedup"      # per level, beside decode_speedup there
 LENGTH = "prediction_mean_length"           # the L it used, per level
 DRAFTED = "prediction_drafted_per_step"     # the d it used, per level
 
@@ -68,10 +70,10 @@ def trial_predictions(pairs: Sequence[Paired], profile: HardwareProfile) -> dict
                                          if p.method.concurrency == level])
         if got is None:
             continue
-        out.update({f"{PREDICTED}@c{level}": decode_speedup(profile, level, got.mean_length,
-                                                             got.drafted_per_step),
-                    f"{LENGTH}@c{level}": got.mean_length,
-                    f"{DRAFTED}@c{level}": got.drafted_per_step})
+        out.update({level_key(PREDICTED, level): decode_speedup(profile, level, got.mean_length,
+                                                                got.drafted_per_step),
+                    level_key(LENGTH, level): got.mean_length,
+                    level_key(DRAFTED, level): got.drafted_per_step})
     return out
 
 
@@ -97,7 +99,7 @@ def plan_levels(by_k: Mapping[int, Mapping[str, Any]], levels: Sequence[int],
         return cache[k, batch]
 
     def measured(k: int, batch: int) -> float | None:
-        value = by_k[k].get(f"decode_speedup@c{batch}")
+        value = by_k[k].get(level_key("decode_speedup", batch))
         return None if value is None else float(value)
 
     ks = sorted(by_k)
@@ -107,7 +109,8 @@ def plan_levels(by_k: Mapping[int, Mapping[str, Any]], levels: Sequence[int],
 
 def acceptance_of(figures: Mapping[str, Any], level: int) -> LevelAcceptance | None:
     """A trial's recorded acceptance at ``level`` (None where it recorded none)."""
-    length, drafted = figures.get(f"{LENGTH}@c{level}"), figures.get(f"{DRAFTED}@c{level}")
+    length = figures.get(level_key(LENGTH, level))
+    drafted = figures.get(level_key(DRAFTED, level))
     if length is None or drafted is None:
         return None
     return LevelAcceptance(level, float(length), float(drafted))

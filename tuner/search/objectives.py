@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from tuner.measure.figures import parse
+
 OBJECTIVES: dict[str, str] = {
     "speedup": "maximize",              # paired geometric-mean speedup vs vanilla (tuner.measure.measurement)
     "decode_speedup": "maximize",       # ... of the decode phase alone (prefill left out)
@@ -34,15 +36,15 @@ OBJECTIVES: dict[str, str] = {
     "energy_ratio": "minimize",         # ... over vanilla's J/token
 }
 AUTO = "auto"      # the engine's own paired speedup (resolve)
-# engine servers (tuner.measure.levels): per concurrency level, "<key>@c<level>", and over levels
+# engine servers (tuner.measure.levels): per concurrency level (tuner.measure.figures.level_key),
+# and over levels
 LEVELLED = ("speedup", "decode_speedup", "throughput_ratio", "tokens_per_s")
 ENGINE_ONLY = ("throughput_ratio",)
-# request rates (tuner.measure.rates): "<key>@r<rate>", e.g. goodput@r4, tpot_ms_p90@r4
+# request rates (tuner.measure.rates; tuner.measure.figures.rate_key), e.g. goodput@r4
 RATED_UP = ("goodput", "goodput_ratio", "tpot_ratio", "throughput_ratio", "output_tokens_per_s",
             "request_throughput")
 RATED_DOWN = tuple(f"{name}_ms_p{q}" for name in ("ttft", "tpot", "itl") for q in (50, 90, 99)) + \
     ("e2e_ms_p50", "e2e_ms_p90")
-RATE = "@r"
 ENERGY = ("energy_j_per_token", "energy_ratio")
 PERPLEXITY = ("perplexity", "perplexity_ratio")
 
@@ -51,13 +53,11 @@ def direction(name: str) -> str | None:
     """maximize / minimize for a known objective name, None for an unknown one."""
     if name in OBJECTIVES:
         return OBJECTIVES[name]
-    base, rated, rate = name.partition(RATE)
-    if rated:
-        if rate_value(rate) is None:
-            return None
-        return "maximize" if base in RATED_UP else "minimize" if base in RATED_DOWN else None
-    base, _, level = name.partition("@c")
-    if base in LEVELLED and level.isdigit() and int(level) >= 1:
+    key = parse(name)
+    if key is not None and key.rate is not None:
+        return "maximize" if key.name in RATED_UP else \
+            "minimize" if key.name in RATED_DOWN else None
+    if key is not None and key.name in LEVELLED:
         return "maximize"
     return "maximize" if name in ENGINE_ONLY else None
 
@@ -69,15 +69,6 @@ def resolve(objectives: object, default: str) -> object:
     if not isinstance(objectives, list):
         return objectives
     return [default if name == AUTO else name for name in objectives]
-
-
-def rate_value(text: str) -> float | None:
-    """The rate of an ``@r<rate>`` suffix (``4``, ``0.5``), None when it is not a number > 0."""
-    try:
-        rate = float(text)
-    except ValueError:
-        return None
-    return rate if rate > 0 and text.strip() == text else None
 
 
 def directions(objectives: Sequence[str]) -> list[str]:

@@ -13,10 +13,11 @@ from typing import Any, Mapping
 
 from optuna.trial import FrozenTrial
 
-from tuner.search.objectives import RATE
+from tuner.measure.figures import level_key, parse
 
 # summary numbers kept on every trial (the summary table and best_* metrics read them); per-level
-# numbers (``<name>@c<level>``, tuner.measure.levels) are kept too: the schedule reads them
+# and per-rate numbers (tuner.measure.figures: tuner.measure.levels, tuner.measure.rates) are kept
+# too: the schedule and the per-level and per-rate decisions read them
 FIGURES = ("speedup", "decode_speedup", "ttft_ms", "tokens_per_s", "mean_accepted_tokens",
            "acceptance_rate",
            "vanilla_drift_ratio", "perplexity", "vanilla_perplexity", "perplexity_ratio",
@@ -25,20 +26,19 @@ FIGURES = ("speedup", "decode_speedup", "ttft_ms", "tokens_per_s", "mean_accepte
            "engine_varies", "predicted_speedup", "predicted_mean_accepted_tokens",
            "predicted_by_replay", "prediction_s", "predicted_speedup_for",
            "predicted_speedup_sd")
-LEVEL = "@c"                    # <name>@c<level>: a figure at one concurrency level
-# <name>@r<rate>: a figure at one request rate (tuner.measure.rates)
 
 
 def kept(key: str) -> bool:
-    """Whether a summary number is kept on the trial."""
-    return key in FIGURES or LEVEL in key or RATE in key
+    """Whether a summary number is kept on the trial: FIGURES, and every figure at a level or a
+    rate."""
+    return key in FIGURES or parse(key) is not None
 
 
 @dataclass(frozen=True)
 class TrialRecord:
     """One trial's record (see the module docstring)."""
 
-    figures: Mapping[str, float] = field(default_factory=dict)   # FIGURES and <name>@c<level>
+    figures: Mapping[str, float] = field(default_factory=dict)   # FIGURES, per level and rate
     feasible: bool | None = None           # within the quality bound (None: no bound)
     constraints: Mapping[str, float] | None = None   # Optuna's constraint values (<= 0: kept)
     vanilla_drift: bool = False            # vanilla's speed drifted beyond drift_threshold
@@ -84,4 +84,4 @@ class TrialRecord:
 
     def at_level(self, name: str, level: int) -> float | None:
         """``name`` measured at concurrency ``level`` (None: not measured there)."""
-        return self.figures.get(f"{name}{LEVEL}{level}")
+        return self.figures.get(level_key(name, level))
