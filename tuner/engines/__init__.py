@@ -25,6 +25,11 @@ ENGINES = {"hf": "tuner.engines.hf:HFEngine",
            "vllm": "tuner.engines.vllm:VllmEngine"}
 
 
+def servers() -> str:
+    """How messages name the engine servers (every engine but the in-process default)."""
+    return " | ".join(f"engine={kind}" for kind in ENGINES if kind != DEFAULT)
+
+
 def engine_config(cfg: DictConfig) -> dict[str, Any]:
     """The config's ``engine`` node as plain values (the default engine when absent)."""
     found = plain(cfg.get("engine")) or {}

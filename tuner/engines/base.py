@@ -8,8 +8,10 @@ An engine (``engine.kind`` in ``conf/engine/<kind>.yaml``) owns:
   knob mapping for a server, in the shape every later stage reads;
 * its part of the study identity (``identity``: its settings and the build that runs);
 * where its program comes from and how it is installed (``program``);
-* its declared capabilities (the class attributes below): the concurrency levels it serves,
-  whether it compiles, whether it takes a per-batch-size schedule;
+* its declared capabilities (the ``ClassVar``s below, each declared by every engine class in
+  its own body and read, never probed): the concurrency levels it serves, whether it honours
+  ``engine.compile``, whether it streams, predicts or measures a cost surface, and its knob of
+  drafted tokens per step;
 * where a winner's parameters live in the best YAML (``best_params`` / ``recorded_params``);
 * its backend (``evaluator``): what generates a batch of prompts under one setting and returns
   tokens, timings and acceptance counts (``tuner.measure.evaluator.Evaluator``).
@@ -26,13 +28,14 @@ from omegaconf import DictConfig
 
 from tuner.config.errors import ConfigError
 from tuner.config.values import plain
+from tuner.engines import servers
+from tuner.measure.figures import split_level
 from tuner.search.objectives import resolve
 
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Evaluator, MeasureSettings
     from tuner.measure.timing import Timer
 
-SERVERS = "engine=llamacpp | engine=vllm"     # shown where a setting needs an engine server
 
 
 class Engine:
@@ -42,23 +45,26 @@ class Engine:
     name: ClassVar[str]                 # engine.kind
     display: ClassVar[str]              # how messages name it ("llama.cpp", "vLLM")
     max_concurrency: ClassVar[int] = 1  # the largest budget.concurrency level it serves
-    compiles: ClassVar[bool] = False    # engine.compile=true is honoured
-    level_schedule: ClassVar[bool] = False   # takes a per-batch-size speculation schedule
+    # engine.compile=true is honoured (checked in ``check``: refused by an engine without it)
+    compiles: ClassVar[bool] = False
     # measures its cost surface in a synthetic-acceptance mode (python -m tuner.profile --engine;
     # its evaluator's synthetic_spec, tuner.predict.synthetic)
     synthetic_surface: ClassVar[bool] = False
-    counters: ClassVar[tuple[str, ...]] = ()  # acceptance counts its answers carry
     # what search.objectives' ``auto`` stands for (tuner.search.objectives.resolve)
     default_objective: ClassVar[str] = "speedup"
     streams: ClassVar[bool] = False     # serves budget.request_rate (streamed, timed per token)
     # records predictions from a hardware profile (search.profile; tuner.predict) beside its
     # measurements: acceptance replayed in our own loops, priced by the profile's cost surface
     predicts: ClassVar[bool] = False
+    # the method knob that sets the drafted tokens per step (k): the cost surface's and the
+    # per-level schedule's axis (tuner.study.level_plan); None: no such knob
+    draft_tokens_knob: ClassVar[str | None] = None
 
     # -- config ------------------------------------------------------------------------------
 
     def check(self, cfg: DictConfig, choice: str) -> None:
         """One ``ConfigError`` line for anything this engine cannot run (nothing loaded)."""
+        self.check_compile_flag(plain(cfg.get("engine")) or {})
         levels = list(plain(cfg.budget).get("concurrency") or [1])
         objectives = self.objectives(cfg)
         self.check_objectives(objectives if isinstance(objectives, list) else [], levels)
@@ -75,6 +81,19 @@ class Engine:
             if search.get(key):
                 self.check_prediction(cfg, choice, f"search.{key}={search[key]!r}")
 
+    def check_compile_flag(self, engine: Mapping[str, Any]) -> None:
+        """``engine.compile`` is a boolean, and true only for an engine that honours it
+        (``compiles``)."""
+        compile_ = engine.get("compile", False)
+        if not isinstance(compile_, bool):
+            raise ConfigError(f"engine.compile={compile_!r} is invalid: allowed are true and "
+                              "false")
+        if compile_ and not self.compiles:
+            from tuner.engines import ENGINES, engine_named
+            honoured = " | ".join(f"engine={k}" for k in ENGINES if engine_named(k).compiles)
+            raise ConfigError(f"engine.compile=true is invalid for engine={self.name}: it has "
+                              f"no compiled mode here; allowed is false, or {honoured}")
+
     def check_prediction(self, cfg: DictConfig, choice: str, setting: str) -> None:
         """``search.profile`` / ``search.predict_for``: a prediction needs our own loops and a
         method whose forwards a profile prices (all but EAGLE's head); at T > 0 its acceptance
@@ -83,9 +102,8 @@ class Engine:
             raise ConfigError(f"{setting} is invalid for engine={self.name}: predictions from a "
                               "hardware profile are made in our own loops (engine=hf) so far; "
                               "allowed is null here")
-        from tuner.config.values import get_class
-        target = str(plain(cfg.method).get("_target_", ""))
-        if not getattr(get_class(target), "traceable", False):
+        from tuner.config.methods import method_class
+        if not method_class(plain(cfg.method)).traceable:
             raise ConfigError(f"{setting} is invalid for method={choice}: it drafts nothing "
                               "to predict (vanilla), or from an EAGLE head, whose forwards no "
                               "hardware profile prices yet; allowed are methods speculative, "
@@ -97,9 +115,12 @@ class Engine:
                               f"(models.draft={plain(cfg.models)['draft']}): a profile prices "
                               "one draft model; allowed is one draft, or null")
 
-    def schedule_form(self, schedule: Any) -> dict[str, str]:
+    def schedule_form(self, schedule: Any,
+                      base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """A predicted per-batch-size schedule (``tuner.predict.schedule.Schedule``) in this
-        engine's own form, for the best YAML's ``deploy`` block."""
+        engine's own form (nested data, ``tuner.predict.forms``), for the best YAML's ``deploy``
+        block; ``base``: the fixed speculative settings the schedule completes (vLLM's
+        ``--speculative-config`` entries but k: ``VllmEvaluator.speculative_base``)."""
         return {}
 
     def refuse_levels(self, levels: list[int]) -> None:
@@ -115,14 +136,14 @@ class Engine:
         """Level objectives (``…@c4``) name a measured level; throughput needs several requests
         in flight, which only an engine that serves levels measures."""
         for name in objectives:
-            base, _, level = str(name).partition("@c")
-            if level and level.isdigit() and int(level) not in levels:
+            level = split_level(str(name))[1]
+            if level is not None and level not in levels:
                 raise ConfigError(f"search.objectives={objectives}: {name} names concurrency "
                                   f"level {level}, which budget.concurrency={levels} does not "
                                   "measure")
-            if (level or base == "throughput_ratio") and self.max_concurrency == 1:
+            if (level is not None or name == "throughput_ratio") and self.max_concurrency == 1:
                 raise ConfigError(f"search.objectives={objectives}: {name} is measured by "
-                                  f"engine servers only ({SERVERS}); engine={self.name} "
+                                  f"engine servers only ({servers()}); engine={self.name} "
                                   "measures one request at a time")
 
     def method(self, cfg: DictConfig, choice: str) -> dict[str, Any]:

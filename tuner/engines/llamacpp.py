@@ -44,12 +44,15 @@ class LlamaCppEngine(ServerEngine):
     """llama.cpp as an engine object: GGUF models, a ``llama-server`` built by ``make engines``."""
 
     name, display = "llamacpp", "llama.cpp"
-    counters = ("draft_n", "draft_n_accepted", "accepted per position (/metrics, concurrency 1)",
-                "prefill and decode ms")
-    program = "llama-server"
-    streams = True                      # /completion with stream: true, one token per event
+    max_concurrency = 64                # one server slot (-np) per request in flight
+    compiles = False                    # a native build: nothing to compile per study
     synthetic_surface = True            # --spec-synth-len (LlamaCppEvaluator.synthetic_spec)
+    # the server's own decode time, alike on both sides: long prompts' prefill left out
+    default_objective = "decode_speedup"
+    streams = True                      # /completion with stream: true, one token per event
+    predicts = False                    # its own cost surface per level (search.profile) only
     draft_tokens_knob = "n_max"         # --spec-draft-n-max: k drafted tokens per step
+    program = "llama-server"
     exact_draft = {"n_min": 0, "p_min": 0.0}     # every step drafts exactly n_max
     program_allowed = "a llama-server binary, or null for the one `make engines` builds"
     install_hint = ("llama-server is not built for this CPU: build it with `make engines` "
@@ -91,19 +94,23 @@ class LlamaCppEngine(ServerEngine):
                   say: Callable[[str], None]) -> Evaluator:
         return LlamaCppEvaluator(settings, say)
 
-    def schedule_form(self, schedule: Any) -> dict[str, str]:
-        """llama-server takes no schedule: per expected concurrency, the setting to launch."""
-        return {"predicted_per_level": json.dumps(schedule.llamacpp())}
+    def schedule_form(self, schedule: Any,
+                      base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """llama-server takes no schedule: per expected concurrency, the setting to launch
+        (``base`` is not needed: the launch line holds everything else)."""
+        from tuner.predict.forms import llamacpp_per_level
+        return {"predicted_per_level": llamacpp_per_level(schedule)}
 
 
 class LlamaCppEvaluator(ServerEvaluator):
     """The llama-server evaluator (see the module docstring)."""
 
-    name, endpoint, server_name, display = "llamacpp", "/completion", "llama-server", "llama.cpp"
+    kind = LlamaCppEngine
+    endpoint, server_name = "/completion", "llama-server"
 
     def prepare_models(self) -> None:
         s = self.settings
-        self.binary = LlamaCppEngine().binary(self.engine)
+        self.binary = self.kind().binary(self.engine)
         self.target, self.draft = model_files(self.engine, s.models, s.method["needs_draft"],
                                               self.binary.parent / "llama-quantize")
 
@@ -143,9 +150,6 @@ class LlamaCppEvaluator(ServerEvaluator):
             out += [str(flag).format(**params), str(value).lower() if isinstance(value, bool)
                     else str(value)]
         return out
-
-    draft_tokens_knob = LlamaCppEngine.draft_tokens_knob      # --spec-draft-n-max
-    exact_draft = LlamaCppEngine.exact_draft
 
     def synthetic_spec(self, k: int, length: float) -> list[str]:
         """Draft-model speculation drafting exactly ``k`` tokens per step, accepted at random
@@ -192,9 +196,12 @@ class LlamaCppEvaluator(ServerEvaluator):
         if counted is not None and counted[1] > 0:          # c = 1: this request's counters
             accepted_pos = counted[0]
             drafted_pos = (counted[1],) * len(accepted_pos)
-        return Measurement(prompt.id, prompt.category, tokens, str(body.get("content", "")),
-                           wall_s, max(len(tokens) - accepted, 1), int(t.get("draft_n") or 0),
-                           accepted, 0.0, 0.0, accepted_pos, drafted_pos,
+        return Measurement(prompt_id=prompt.id, category=prompt.category, tokens=tokens,
+                           text=str(body.get("content", "")), wall_s=wall_s,
+                           steps=max(len(tokens) - accepted, 1),
+                           drafted=int(t.get("draft_n") or 0), accepted=accepted,
+                           draft_time_s=0.0, verify_time_s=0.0,
+                           accepted_per_position=accepted_pos, drafted_per_position=drafted_pos,
                            truncated=len(tokens) >= self.settings.budget["max_new_tokens"],
                            concurrency=level, batch_wall_s=batch_wall_s,
                            prompt_s=seconds(t.get("prompt_ms")),

@@ -32,9 +32,6 @@ GGUF_KINDS = ("gguf_file", "gguf_package")
 class ServerEngine(Engine):
     """An engine that runs as a server the tuner starts (see the module docstring)."""
 
-    max_concurrency = 64                # one server slot per request in flight
-    # the server's own decode time, alike on both sides: long prompts' prefill left out
-    default_objective = "decode_speedup"
     program: ClassVar[str]              # the program in the cached install's bin/
     program_allowed: ClassVar[str]      # what engine.binary may be
     install_hint: ClassVar[str]         # how to install it when it is missing
@@ -43,9 +40,6 @@ class ServerEngine(Engine):
     # measured (e.g. -np 1 serves a concurrency-4 batch one request after another)
     managed_flags: ClassVar[dict[str, str]] = {}
     managed_prefixes: ClassVar[dict[str, str]] = {}     # whole flag families (speculation)
-    # the method knob that sets the drafted tokens per step (k): the cost surface's and the
-    # per-level schedule's axis
-    draft_tokens_knob: ClassVar[str | None] = None
     # further knobs that make every step draft exactly k (the cost surface's steps)
     exact_draft: ClassVar[Mapping[str, Any]] = {}
 

@@ -23,12 +23,11 @@ acceptance counters (``counters``), the log-probability request of the near-tie 
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -36,8 +35,8 @@ from decoding.models import load_tokenizer
 from tuner.config.errors import ConfigError
 from tuner.config.validate import check_generation_fits
 from tuner.engines.client import send_batch
-from tuner.engines.stream import send_schedule
 from tuner.engines.server import EngineError, EngineServer
+from tuner.engines.stream import send_schedule
 from tuner.measure.evaluator import BaselineStore, Evaluation, MeasureSettings, Paired
 from tuner.measure.hygiene import allowed_cpus, configure_threads, sample_other_load
 from tuner.measure.lossless import Gap, ulp
@@ -47,6 +46,7 @@ from tuner.measure.rates import measure_rates
 from tuner.measure.traffic import StreamedRequest
 
 if TYPE_CHECKING:
+    from tuner.engines.servers import ServerEngine
     from tuner.tasks.task import Prompt
 
 NEAR_TIE_LOGIT_SCALE = 32.0     # |logit| bound for the near-tie tolerance (see module doc)
@@ -59,11 +59,32 @@ Spec = Any                      # an engine's speculative settings (flags, a con
 class ServerEvaluator:
     """The shared protocol (see the module docstring); engines override the hooks below."""
 
-    name = "engine"             # engine.kind, in messages
+    # the engine object's class: what the engine declares (its name, how messages show it, the
+    # knob of drafted tokens) is read from it, never repeated here
+    kind: ClassVar[type[ServerEngine]]
     endpoint = "/completion"    # the generation endpoint both servers answer
     health = "/health"          # answers 200 once a server can take requests
-    server_name = "server"      # the engine's program, in messages
-    display = "the engine"      # in the lossless message: "differs from <display>'s own ..."
+    server_name = "server"      # the engine's program as launched, in messages
+
+    @property
+    def name(self) -> str:
+        """engine.kind, in messages."""
+        return self.kind.name
+
+    @property
+    def display(self) -> str:
+        """In the lossless message: "differs from <display>'s own ..."."""
+        return self.kind.display
+
+    @property
+    def draft_tokens_knob(self) -> str | None:
+        """The method knob of drafted tokens per step (k)."""
+        return self.kind.draft_tokens_knob
+
+    @property
+    def exact_draft(self) -> Mapping[str, Any]:
+        """Further knobs that make every step draft exactly k (the cost surface's steps)."""
+        return self.kind.exact_draft
 
     def __init__(self, settings: MeasureSettings, say: Callable[[str], None] = print) -> None:
         self.settings, self.say = settings, say
@@ -212,13 +233,18 @@ class ServerEvaluator:
         line[0] = Path(line[0]).name
         return shlex.join(line)
 
+    def speculative_base(self, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The fixed entries of a vLLM speculative config (``VllmEvaluator``); None here."""
+        return None
+
     def deployment(self, params: Mapping[str, Any],
                    per_level: Mapping[int, Mapping[str, Any] | None] | None = None
-                   ) -> dict[str, str]:
-        """The exact launch line and request fields the winner was measured with."""
+                   ) -> dict[str, Any]:
+        """The exact launch line and request fields (nested data) the winner was measured
+        with."""
         request = {k: v for k, v in self.payload(self.settings.tuning[0], True).items()
                    if k not in ("prompt", "return_tokens", "return_token_ids", "stream")}
-        return {"launch": self.launch_line(params), "request": json.dumps(request),
+        return {"launch": self.launch_line(params), "request": request,
                 "build": self.build_info()}
 
     # -- measuring: the paired protocol (tuner.measure.paired) on two servers --------------------
@@ -268,9 +294,6 @@ class ServerEvaluator:
                 for (_, prompt), r in zip(batch, replies)]
 
     # -- cost surfaces (tuner.predict.synthetic) -------------------------------------------------
-
-    draft_tokens_knob: str | None = None    # the method knob of drafted tokens per step (k)
-    exact_draft: Mapping[str, Any] = {}     # further knobs that make every step draft exactly k
 
     def drafted_params(self, k: int) -> dict[str, Any]:
         """Draft-model speculation drafting ``k`` tokens per step, the study's other defaults."""

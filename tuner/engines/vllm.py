@@ -60,12 +60,14 @@ class VllmEngine(ServerEngine):
     ``make engines-vllm``, a per-batch-size speculation schedule."""
 
     name, display = "vllm", "vLLM"
-    level_schedule = True
+    max_concurrency = 64                # one server slot (--max-num-seqs) per request in flight
+    compiles = True                     # engine.compile=false: --enforce-eager
     synthetic_surface = True            # rejection_sample_method=synthetic (VllmEvaluator)
-    draft_tokens_knob = "num_speculative_tokens"
+    # the server's own decode time, alike on both sides: long prompts' prefill left out
+    default_objective = "decode_speedup"
     streams = True                      # /v1/completions with stream: true, a chunk per step
-    counters = ("acceptance_histogram", "num_draft_tokens", "time to first token",
-                "generation time")
+    predicts = False                    # its own cost surface per level (search.profile) only
+    draft_tokens_knob = "num_speculative_tokens"
     program = "vllm"
     program_allowed = "a `vllm` program, or null for the one `make engines-vllm` installs"
     install_hint = ("vLLM is not installed: install it with `make engines-vllm` "
@@ -143,22 +145,29 @@ class VllmEngine(ServerEngine):
                   say: Callable[[str], None]) -> Evaluator:
         return VllmEvaluator(settings, say)
 
-    def schedule_form(self, schedule: Any) -> dict[str, str]:
-        """``num_speculative_tokens_per_batch_size`` (and the largest k) of the speculative
-        config, from 1 to the largest level."""
-        found = schedule.vllm()
-        return {"predicted_schedule": json.dumps(found) if found else
-                "speculation off at every batch size"}
+    def schedule_form(self, schedule: Any,
+                      base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The whole ``--speculative-config`` of the schedule (``base``: the winner's fixed
+        entries, ``VllmEvaluator.speculative_base``; the largest k and, where k differs between
+        levels, ``num_speculative_tokens_per_batch_size`` from 1 to the largest level), or, where
+        there is none to deploy, why (``predicted_schedule_note``)."""
+        from tuner.predict.forms import OFF, vllm_speculative_config
+        try:
+            found = vllm_speculative_config(schedule, base or {})
+        except ValueError as err:
+            return {"predicted_schedule_note": str(err)}
+        return {"predicted_schedule": found} if found else {"predicted_schedule_note": OFF}
 
 
 class VllmEvaluator(ServerEvaluator):
     """The ``vllm serve`` evaluator (see the module docstring)."""
 
-    name, endpoint, server_name, display = "vllm", "/v1/completions", "vllm serve", "vLLM"
+    kind = VllmEngine
+    endpoint, server_name = "/v1/completions", "vllm serve"
 
     def prepare_models(self) -> None:
         s = self.settings
-        self.binary = VllmEngine().binary(self.engine)
+        self.binary = self.kind().binary(self.engine)
         self.target = target_folder(s.models["target"])
         self.draft = None
         if s.method["needs_draft"]:
@@ -222,8 +231,6 @@ class VllmEvaluator(ServerEvaluator):
             config[str(key)] = params[name]
         return json.dumps(config, sort_keys=True)
 
-    draft_tokens_knob = VllmEngine.draft_tokens_knob
-
     def synthetic_spec(self, k: int, length: float) -> str:
         """Draft-model speculation drafting ``k`` tokens per step, accepted at random with mean
         length ``length`` instead of by the target's verdict (``rejection_sample_method``
@@ -255,16 +262,31 @@ class VllmEvaluator(ServerEvaluator):
         argv = self.argv(self.spec(params), str(port))
         return shlex.join(["vllm", "serve", argv[4], *argv[5:]])
 
+    def speculative_base(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``--speculative-config`` of ``params`` (``spec``) but k: what a per-batch-size
+        schedule completes."""
+        config = json.loads(self.spec(params))
+        config.pop("num_speculative_tokens", None)
+        return config
+
     def deployment(self, params: Mapping[str, Any],
                    per_level: Mapping[int, Mapping[str, Any] | None] | None = None
-                   ) -> dict[str, str]:
+                   ) -> dict[str, Any]:
         """The launch line and request, and with several concurrency levels the per-level
-        winners as vLLM's ``num_speculative_tokens_per_batch_size`` schedule."""
-        out = super().deployment(params, per_level)
-        schedule = batch_size_schedule(per_level or {}, self.slots)
-        if schedule:
-            out["schedule"] = json.dumps({"num_speculative_tokens_per_batch_size": schedule})
-        return out
+        winners as one ``--speculative-config`` (``schedule``: nested data; the winner's fixed
+        entries with ``num_speculative_tokens_per_batch_size`` where k differs between levels),
+        or why there is none (``schedule_note``: off at every level, a winner without k)."""
+        from tuner.predict.forms import OFF, vllm_speculative_config
+        from tuner.predict.schedule import from_winners
+        out: dict[str, Any] = super().deployment(params, per_level)
+        ks, why = level_ks(per_level or {})
+        if ks is None:
+            return {**out, "schedule_note": why} if why else out
+        config = vllm_speculative_config(from_winners(ks, self.slots),
+                                         self.speculative_base(params))
+        if config is None:
+            return {**out, "schedule_note": f"{OFF}; per level: {ks}"}
+        return {**out, "schedule": config, **({"schedule_note": why} if why else {})}
 
     def server_env(self) -> dict[str, str]:
         cpus = sorted(allowed_cpus())[: self.threads]
@@ -328,9 +350,12 @@ class VllmEvaluator(ServerEvaluator):
             else ()
         first_ms, decode_ms = metrics.get("time_to_first_token_ms"), \
             metrics.get("generation_time_ms")
-        return Measurement(prompt.id, prompt.category, tokens, str(choice.get("text", "")),
-                           wall_s, max(len(tokens) - accepted, 1), drafted, accepted, 0.0, 0.0,
-                           accepted_pos if drafted_pos else (), drafted_pos,
+        return Measurement(prompt_id=prompt.id, category=prompt.category, tokens=tokens,
+                           text=str(choice.get("text", "")), wall_s=wall_s,
+                           steps=max(len(tokens) - accepted, 1), drafted=drafted,
+                           accepted=accepted, draft_time_s=0.0, verify_time_s=0.0,
+                           accepted_per_position=accepted_pos if drafted_pos else (),
+                           drafted_per_position=drafted_pos,
                            truncated=choice.get("finish_reason") == "length",
                            concurrency=level, batch_wall_s=batch_wall_s,
                            prompt_s=seconds(first_ms), decode_s=seconds(decode_ms),
@@ -348,19 +373,19 @@ class VllmEvaluator(ServerEvaluator):
                 if k.startswith("token_id:")}
 
 
-def batch_size_schedule(per_level: Mapping[int, Mapping[str, Any] | None],
-                        max_batch: int) -> list[list[int]]:
-    """``[[start, end, k], ...]``: each measured level's best γ (0 where speculation lost to
-    vanilla) for the batch sizes from that level up to the next one; empty without several
-    levels or when a winner has no ``num_speculative_tokens``."""
-    levels = sorted(per_level)
-    if len(levels) < 2 or any(p is not None and "num_speculative_tokens" not in p
-                              for p in per_level.values()):
-        return []
-    out = []
-    for i, level in enumerate(levels):
-        start = 1 if i == 0 else level
-        end = levels[i + 1] - 1 if i + 1 < len(levels) else max(max_batch, level)
-        params = per_level[level]
-        out.append([start, end, 0 if params is None else int(params["num_speculative_tokens"])])
-    return out
+def level_ks(per_level: Mapping[int, Mapping[str, Any] | None]
+             ) -> tuple[dict[int, int] | None, str]:
+    """Each measured level's winning k (0 where speculation lost to vanilla there), or None
+    with fewer than two levels or a winner without k; and what the schedule cannot hold (a
+    line, or ""): vLLM takes one speculative config, so only k varies by level."""
+    knob = VllmEngine.draft_tokens_knob
+    if len(per_level) < 2:
+        return None, ""
+    winners = [p for p in per_level.values() if p is not None]
+    if any(knob not in p for p in winners):
+        return None, f"no per-level schedule: a level's winner has no {knob}"
+    names = {name for p in winners for name in p} - {knob}
+    differ = sorted(n for n in names if len({repr(p.get(n)) for p in winners}) > 1)
+    why = (f"the per-level winners differ in {differ}: vLLM takes one speculative config, so "
+           "the schedule keeps the overall winner's" if differ else "")
+    return {level: 0 if p is None else int(p[knob]) for level, p in per_level.items()}, why

@@ -28,6 +28,7 @@ from tuner.measure.rates import Traffic
 if TYPE_CHECKING:
     import torch
 
+    from decoding.base import DecodingMethod
     from tuner.measure.measurement import Measurement
     from tuner.tasks.task import Prompt, Task
 
@@ -56,6 +57,13 @@ class MethodView:
     @property
     def greedy(self) -> bool:
         return float(self.sampling["temperature"]) == 0.0
+
+    @property
+    def method_class(self) -> type[DecodingMethod]:
+        """The ``decoding`` class ``_target_`` names (validated: a ``DecodingMethod``), whose
+        declared capabilities (``replayable``, ``traceable``, ...) the stages read."""
+        from tuner.config.values import get_class
+        return get_class(str(self.method["_target_"]))
 
 
 @dataclass(frozen=True)
@@ -170,9 +178,15 @@ class Evaluator(Protocol):
         (what a search's cost is estimated from before its first trial), or None where this
         engine's profile does not price it."""
 
+    def speculative_base(self, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The fixed entries of a speculative config for ``params`` (method, draft model, every
+        knob but the drafted-token count) that a vLLM schedule form is written around; None
+        where the backend is not vLLM's (a schedule form for vLLM then says why it is absent)."""
+        return None
+
     def deployment(self, params: Mapping[str, Any],
                    per_level: Mapping[int, Mapping[str, Any] | None] | None = None
-                   ) -> dict[str, str]:
+                   ) -> dict[str, Any]:
         """How to run ``params`` where it was measured (an engine's exact launch line);
         ``per_level``: the best parameters per concurrency level (None: speculation off there),
         for engines that take a per-batch-size schedule."""

@@ -1,31 +1,26 @@
-"""A per-batch-size speculation schedule from predicted speedups, in each engine's own form.
+"""A per-batch-size speculation schedule: the best k per level and where it changes.
 
 Given ``speedup(k, batch)`` (the predicted paired speedup of k drafted tokens per step at a batch
 size; k = 0 is speculation off, 1.0 by definition) and the levels where it was predicted, the
 best k per level (0 where no k beats vanilla) and, between two levels whose best k differ, the
 threshold where the two predictions cross, with the loss of the wrong side at each level shown
-(a threshold on the wrong side of a level costs that much there). Written as:
-  * vLLM: ``num_speculative_tokens_per_batch_size`` ([start, end, k] inclusive ranges from 1
-    to the largest batch; ``num_speculative_tokens`` the largest k, as vLLM caps the table at it);
-  * SGLang: ``--speculative-adaptive-config`` tiers ({"<batch>": {"candidate_steps": [...]}},
-    the best k and its neighbours, at least 1, from each tier's first batch size; its adaptive
-    mode cannot switch speculation off, so an off tier gets its fewest steps, [1]) — written
-    from a prediction, never run here: labelled untested;
-  * llama.cpp: one setting per deployment (it takes no schedule): per level, the k to launch
-    with (``--spec-draft-n-max``), or speculation off.
+(a threshold on the wrong side of a level costs that much there) (``plan``). Measured per-level
+winners make the same ``Schedule`` (``from_winners``: each threshold is the upper level, no
+losses known). One ``Schedule`` feeds every engine's form (``tuner.predict.forms``: vLLM,
+SGLang, TensorRT-LLM, llama.cpp), so the forms never disagree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
 class LevelChoice:
     batch: int
     k: int                       # 0: speculation off
-    speedup: float               # predicted, of k (1.0 for k = 0)
+    speedup: float | None        # predicted, of k (1.0 for k = 0); None: a measured winner
 
 
 @dataclass(frozen=True)
@@ -37,8 +32,8 @@ class Boundary:
     threshold: int               # first batch size of the upper k
     k_low: int
     k_high: int
-    loss_at_low: float           # 1 − speedup(k_high, low) / speedup(k_low, low)
-    loss_at_high: float          # 1 − speedup(k_low, high) / speedup(k_high, high)
+    loss_at_low: float | None    # 1 − speedup(k_high, low) / speedup(k_low, low); None: unknown
+    loss_at_high: float | None   # 1 − speedup(k_low, high) / speedup(k_high, high)
 
 
 @dataclass(frozen=True)
@@ -46,6 +41,11 @@ class Schedule:
     levels: tuple[LevelChoice, ...]
     boundaries: tuple[Boundary, ...]
     max_batch: int
+
+    @property
+    def top(self) -> int:
+        """The largest k at any level (0: speculation off at every level)."""
+        return max(c.k for c in self.levels)
 
     def ranges(self) -> list[list[int]]:
         """[[start, end, k], ...] from 1 to ``max_batch``, consecutive equal k merged."""
@@ -60,34 +60,40 @@ class Schedule:
                 out.append([start, end, k])
         return out
 
-    def vllm(self) -> dict | None:
-        """vLLM's speculative-config keys; None where speculation is off at every level."""
-        top = max(c.k for c in self.levels)
-        if top == 0:
-            return None
-        return {"num_speculative_tokens": top,
-                "num_speculative_tokens_per_batch_size": self.ranges()}
-
-    def sglang(self) -> dict:
-        """SGLang's adaptive-config tiers (untested: written from a prediction)."""
-        top = max(c.k for c in self.levels)
-        return {str(start): {"candidate_steps": sorted({max(k - 1, 1), k, min(k + 1, top)})
-                             if k else [1]} for start, _, k in self.ranges()}
-
-    def llamacpp(self) -> dict[int, str]:
-        """Per level, the single setting to launch llama-server with."""
-        return {c.batch: (f"--spec-draft-n-max {c.k}" if c.k else "speculation off")
-                for c in self.levels}
-
     def lines(self) -> list[str]:
-        out = [f"batch {c.batch}: " + (f"k={c.k} ({c.speedup:.2f}x predicted)" if c.k else
-                                        "speculation off (no k beats vanilla)")
-               for c in self.levels]
+        def shown(c: LevelChoice) -> str:
+            if not c.k:
+                return "speculation off (no k beats vanilla)"
+            return f"k={c.k}" + ("" if c.speedup is None else f" ({c.speedup:.2f}x predicted)")
+        out = [f"batch {c.batch}: {shown(c)}" for c in self.levels]
         for b in self.boundaries:
+            loss = "" if b.loss_at_low is None or b.loss_at_high is None else (
+                f"; the wrong side loses {100 * b.loss_at_low:.1f} % at {b.low}, "
+                f"{100 * b.loss_at_high:.1f} % at {b.high}")
             out.append(f"k {b.k_low} -> {b.k_high} from batch {b.threshold} (between levels "
-                       f"{b.low} and {b.high}; the wrong side loses {100 * b.loss_at_low:.1f} % "
-                       f"at {b.low}, {100 * b.loss_at_high:.1f} % at {b.high})")
+                       f"{b.low} and {b.high}{loss})")
         return out
+
+
+def check_levels(levels: Sequence[int]) -> list[int]:
+    levels = list(levels)
+    if len(levels) < 2:
+        raise ValueError(f"levels={levels}: a per-batch-size schedule needs two or more levels")
+    if levels != sorted(set(levels)) or levels[0] < 1:
+        raise ValueError(f"levels={levels}: allowed are distinct ascending batch sizes >= 1")
+    return levels
+
+
+def from_winners(levels_to_k: Mapping[int, int], max_batch: int) -> Schedule:
+    """The schedule of measured per-level winners (``{level: k}``, k = 0 where speculation lost
+    to vanilla there): each level's k from that level up to the next one (the first from batch
+    1, the last up to ``max_batch``); a measurement says nothing between levels, so each
+    threshold is the upper level and no loss is known."""
+    levels = check_levels(sorted(levels_to_k))
+    picked = [LevelChoice(b, int(levels_to_k[b]), None) for b in levels]
+    boundaries = tuple(Boundary(low.batch, high.batch, high.batch, low.k, high.k, None, None)
+                       for low, high in zip(picked, picked[1:]) if low.k != high.k)
+    return Schedule(tuple(picked), boundaries, max(max_batch, levels[-1]))
 
 
 def plan(speedup: Callable[[int, int], float], ks: Sequence[int], levels: Sequence[int],
@@ -96,11 +102,7 @@ def plan(speedup: Callable[[int, int], float], ks: Sequence[int], levels: Sequen
     ``levels``: two or more ascending batch sizes; ``max_batch``: the largest batch the table
     covers (default the last level); ``between``: ``speedup`` is known between the levels too
     (a cost surface), else only at them (measurements: each threshold is the upper level)."""
-    levels = list(levels)
-    if len(levels) < 2:
-        raise ValueError(f"levels={levels}: a per-batch-size schedule needs two or more levels")
-    if levels != sorted(set(levels)) or levels[0] < 1:
-        raise ValueError(f"levels={levels}: allowed are distinct ascending batch sizes >= 1")
+    levels = check_levels(levels)
     max_batch = max(max_batch or levels[-1], levels[-1])
     choices = sorted({0, *ks})
 
@@ -120,8 +122,8 @@ def plan(speedup: Callable[[int, int], float], ks: Sequence[int], levels: Sequen
             if between else high.batch
         boundaries.append(Boundary(
             low.batch, high.batch, threshold, low.k, high.k,
-            1.0 - value(high.k, low.batch) / low.speedup,
-            1.0 - value(low.k, high.batch) / high.speedup))
+            1.0 - value(high.k, low.batch) / value(low.k, low.batch),
+            1.0 - value(low.k, high.batch) / value(high.k, high.batch)))
     return Schedule(tuple(picked), tuple(boundaries), max_batch)
 
 
@@ -163,6 +165,9 @@ def check(schedule: Schedule, measured: Callable[[int, int], float | None],
     ``ks`` and speculation off (``measured(k, batch)``: None where k was not measured there)."""
     out = []
     for choice in schedule.levels:
+        if choice.speedup is None:
+            raise ValueError(f"batch {choice.batch}: a schedule of measured winners "
+                             "(from_winners) has no prediction to check")
         values = {0: 1.0, **{k: v for k in ks if (v := measured(k, choice.batch)) is not None}}
         best = max(values, key=lambda k: (values[k], -k))
         out.append(LevelCheck(choice.batch, choice.k, choice.speedup, values.get(choice.k),
