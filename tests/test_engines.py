@@ -72,12 +72,21 @@ def evaluator(tmp_path, *overrides):
 # A study, its winner, its launch line
 
 
-def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys):
+def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys, monkeypatch):
     """At concurrency 1 and 4, ranked by throughput (the path of docs/engines.md's llama.cpp
     example, which tests/test_readme.py only validates), and at a request rate of 4/s under an
     SLO: both trials complete with the server's own counts, per-level and per-rate figures; the
-    summary answers per rate; the answer is a 4-slot launch line that, started as printed,
-    reproduces the winner's tokens; no server or port outlives the study."""
+    summary answers per rate; each level and the rate is decided once in the finish
+    (tuner.study.decide, spied) and the best YAML holds structures, not JSON text; the answer is
+    a 4-slot launch line that, started as printed, reproduces the winner's tokens; no server or
+    port outlives the study."""
+    from tests.helpers.outcome import json_texts
+    from tuner.study import decide
+    decided: list[tuple[str, object]] = []
+    for name in ("level_decision", "rate_decision"):
+        real = getattr(decide, name)
+        monkeypatch.setattr(decide, name, lambda s, st, c, at, _real=real, _name=name: (
+            decided.append((_name, at)) or _real(s, st, c, at)))
     result = run_study(tmp_path, *ENGINE, *LOOKUP, *LEVELS, *F32, "search=grid",
                        "search.ranges=full", "tracking.experiment=eng", "budget.request_rate=[4]",
                        "budget.requests_per_rate=4", "search.slo={tpot_ms:1000}")
@@ -105,9 +114,12 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys
     started = server_groups(tmp_path / "studies" / "t")
     assert len(started) >= 3 and not alive(started)   # baseline, a method server per trial
     assert all(port_free(p) for p in ports(tmp_path / "studies" / "t"))
+    assert sorted(decided) == [("level_decision", 1), ("level_decision", 4),
+                               ("rate_decision", "4")]
     best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
+    assert json_texts(best) == []
     launch = best["deploy"]["launch"]
-    per_rate = json.loads(best["deploy"]["per_rate"])
+    per_rate = best["deploy"]["per_rate"]
     assert list(per_rate) == ["4"] and (per_rate["4"] is None) == (rate_line[1] == "OFF")
     assert launch.startswith("llama-server -m ") and "--spec-type ngram-simple" in launch
     assert "-np 4" in launch
@@ -124,7 +136,7 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys
     argv = launch.split()
     argv[0] = require_llama_server()
     argv[argv.index("--port") + 1] = "{port}"
-    request = json.loads(best["deploy"]["request"])
+    request = best["deploy"]["request"]
     settings, ev = evaluator(tmp_path, *LOOKUP, *LEVELS, *F32)
     ev.open()
     try:
@@ -599,7 +611,7 @@ def test_a_study_predicts_each_level_from_the_engines_profile_and_confirms_its_s
                      r"best there", out), out[-3000:]
     assert re.search(r"predicted schedule +batch 2: ", out), out[-3000:]
     best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
-    per_level = json.loads(best["deploy"]["predicted_per_level"])
-    assert sorted(per_level) == ["1", "2"] and all(
+    per_level = best["deploy"]["predicted_per_level"]        # YAML structures, int keys
+    assert sorted(per_level) == [1, 2] and all(
         v == "speculation off" or re.fullmatch(r"--spec-draft-n-max [13]", v)
         for v in per_level.values())

@@ -190,7 +190,7 @@ def test_a_study_records_a_prediction_beside_every_measurement(tmp_path, monkeyp
     import yaml
     deploy = yaml.safe_load(next((tmp_path / "studies" / "best").glob("*.yaml")).read_text())
     deploy = deploy.get("deploy", deploy)
-    assert list(json.loads(deploy["predicted_llamacpp_per_level"])) == ["1", "8", "64"]
+    assert list(deploy["predicted_llamacpp_per_level"]) == [1, 8, 64]     # YAML, not JSON
     best = max(trials, key=lambda t: t.user_attrs["predicted_speedup_for"])
     assert int(there.group(1)) == best.params["num_draft_tokens"]
     assert float(there.group(2)) == pytest.approx(best.user_attrs["predicted_speedup_for"],

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from tuner.study.finish import finish_lock
-from tuner.tracking.report import recommendation, relative, with_exceptions
+from tuner.study.verdict import recommendation, relative, with_exceptions
 from tuner.tracking.trackers import trials_csv, trials_markdown
 
 
@@ -172,22 +172,23 @@ SIMPLE = {"spec_type": "ngram-simple", "size_n": 3, "mod_n_match": 24}
 def test_a_level_is_on_only_where_the_held_out_run_was_faster(held, on):
     """Tuning says faster at concurrency 1; the line and the schedule follow the held-out run:
     ON (>1), OFF (<=1, said so), or not confirmed (no held-out prompts)."""
-    from tuner.study.finish import level_rows, level_winners
+    from tuner.study.decide import level_decision
+    from tuner.study.outcome import State
     study = levels_study((SIMPLE, {1: 1.3, 4: 0.9}))
     confirmed = {} if held is None else {"held_out_throughput_ratio@c1": held,
                                          "held_out_throughput_ratio@c4": 0.8}
-    rows = dict(level_rows(level_settings(), study, confirmed))
-    winners = level_winners(level_settings(), study, confirmed)
-    line = rows["concurrency 1"]
+    one, four = (level_decision(level_settings(), study, confirmed, level) for level in (1, 4))
+    line = one.reason
     if on:
-        assert "speculation ON" in line and winners[1] == SIMPLE
+        assert "speculation ON" in line and one.deployed == SIMPLE and one.state is State.ON
     elif on is False:
         assert "speculation ON" not in line and "vanilla was faster on the held-out" in line
-        assert winners[1] is None
+        assert one.deployed is None and one.state is State.OFF
     else:
         assert "not confirmed (no held-out prompts" in line and "speculation ON" not in line
-    assert "speculation OFF at this level (vanilla is faster)" in rows["concurrency 4"]
-    assert winners[4] is None
+        assert one.state is State.NOT_CONFIRMED
+    assert "speculation OFF at this level (vanilla is faster)" in four.reason
+    assert four.deployed is None and four.state is State.OFF
 
 
 @pytest.mark.parametrize("held,on", [((1.6, 1.2), True), ((1.2, 1.2), False), (None, None)])
@@ -197,9 +198,10 @@ def test_a_rate_is_on_only_where_the_held_out_goodput_was_higher(held, on):
     held-out figures; a trial that did not beat vanilla at a rate is never ON there."""
     from types import SimpleNamespace
 
-    from tuner.measure.rates import Traffic
-    from tuner.study.finish import rate_decision, rates_of
     import optuna
+
+    from tuner.measure.rates import Traffic
+    from tuner.study.decide import rate_decision, rates_of
     study = levels_study((SIMPLE, {1: 1.3}))        # trial 0: no rate measured
     for params, figures in (({"spec_type": "ngram-mod", "size_n": 3, "mod_n_match": 4},
                              {"goodput@r4": 1.0, "vanilla_goodput@r4": 1.1,      # trial 1
@@ -214,7 +216,8 @@ def test_a_rate_is_on_only_where_the_held_out_goodput_was_higher(held, on):
     assert rates_of(settings) == ["0.5", "4"]
     confirmed = {} if held is None else {"held_out_goodput@r4": held[0],
                                          "held_out_vanilla_goodput@r4": held[1]}
-    params, line = rate_decision(settings, study, confirmed, "4")
+    decision = rate_decision(settings, study, confirmed, "4")
+    params, line = decision.deployed, decision.reason
     assert "goodput (SLO tpot_ms <= 50) 1.50 vs vanilla 1.00 req/s" in line
     if on:
         assert line.endswith("speculation ON: trial #2 {'spec_type': 'ngram-simple', "
@@ -224,17 +227,19 @@ def test_a_rate_is_on_only_where_the_held_out_goodput_was_higher(held, on):
         assert params is None
     else:
         assert "not confirmed (no held-out prompts at this rate)" in line and params == SIMPLE
-    params, line = rate_decision(settings, study, confirmed, "0.5")      # a tie when tuning
+    decision = rate_decision(settings, study, confirmed, "0.5")          # a tie when tuning
+    params, line = decision.deployed, decision.reason
     assert params is None and "OFF at this rate (vanilla met the SLO as often)" in line
 
 
 def test_a_level_line_shows_only_the_parameters_that_act():
     """ngram-simple's size_n is shown, ngram-mod's mod_n_match (not acting there) is not."""
     from tuner.search.space import active_params
-    from tuner.study.finish import level_rows
+    from tuner.study.decide import level_decision
     study = levels_study((SIMPLE, {1: 1.3, 4: 1.2}))
-    rows = dict(level_rows(level_settings(), study, {"held_out_throughput_ratio@c1": 1.1,
-                                                     "held_out_throughput_ratio@c4": 1.05}))
-    assert "'size_n': 3" in rows["concurrency 1"] and "mod_n_match" not in rows["concurrency 1"]
+    line = level_decision(level_settings(), study, {"held_out_throughput_ratio@c1": 1.1,
+                                                    "held_out_throughput_ratio@c4": 1.05},
+                          1).reason
+    assert "'size_n': 3" in line and "mod_n_match" not in line
     assert active_params({"spec_type": "ngram-mod", "size_n": 12, "mod_n_match": 4, "x": 1},
                          SPACE) == {"spec_type": "ngram-mod", "mod_n_match": 4, "x": 1}

@@ -173,7 +173,7 @@ def test_tracker_logs_a_study_through_the_server(server, tmp_path):
     from tests.conftest import compose_cfg
     from tuner.measure.evaluator import Evaluation
     from tuner.study.settings import StudySettings
-    from tuner.tracking.callbacks import StudyResult, TrialOutcome
+    from tuner.study.callbacks import StudyResult, TrialOutcome
     from tuner.tracking.trackers import make_tracker
 
     experiment = f"tracker-{uuid.uuid4().hex[:8]}"

@@ -30,18 +30,19 @@ from tuner.cluster.slurm import job_alive_or_none
 from tuner.config.errors import ConfigError, Interrupted
 from tuner.config.validate import PHASES, plain
 from tuner.measure.timing import Timer, time_generation
+from tuner.study.callbacks import Callbacks
+from tuner.study.cost import SearchCost, record_seconds
 from tuner.study.finish import confirm, held_out_record, measure
 from tuner.study.finish import finish as finish_study
 from tuner.study.objective import Objective
 from tuner.study.optimize import optimize
-from tuner.study.cost import SearchCost, record_seconds
 from tuner.study.points import Points, make_plan
 from tuner.study.ranking import RANKING, AfterDefault, profile_refused, restore
 from tuner.study.ranking import rank as plan_rank
 from tuner.study.settings import StudySettings
 from tuner.study.storage import make_storage, open_study
-from tuner.tracking import report
-from tuner.tracking.callbacks import Callbacks
+from tuner.study.verdict import held_out, quality_line
+from tuner.tracking import render, report
 from tuner.tracking.console import ConsoleProgress
 from tuner.tracking.trackers import end_replay, make_tracker, start_replay
 
@@ -65,7 +66,7 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
         raise ConfigError(f"phase={phase!r} is invalid: allowed are {list(PHASES)}")
     settings = StudySettings.from_config(cfg)
     if (cfg.get("launcher") or {}).get("kind") == "slurm" and phase == "all":
-        from tuner.cluster.launch import launch   # noqa: PLC0415 - only for Slurm
+        from tuner.cluster.launch import launch  # noqa: PLC0415 - only for Slurm
         return launch(cfg, settings.name, say)
     for notice in settings.notices:
         say(notice)
@@ -92,7 +93,8 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
                 say(f"worker done: {spent(study)} trial(s) spent in study {settings.name}")
                 return {"study_name": settings.name}
             finishing = time.perf_counter()
-            result = finish_study(settings, study, evaluator, callbacks, say)
+            result = finish_study(settings, study, evaluator, lambda outcome: render.publish(
+                outcome, study, callbacks, say), say)
             record_seconds(study, "finish_s", time.perf_counter() - finishing)
             if phase == "all":             # the search as its user waited for it, models loaded
                 record_seconds(study, "search_s", cost.elapsed())
@@ -206,7 +208,7 @@ def replay(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
             f"(prefill left out); recorded {was}")
     if not settings.lossless:
         say(f"replay: held-out quality vs vanilla: "
-            f"{report.quality_line(report.held_out(confirmed))}")
+            f"{quality_line(held_out(confirmed))}")
     return {"params": settings.default, **confirmed}
 
 

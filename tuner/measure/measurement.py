@@ -145,6 +145,7 @@ def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
         d = sum(m.drafted_per_position[i] for m in ms if i < len(m.drafted_per_position))
         a = sum(m.accepted_per_position[i] for m in ms if i < len(m.accepted_per_position))
         out[f"acceptance_pos_{i + 1:02d}"] = a / d if d else 0.0
+        out[f"drafted_pos_{i + 1:02d}"] = float(d)       # the drafts that rate rests on
     if energy is not None and energy.available and energy.joules is not None:
         out["energy_j"] = energy.joules
         out["energy_j_per_token"] = energy.joules / tokens

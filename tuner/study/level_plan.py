@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.predict import schedule as plans
 from tuner.predict.served import acceptance_of, plan_levels
 from tuner.study.record import TrialRecord
 from tuner.study.trials import completed, trial_params
@@ -29,14 +28,15 @@ from tuner.study.trials import completed, trial_params
 if TYPE_CHECKING:
     import optuna
 
+    from tuner.predict.schedule import LevelCheck
     from tuner.study.settings import StudySettings
 
 
 def level_schedule(settings: StudySettings, study: optuna.Study,
                    winner: Mapping[str, Any]) -> dict[str, Any] | None:
-    """{"schedule": plans.Schedule, "checks": [plans.LevelCheck], "ks": [...]}, or None
+    """{"schedule": tuner.predict.schedule.Schedule, "checks": [LevelCheck], "ks": [...]}, or None
     without an engine profile, with one level, or with no trial to plan from."""
-    knob = getattr(settings.engine_object, "draft_tokens_knob", None)
+    knob = settings.engine_object.draft_tokens_knob
     profile = settings.profile
     levels = sorted(settings.concurrency)
     if profile is None or knob is None or len(levels) < 2 or knob not in winner:
@@ -72,7 +72,7 @@ def rows(found: Mapping[str, Any]) -> list[tuple[str, str]]:
     out = [("predicted schedule", line) for line in planned.lines()]
     flagged = found.get("flagged") or {}
 
-    def noted(check: plans.LevelCheck) -> str:
+    def noted(check: LevelCheck) -> str:
         doubtful = sorted({k for k in (check.k, check.best_k) if k in flagged})
         return check.line() + "".join(f" (k={k} measured in {flagged[k]})" for k in doubtful)
     out += [("checked (decode phase)", noted(c)) for c in checks]

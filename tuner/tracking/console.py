@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping
 
-from tuner.tracking.callbacks import Callback, TrialOutcome
+from tuner.study.callbacks import Callback, TrialOutcome
 
 
 class ConsoleProgress(Callback):

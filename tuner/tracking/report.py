@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import optuna
-from omegaconf import OmegaConf
 
-from tuner.engines.base import Engine
+from tuner.measure.figures import split_level
 from tuner.study.record import TrialRecord
+from tuner.study.verdict import held_out, quality_line, relative, verdict_key
 
 
 def describe(settings, created: bool, limit: int) -> str:
@@ -31,25 +31,19 @@ def describe(settings, created: bool, limit: int) -> str:
             f"trials), baseline {settings.baseline}")
 
 
-QUALITY_KEYS = ("held_out_perplexity_ratio", "held_out_quality_drop", "held_out_feasible")
 
-
-def held_out(confirmed: Mapping[str, Any]) -> dict[str, Any]:
-    """The held-out confirmation's numbers without their ``held_out_`` prefix."""
-    return {k.removeprefix("held_out_"): v for k, v in confirmed.items()
-            if k.startswith("held_out_")}
 
 
 def objective_name(objective: str) -> str:
     """How the summary names a first objective."""
-    base, _, level = objective.partition("@c")
+    base, level = split_level(objective)
     name = {"speedup": "paired speedup (end to end)",
             "decode_speedup": "paired decode-phase speedup (prefill left out)"}.get(base, base)
     return f"{name} at concurrency {level}" if level else name
 
 
 def is_ratio(objective: str) -> bool:
-    return objective.partition("@c")[0] in ("speedup", "decode_speedup", "throughput_ratio")
+    return split_level(objective)[0] in ("speedup", "decode_speedup", "throughput_ratio")
 
 
 def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, Any],
@@ -107,16 +101,6 @@ def summary_rows(study_name: str, params: Mapping[str, Any], best: Mapping[str, 
     return rows
 
 
-def verdict_key(objective: str, confirmed: Mapping[str, Any]) -> str:
-    """Which held-out speedup the verdict reads: the decode phase's where the study was chosen
-    by it (``decode_speedup``, at any level) and the confirmation measured it, else the
-    end-to-end one. The winner is judged on held-out prompts by what it was chosen by."""
-    if objective.partition("@c")[0] == "decode_speedup" and \
-            "held_out_decode_speedup" in confirmed:
-        return "decode_speedup"
-    return "speedup"
-
-
 def decode_line(confirmed: Mapping[str, Any], verdict: str) -> str:
     speed = confirmed["held_out_decode_speedup"]
     spread = (f", per prompt min {confirmed['held_out_decode_speedup_min']:.3f}, max "
@@ -126,134 +110,13 @@ def decode_line(confirmed: Mapping[str, Any], verdict: str) -> str:
     return f"{speed:.3f}x, {relative(speed)} (prefill left out{spread}{reads})"
 
 
-def quality_line(values: Mapping[str, Any]) -> str:
-    """E.g. 'perplexity 4.10 vs vanilla 4.32 (ratio 0.949), quality drop +0.000, within the
-    bound'."""
-    parts = []
-    if "perplexity" in values:
-        parts.append(f"perplexity {values['perplexity']:.3f} vs vanilla "
-                     f"{values['vanilla_perplexity']:.3f} "
-                     f"(ratio {values['perplexity_ratio']:.3f})")
-    if "quality_drop" in values:
-        parts.append(f"quality drop {values['quality_drop']:+.3f}")
-    if values.get("feasible") is not None:
-        parts.append("within the bound" if values["feasible"] else "BREAKS the bound")
-    return ", ".join(parts) or "not scored"
-
-
-def relative(ratio: float) -> str:
-    """1.25 -> '25 % faster than vanilla', 0.84 -> '16 % slower than vanilla'."""
-    if abs(ratio - 1.0) < 0.005:
-        return "as fast as vanilla"
-    return f"{abs(ratio - 1) * 100:.0f} % {'faster' if ratio > 1 else 'slower'} than vanilla"
-
-
-def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3,
-                   objective: str = "speedup") -> str:
-    """What to do, and only as much as the held-out evidence supports; judged by the held-out
-    speedup of the kind the winner was chosen by (``verdict_key``), named in the text."""
-    if not confirmed:
-        return "no held-out prompts: the winner is unconfirmed (task.n_held_out=0)"
-    key = verdict_key(objective, confirmed)
-    phase = " in the decode phase" if key == "decode_speedup" else ""
-    speed = confirmed[f"held_out_{key}"]
-    low = confirmed.get(f"held_out_{key}_min", speed)
-    high = confirmed.get(f"held_out_{key}_max", speed)
-    prompts = int(confirmed.get("held_out_prompts", 0))
-    if speed <= 1.0:
-        return (f"nothing beat vanilla on the held-out prompts (the winner: {speed:.2f}x"
-                f"{phase}, {relative(speed)}): use vanilla decoding on this hardware/model pair")
-    if prompts < min_held_out:
-        return (f"not enough evidence: the winner ran {speed:.2f}x vanilla{phase} on only "
-                f"{prompts} held-out prompt(s) (min {low:.2f}x, max {high:.2f}x), fewer than "
-                f"min_held_out_prompts={min_held_out}: keep vanilla decoding, or confirm on more "
-                "prompts (task.n_held_out, then +best=<study> to replay)")
-    if confirmed.get("held_out_feasible") == 0.0:
-        held = held_out(confirmed)
-        return (f"the winner ran {speed:.2f}x vanilla{phase} on held-out "
-                f"prompts but broke the quality bound there ({quality_line(held)}): prefer "
-                "vanilla decoding unless that loss is acceptable")
-    lossy = ""
-    if "held_out_perplexity_ratio" in confirmed:
-        lossy = (f" (lossy: perplexity {confirmed['held_out_perplexity_ratio']:.3f}x vanilla's"
-                 + (f", quality drop {confirmed['held_out_quality_drop']:+.3f}"
-                    if "held_out_quality_drop" in confirmed else "") + ")")
-    return (f"use the best parameters: {speed:.2f}x vanilla{phase} ({relative(speed)}) on "
-            f"{prompts} held-out prompts, min {low:.2f}x, max {high:.2f}x{lossy}")
-
-
-def with_exceptions(advice: str, on_at: list[str]) -> str:
-    """A recommendation to stay with vanilla that names the levels / rates whose own lines say
-    ON, so the summary never reads as two answers."""
-    if not on_at or "vanilla decoding" not in advice:
-        return advice
-    return (f"{advice}; except where the lines above say ON ({', '.join(on_at)}): there, the "
-            "setting that line names")
-
-
-def print_summary(rows: list[tuple[str, str]], advice: str, say) -> None:
-    say("\n" + "=" * 78)
-    for key, value in rows:
-        say(f"{key:<32} {value}")
-    say(f"RECOMMENDATION: {advice}")
-    say("=" * 78)
-
-
 def markdown(rows: list[tuple[str, str]], advice: str) -> str:
     lines = [f"**Recommendation: {advice}**", "", "| | |", "|---|---|"]
     lines += [f"| {key} | {str(value).replace('|', '/')} |" for key, value in rows]
     return "\n".join(lines)
 
 
-REPLAYED_GROUPS = ("models", "engine", "budget")     # config groups the best YAML re-selects
 
-
-def write_best_yaml(folder: Path, settings: Any, params: Mapping[str, Any],
-                    best: Mapping[str, Any], confirmed: Mapping[str, float],
-                    deploy: Mapping[str, Any] | None = None) -> Path:
-    """The winner as a Hydra config that replays as printed: every parameter that built it
-    (searched and fixed), the config groups it ran with (models, engine, budget), its sampling,
-    seed and budget (task sizes), and, for an engine server, how to deploy it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{settings.name}.yaml"
-    speed = confirmed.get("held_out_speedup")
-    key = verdict_key(settings.objectives[0], confirmed)      # what the verdict read
-    shown = confirmed.get(f"held_out_{key}")
-    kind = "decode-phase speedup" if key == "decode_speedup" else "speedup"
-    task = settings.task.name
-    header = (f"# @package _global_\n# Best configuration of study {settings.name}"
-              f"{f' (held-out {kind} {shown:.3f}x vs vanilla)' if shown else ''}.\n"
-              f"# Replay (a fresh paired measurement against vanilla on the study's held-out "
-              f"prompts and budget):\n#   python -m tuner +task={task} "
-              f"method={settings.method_choice} +best={settings.name}\n")
-    where = settings.engine_object.best_params(settings.method_choice, params)
-    body = {"defaults": [{f"override /{group}": choice}
-                         for group, choice in settings.choices.items()
-                         if group in REPLAYED_GROUPS and choice],
-            **where, "models": dict(settings.models), "sampling": dict(settings.sampling),
-            "seed": settings.seed,
-            "budget": {"concurrency": list(settings.concurrency),
-                       **({"request_rate": list(settings.traffic.rates),
-                           "requests_per_rate": settings.traffic.requests_per_rate}
-                          if settings.traffic.rates else {})},
-            **({"search": {"slo": dict(settings.traffic.slo)}} if settings.traffic.slo else {}),
-            "task": {"n_prompts": settings.budget["n_prompts"],
-                     "n_held_out": settings.budget["n_held_out"],
-                     "max_new_tokens": settings.budget["max_new_tokens"]},
-            "replay": {"study": settings.name, "trial": best["trial"],
-                       "budget": {**{k: settings.budget[k] for k in ("n_prompts", "n_held_out",
-                                                                     "max_new_tokens")},
-                                  "concurrency": list(settings.concurrency)},
-                       "tuning_objective": settings.objectives[0],   # what tuning_speedup holds
-                       "tuning_speedup": float(best["value"]),
-                       "held_out_speedup": float(speed) if speed else None,
-                       **({"held_out_decode_speedup": float(confirmed["held_out_decode_speedup"])}
-                          if "held_out_decode_speedup" in confirmed else {}),
-                       **{k: float(confirmed[k]) for k in QUALITY_KEYS if k in confirmed}}}
-    if deploy:
-        body["deploy"] = dict(deploy)
-    path.write_text(header + OmegaConf.to_yaml(body))
-    return path
 
 
 def plots_html(study: optuna.Study, path: Path) -> Path | None:
@@ -319,24 +182,3 @@ def plots_png(study: optuna.Study, path: Path) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
-
-
-def compare_previous(folder: Path, family: str, name: str, params: Mapping[str, Any],
-                     confirmed: Mapping[str, float]) -> str | None:
-    """For scheduled re-runs (``<family>-<tag>`` studies): did the winner or its speedup change?"""
-    import yaml
-    earlier = sorted(p for p in folder.glob(f"{family}-*.yaml") if p.stem < name
-                     and not p.stem.endswith((".plots", ".history")))
-    if not earlier:
-        return None
-    previous = yaml.safe_load(earlier[-1].read_text())
-    old_params = Engine.recorded_params(previous)
-    old_speed = (previous.get("replay") or {}).get("held_out_speedup")
-    changed = {k: (old_params.get(k), v) for k, v in params.items() if old_params.get(k) != v}
-    what = ("best parameters unchanged" if not changed else "best parameters changed: " +
-            ", ".join(f"{k} {a} -> {b}" for k, a, b in ((k, *v) for k, v in changed.items())))
-    new_speed = confirmed.get("held_out_speedup")
-    if isinstance(old_speed, (int, float)) and new_speed:
-        what += (f"; held-out speedup {old_speed:.3f}x -> {new_speed:.3f}x "
-                 f"({(new_speed / old_speed - 1) * 100:+.1f} %)")
-    return f"since {earlier[-1].stem}: {what}"

@@ -15,8 +15,8 @@ import hashlib
 import io
 import json
 import logging
-import re
 import platform
+import re
 import subprocess
 import tempfile
 import time
@@ -28,7 +28,7 @@ import torch
 import transformers
 
 from tuner.config.identity import short_hash
-from tuner.tracking.callbacks import Callback, StudyResult, TrialOutcome
+from tuner.study.callbacks import Callback, StudyResult, TrialOutcome
 from tuner.tracking.report import markdown
 
 PARENT_ATTR = "mlflow_parent_run_id"          # study attribute: the parent run
