@@ -183,8 +183,8 @@ def test_every_part_runs_on_the_cpu_and_writes_its_result_files(tmp_path):
                           env={**os.environ, "OUT": str(out), "PYTHON": sys.executable})
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "compiled.json", "cost.json", "gpu_check.log", "image.json", "lossless.json",
-        "loops.json", "methods.json", "study.json"]
+        "compiled.json", "cost.json", "gpu_check.log", "image.json", "loops.json",
+        "lossless.json", "methods.json", "study.json"]
     assert done.stdout.splitlines()[0].startswith("image: Python ")
     assert "kit: 0 wheels installed; no kit at" in done.stdout
     parts = {p: json.loads((out / f"{p}.json").read_text())

@@ -48,7 +48,7 @@ def test_the_full_default_ranking_is_refused_before_any_untimed_run(tmp_path, ti
     command = [sys.executable, "-m", "tuner", "+task=gsm8k", "models=tiny", "task.n_prompts=2",
                "task.n_held_out=1", "task.max_new_tokens=6", "warmup_prompts=1", *SIDE_BY_SIDE,
                "tracking=none", "study_name=full", "search=predict", "search.ranges=full",
-               f"search.profile={tiny_profile}", "search.max_hours=0.05"]
+               f"search.profile={tiny_profile}", "search.max_hours=0.002"]
     began = time.monotonic()
     done = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True,
                           timeout=120)
@@ -57,7 +57,7 @@ def test_the_full_default_ranking_is_refused_before_any_untimed_run(tmp_path, ti
     errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and re.match(
         r"error: search=predict is estimated at ~[0-9.]+ (min|h) \(ranking ~[0-9.]+ (min|h), "
-        r".*\), over search\.max_hours=0\.05: .*raise the cap \(search\.max_hours=[0-9.]+ or "
+        r".*\), over search\.max_hours=0\.002: .*raise the cap \(search\.max_hours=[0-9.]+ or "
         r"more, or null for none\)", errors[0]), errors
     assert "search=predict ranks 9520 points by prediction" in done.stdout
     assert "trial 0" not in done.stdout and "predicting" not in done.stdout

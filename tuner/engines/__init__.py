@@ -25,7 +25,7 @@ ENGINES = {"hf": "tuner.engines.hf:HFEngine",
            "vllm": "tuner.engines.vllm:VllmEngine"}
 
 
-def servers() -> str:
+def server_kinds() -> str:
     """How messages name the engine servers (every engine but the in-process default)."""
     return " | ".join(f"engine={kind}" for kind in ENGINES if kind != DEFAULT)
 

@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from tuner.config.errors import ConfigError
 from tuner.config.values import plain
-from tuner.engines import servers
+from tuner.engines import server_kinds
 from tuner.measure.figures import split_level
 from tuner.search.objectives import resolve
 
@@ -143,7 +143,7 @@ class Engine:
                                   "measure")
             if (level is not None or name == "throughput_ratio") and self.max_concurrency == 1:
                 raise ConfigError(f"search.objectives={objectives}: {name} is measured by "
-                                  f"engine servers only ({servers()}); engine={self.name} "
+                                  f"engine servers only ({server_kinds()}); engine={self.name} "
                                   "measures one request at a time")
 
     def method(self, cfg: DictConfig, choice: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from tuner.config.errors import ConfigError
 from tuner.config.methods import method_class
 from tuner.config.values import plain
-from tuner.engines import servers
+from tuner.engines import server_kinds
 from tuner.engines.base import Engine
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class HFEngine(Engine):
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} needs an engine server: "
                           f"engine={self.name} measures one request at a time; allowed is [1], "
-                          f"or {servers()}")
+                          f"or {server_kinds()}")
 
     def check(self, cfg: DictConfig, choice: str) -> None:
         super().check(cfg, choice)

@@ -89,6 +89,8 @@ def study_result(outcome: StudyOutcome) -> StudyResult:
         tags.update({f"deploy_{key}": text(value) for key, value in outcome.deploy.items()})
         if not outcome.confirmed_any:
             tags["deploy_confirmed"] = "false"
+        if "infeasible_trials" in outcome.metrics:      # a quality bound: the winner kept it
+            tags["best_feasible"] = "true"
         if outcome.best_path is not None:
             files.append(("best", outcome.best_path))
             files.append(("best", outcome.best_path.with_suffix(".outcome.json")))
