@@ -242,7 +242,8 @@ def section_loops(pair: ModelPair, prompts: int, max_new_tokens: int) -> dict:
     methods = {}
     for name, method_name, kw in LOOPS:
         method = methods[name] = build_method(method_name, pair, **kw)
-        runners[name] = (lambda m: lambda p: generate(m, p, max_new_tokens).stats.new_tokens)(method)
+        runners[name] = (lambda m: lambda p: generate(m, p, max_new_tokens)
+                         .stats.new_tokens)(method)
     for run in runners.values():
         run(ids[0])                                              # warm-up (kernels, allocator)
     order = ["vanilla", "bare forward + argmax", "block γ=4", "vanilla (again, last)"]
@@ -284,9 +285,8 @@ def section_loops(pair: ModelPair, prompts: int, max_new_tokens: int) -> dict:
     traces = {}
     try:
         for name in ("bare forward + argmax", "vanilla", "block γ=4"):
-            short = bare_loop if name.startswith("bare") else None
             with profile(activities=activities) as prof:
-                if short is not None:
+                if name.startswith("bare"):
                     tokens = bare_loop(pair.target, ids[1], TRACED_TOKENS)
                 else:
                     tokens = generate(methods[name], ids[1], TRACED_TOKENS).stats.new_tokens
@@ -304,8 +304,8 @@ def section_loops(pair: ModelPair, prompts: int, max_new_tokens: int) -> dict:
     return {"timed": rows, "traces": traces,
             "note": "timed: no profiler, medians over prompts of ms per generated token, each "
                     "prompt runs the loops in the order listed; traces: one prompt, "
-                    f"{TRACED_TOKENS} tokens, under torch.profiler (its overhead inflates host times: compare loops, not "
-                    "absolute figures)"}
+                    f"{TRACED_TOKENS} tokens, under torch.profiler (its overhead inflates "
+                    "host times: compare loops, not absolute figures)"}
 
 
 def section_methods(pair: ModelPair, prompts: int, max_new_tokens: int) -> list[dict]:

@@ -9,16 +9,19 @@ from __future__ import annotations
 import importlib.util
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.config.errors import ConfigError
 from tuner.config.values import get_class, integer
 from tuner.search.space import check_active_when, distributions, validate_params
 
+if TYPE_CHECKING:
+    from decoding.base import DecodingMethod
+
 SAMPLING_ARGS = ("temperature", "top_k", "top_p", "seed")
 
 
-def method_class(method_cfg: Mapping[str, Any]) -> type:
+def method_class(method_cfg: Mapping[str, Any]) -> type[DecodingMethod]:
     """The class named by ``_target_``: it must be defined in a ``decoding.`` module."""
     target = str(method_cfg.get("_target_", ""))
     if not target.startswith("decoding."):

@@ -117,8 +117,8 @@ def check_traffic(search: Mapping[str, Any], budget: Mapping[str, Any]) -> None:
             raise ConfigError(f"search.objectives: {name} names request rate {rate}, which "
                               f"budget.request_rate={budget.get('request_rate')} does not "
                               "measure")
-        spelled = key.flat()
-        if spelled != name:         # the figures' keys: 4 -> @r4, 0.5 -> @r0.5
+        if not key.canonical:       # the figures' keys: 4 -> @r4, 0.5 -> @r0.5
+            spelled = key.flat()
             raise ConfigError(f"search.objectives: {name} is spelled {spelled} in the trials' "
                               f"figures: allowed is {spelled}")
         if base == "goodput_ratio":

@@ -30,7 +30,7 @@ from tuner.config.errors import ConfigError
 from tuner.config.values import plain
 from tuner.engines import server_kinds
 from tuner.measure.figures import split_level
-from tuner.search.objectives import resolve
+from tuner.search.objectives import ENGINE_ONLY, resolve
 
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Evaluator, MeasureSettings
@@ -141,7 +141,7 @@ class Engine:
                 raise ConfigError(f"search.objectives={objectives}: {name} names concurrency "
                                   f"level {level}, which budget.concurrency={levels} does not "
                                   "measure")
-            if (level is not None or name == "throughput_ratio") and self.max_concurrency == 1:
+            if (level is not None or name in ENGINE_ONLY) and self.max_concurrency == 1:
                 raise ConfigError(f"search.objectives={objectives}: {name} is measured by "
                                   f"engine servers only ({server_kinds()}); engine={self.name} "
                                   "measures one request at a time")

@@ -76,16 +76,6 @@ class ServerEvaluator:
         """In the lossless message: "differs from <display>'s own ..."."""
         return self.kind.display
 
-    @property
-    def draft_tokens_knob(self) -> str | None:
-        """The method knob of drafted tokens per step (k)."""
-        return self.kind.draft_tokens_knob
-
-    @property
-    def exact_draft(self) -> Mapping[str, Any]:
-        """Further knobs that make every step draft exactly k (the cost surface's steps)."""
-        return self.kind.exact_draft
-
     def __init__(self, settings: MeasureSettings, say: Callable[[str], None] = print) -> None:
         self.settings, self.say = settings, say
         self.engine = dict(settings.engine)
@@ -297,12 +287,13 @@ class ServerEvaluator:
 
     def drafted_params(self, k: int) -> dict[str, Any]:
         """Draft-model speculation drafting ``k`` tokens per step, the study's other defaults."""
-        if self.draft_tokens_knob not in self.mapping["knobs"] or \
+        knob = self.kind.draft_tokens_knob
+        if knob not in self.mapping["knobs"] or \
                 not self.settings.method["needs_draft"]:
             raise ConfigError(f"method={self.settings.method_choice}: an engine's cost surface "
                               "is measured with draft-model speculation; allowed is "
                               "method=speculative")
-        return {**self.settings.default, self.draft_tokens_knob: k, **self.exact_draft}
+        return {**self.settings.default, knob: k, **self.kind.exact_draft}
 
     def synthetic_spec(self, k: int, length: float) -> Spec:
         """The method server's settings drafting ``k`` tokens per step, accepted at random with

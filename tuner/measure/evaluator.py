@@ -62,8 +62,8 @@ class MethodView:
     def method_class(self) -> type[DecodingMethod]:
         """The ``decoding`` class ``_target_`` names (validated: a ``DecodingMethod``), whose
         declared capabilities (``replayable``, ``traceable``, ...) the stages read."""
-        from tuner.config.values import get_class
-        return get_class(str(self.method["_target_"]))
+        from tuner.config.methods import method_class
+        return method_class(self.method)
 
 
 @dataclass(frozen=True)

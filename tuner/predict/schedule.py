@@ -113,6 +113,7 @@ def plan(speedup: Callable[[int, int], float], ks: Sequence[int], levels: Sequen
     for batch in levels:
         best = max(choices, key=lambda k: (value(k, batch), -k))   # ties: the smaller k
         picked.append(LevelChoice(batch, best, value(best, batch)))
+    best_at = {c.batch: value(c.k, c.batch) for c in picked}     # the speedups just picked
     boundaries = []
     for low, high in zip(picked, picked[1:]):
         if low.k == high.k:
@@ -122,8 +123,8 @@ def plan(speedup: Callable[[int, int], float], ks: Sequence[int], levels: Sequen
             if between else high.batch
         boundaries.append(Boundary(
             low.batch, high.batch, threshold, low.k, high.k,
-            1.0 - value(high.k, low.batch) / value(low.k, low.batch),
-            1.0 - value(low.k, high.batch) / value(high.k, high.batch)))
+            1.0 - value(high.k, low.batch) / best_at[low.batch],
+            1.0 - value(low.k, high.batch) / best_at[high.batch]))
     return Schedule(tuple(picked), tuple(boundaries), max_batch)
 
 

@@ -48,19 +48,21 @@ def conclude(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     notes = study_notes(settings, study, confirmed, figures)
     since = compare_previous(folder, settings.family, settings.name, params, confirmed)
     header, replay = replay_body(settings, params, best, confirmed)
+    described = evaluator.describe()
     return StudyOutcome(
         study=settings.name, method=settings.method_choice, task=settings.task.name,
         objective=settings.objectives[0], engine={"kind": settings.engine["kind"],
-                                                   **evaluator.describe()},
+                                                   **described},
         winner=Winner(winner.number, float(winner.values[0]), best["trials"], best["run_id"],
                       params, active_params(params, settings.space), figures),
         confirmed=confirmed, levels=levels, rates=rates, deploy=deploy, prediction=prediction,
         recommendation=decide.recommendation(settings, confirmed, levels, rates),
         notes=(*([since] if since else []), *notes), acceptance=acceptance(confirmed),
-        budget=dict(settings.budget), energy_reason=evaluator.describe().get("energy", ""),
+        budget=dict(settings.budget), energy_reason=described.get("energy", ""),
         quality_bound=settings.bound.describe() if settings.bound.active or
         not settings.lossless else None,
-        time=time_line(study), cost=search_cost(study), trials=tuple(trials_table(settings, study)),
+        time=time_line(study), cost=search_cost(study),
+        trials=tuple(trials_table(settings, study)),
         metrics=study_metrics(settings, study, prediction), replay=replay,
         replay_header=header, best_path=folder / f"{settings.name}.yaml")
 
@@ -86,9 +88,9 @@ def predictions(settings: StudySettings, study: optuna.Study, evaluator: Evaluat
             "study finishes without it")
         served = None
     planned = None
+    base = evaluator.speculative_base(params)       # a vLLM form's fixed entries, else None
     if served is not None:
-        forms.update(settings.engine_object.schedule_form(served["schedule"],
-                                                          evaluator.speculative_base(params)))
+        forms.update(settings.engine_object.schedule_form(served["schedule"], base))
         planned = {"rows": level_plan_rows(served), "confirmed": float(
             sum(c.confirmed for c in served["checks"])), "checks_data": [
             {"batch": c.batch, "k": c.k, "predicted": c.predicted, "measured": c.measured,
@@ -100,7 +102,7 @@ def predictions(settings: StudySettings, study: optuna.Study, evaluator: Evaluat
             from tuner.predict.forms import every_form
             elsewhere["schedule_lines"] = schedule.lines()
             forms.update({f"predicted_{key}": value for key, value in every_form(
-                schedule, evaluator.speculative_base(params)).items()})
+                schedule, base).items()})
     return Prediction(calib, line, (check.get("line") or "").removeprefix("profile check: ")
                       or None, settings.profile.describe() if settings.profile else None,
                       planned, elsewhere), forms

@@ -121,9 +121,11 @@ class StudyOutcome:
     def decisions(self) -> tuple[Decision, ...]:
         return self.levels + self.rates
 
-    def per_level(self) -> dict[int, Mapping[str, Any] | None]:
-        """Per level, the setting a deployment runs there (None: speculation off)."""
-        return {int(d.at): d.deployed for d in self.levels}
+    @property
+    def outcome_path(self) -> Path:
+        """``<study>.outcome.json`` beside the best YAML."""
+        assert self.best_path is not None
+        return self.best_path.with_suffix(".outcome.json")
 
     def to_json(self) -> dict[str, Any]:
         """The versioned ``outcome.json`` body (plain JSON types only)."""

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from tuner.study.callbacks import Callback, StudyResult
 from tuner.study.outcome import StudyOutcome
 from tuner.study.record import FIGURES
-from tuner.tracking.report import markdown, plots_html, plots_png, summary_rows
+from tuner.tracking.report import plots_html, plots_png, summary_rows
 
 
 def text(value: Any) -> str:
@@ -93,7 +93,7 @@ def study_result(outcome: StudyOutcome) -> StudyResult:
             tags["best_feasible"] = "true"
         if outcome.best_path is not None:
             files.append(("best", outcome.best_path))
-            files.append(("best", outcome.best_path.with_suffix(".outcome.json")))
+            files.append(("best", outcome.outcome_path))
         files += [("plots", plot) for plot in outcome.plots]
     else:
         tags.update({"best_trial": "none", "best_feasible": "none"})
@@ -120,31 +120,16 @@ def write_best_yaml(outcome: StudyOutcome) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     body = dict(outcome.replay)
     if outcome.deploy:
-        body[deploy_key(outcome)] = plain_yaml(outcome.deploy)
+        body[deploy_key(outcome)] = dict(outcome.deploy)
     path.write_text(outcome.replay_header + OmegaConf.to_yaml(body))
     return path
 
 
-def plain_yaml(value: Any) -> Any:
-    """Nested data OmegaConf writes as YAML (tuples as lists, keys as given)."""
-    if isinstance(value, dict):
-        return {k: plain_yaml(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain_yaml(v) for v in value]
-    return value
-
-
 def write_outcome_json(outcome: StudyOutcome) -> Path:
     """``<study>.outcome.json`` beside the best YAML."""
-    assert outcome.best_path is not None
-    path = outcome.best_path.with_suffix(".outcome.json")
+    path = outcome.outcome_path
     path.write_text(json.dumps(outcome.to_json(), indent=1, sort_keys=False) + "\n")
     return path
-
-
-def note(outcome: StudyOutcome) -> str:
-    """The MLflow note's summary (markdown)."""
-    return markdown(rows(outcome), outcome.recommendation)
 
 
 def publish(outcome: StudyOutcome, study: optuna.Study, callbacks: Callback,
