@@ -295,7 +295,8 @@ def test_search_predict_measures_fewer_points_than_the_grid(tmp_path, monkeypatc
     from tests.conftest import load_study, run_study
     monkeypatch.chdir(tmp_path)
     run_study(tmp_path, *STUDY, "search=predict", "method.space.num_draft_tokens.high=6",
-              "search.top=2", "search.spread=1", f"search.profile={tiny_profile}")
+              "search.top=2", "search.spread=1", "search.race=null",
+              f"search.profile={tiny_profile}")
     out = capsys.readouterr().out
     trials = load_study(tmp_path).get_trials()
     assert len(trials) == 4 < 6
@@ -464,7 +465,7 @@ def test_search_predict_ranks_ouroboros_by_untimed_runs(tmp_path, monkeypatch, c
              "method.space.num_phrases.low=2", "method.space.num_phrases.high=2",
              "method.params.reuse_history=false"]
     run_study(tmp_path, *STUDY, *small, "search=predict", "search.top=1", "search.spread=1",
-              f"search.profile={tiny_profile}")
+              "search.race=null", f"search.profile={tiny_profile}")
     out = capsys.readouterr().out
     trials = load_study(tmp_path).get_trials()
     assert len(trials) == 3 < 4, out[-2000:]
@@ -538,3 +539,41 @@ def test_a_failing_prediction_loses_only_the_prediction(tmp_path, monkeypatch, c
     remeasured = sum(key.startswith("remeasured_") for key in study.user_attrs)
     assert out.count("prediction failed (RuntimeError: no price): this trial keeps its "
                      "measurements without one") == 2 + remeasured
+
+
+def test_a_raced_ranking_of_a_history_carrying_method_is_reused_by_its_trials(
+        tmp_path, monkeypatch, capsys, tiny_profile):
+    """Ouroboros with its phrase pool kept across prompts (reuse_history): the ranking runs every
+    point in the study's shared prompt order by successive halving (its rounds said), the race
+    measures in order of prediction, and a measured trial whose point survived every round
+    makes no untimed run of its own (counted): it reads the ranking's, made in its order."""
+    from tests.conftest import load_study, run_study
+    from tuner.predict import trace
+    monkeypatch.chdir(tmp_path)
+    counted = []
+    real = trace.untimed_runs
+
+    def counting(method, ids, *args, **kwargs):
+        counted.append(len(ids))
+        return real(method, ids, *args, **kwargs)
+    monkeypatch.setattr(trace, "untimed_runs", counting)
+    small = ["method=ouroboros", "method.params.num_draft_tokens=2", "method.params.window=4",
+             "method.params.phrase_length=3", "method.params.num_phrases=2",
+             "method.space.num_draft_tokens.low=2", "method.space.num_draft_tokens.high=5",
+             "method.space.window.low=4", "method.space.window.high=5",
+             "method.space.phrase_length.low=3", "method.space.phrase_length.high=3",
+             "method.space.num_phrases.low=2", "method.space.num_phrases.high=2",
+             "method.params.reuse_history=true", "search.ranges=full"]
+    run_study(tmp_path, *STUDY, *small, "search=predict", f"search.profile={tiny_profile}")
+    out = capsys.readouterr().out
+    assert re.search(r"successive halving: 8 on prompt 1 kept 4, 4 on prompt 2 kept 4", out), \
+        out[-3000:]
+    study = load_study(tmp_path)
+    cut = [p for p, _ in study.user_attrs["predict_ranking"]["cut"]]
+    assert len(cut) == 4
+    raced = [t for t in study.get_trials() if t.user_attrs.get("stage") == "race"]
+    assert raced and all(t.user_attrs["prediction_s"] < 0.5 for t in raced
+                         if t.params not in cut), [(t.params, t.user_attrs) for t in raced]
+    # the ranking's 8 + 4 (trial 0's prediction, made after it, reads it too); a trial of a
+    # point cut by the halving makes its own 2, a survivor's none
+    assert sum(counted) == 8 + 4 + sum(2 for t in raced if t.params in cut), counted

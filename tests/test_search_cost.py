@@ -133,12 +133,15 @@ def test_a_resumed_predict_study_does_not_rank_again(tmp_path, monkeypatch, caps
              "method.space.phrase_length.low=3", "method.space.phrase_length.high=3",
              "method.space.num_phrases.low=2", "method.space.num_phrases.high=2",
              "method.params.reuse_history=false", "search=predict", "search.ranges=full",
-             "search.top=2", "search.spread=1", f"search.profile={profile}", "tracking=none"]
+             "search.top=2", "search.spread=1", "search.race=null", f"search.profile={profile}",
+             "tracking=none"]
     run_study(tmp_path, *small, "search.n_trials=2")
     first = capsys.readouterr().out
     assert "search=predict: predicting 4 points" in first
     ranked = sum(counted)
-    assert ranked >= 4 * 2                      # 4 points x 2 prompts, trial 0's own besides
+    # successive halving: 4 points on the first prompt, 3 kept (at least 3) for the second
+    assert ranked >= 4 + 3, counted
+    assert "successive halving: 4 on prompt 1 kept 3, 3 on prompt 2 kept 3" in first
     counted.clear()
     run_study(tmp_path, *small, "search.n_trials=10")
     second = capsys.readouterr().out

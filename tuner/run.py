@@ -30,6 +30,7 @@ from tuner.cluster.slurm import job_alive_or_none
 from tuner.config.errors import ConfigError, Interrupted
 from tuner.config.validate import PHASES, plain
 from tuner.measure.timing import Timer, time_generation
+from tuner.search.pruners import PairedPruner
 from tuner.study.callbacks import Callbacks
 from tuner.study.cost import SearchCost, record_seconds
 from tuner.study.finish import confirm, held_out_record, measure
@@ -164,7 +165,9 @@ def _open(settings: StudySettings) -> tuple[optuna.Study, bool]:
     storage = make_storage(settings.storage, settings.journal, int(beat.get("interval", 60)),
                            beat.get("grace"))
     sampler = instantiate(search["sampler"]) if search.get("sampler") else None
+    race = settings.race
     pruner = instantiate(search["pruner"]) if search.get("pruner") else \
+        PairedPruner(race.margin, race.alpha) if race is not None else \
         optuna.pruners.NopPruner()
     ignore = ("hardware",) if settings.phase == "work" and settings.baseline == "per_trial" \
         else ()

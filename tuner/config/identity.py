@@ -41,11 +41,13 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
     kept out of the ``search`` key and every older study keeps its name). ``search.profile`` only
     adds predictions beside the measurements: not a key either, except under ``search=predict``,
     where it chooses which points are measured. ``search.predict_for`` (a prediction for
-    another machine) changes no measurement: never a key.
+    another machine) changes no measurement: never a key. ``search.race`` decides which points
+    and how many prompts are measured, never how a measurement is made (as ``n_trials``): not a
+    key, so a study made before racing resumes, raced from where it stands.
     """
     search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout", "slo",
                                                                    "profile", "predict_for",
-                                                                   "max_hours")}
+                                                                   "max_hours", "race")}
     if search.get("kind") == "predict":      # there the profile chooses the measured points:
         from pathlib import Path             # its content, not its path, is the identity
         path = Path(str(search.get("profile")))

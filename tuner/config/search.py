@@ -74,6 +74,7 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                 "measured)")
         integer("search.spread", search.get("spread"), 0, "an integer >= 0 (points spread over "
                 "the rest of the ranking, measured to calibrate)")
+    check_race(search.get("race"))
     if kind in ("grid", "predict"):
         ranges = search.get("ranges", "heuristic")
         allowed = grid_names(space)
@@ -89,6 +90,30 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                 raise ConfigError(str(err)) from None
     for key in OPTUNA_KINDS:
         check_optuna(key, search.get(key))
+
+
+def check_race(race: Any) -> None:
+    """``search.race``: null, or a mapping of margin, alpha, error_floor, min_measured."""
+    if race is None:
+        return
+    known = ("margin", "alpha", "error_floor", "min_measured")
+    if not isinstance(race, Mapping) or set(race) - set(known):
+        raise ConfigError(f"search.race={race!r} is invalid: allowed is null (no racing) or a "
+                          f"mapping with keys from {list(known)}")
+    rules = {"margin": (0.0, 1.0, "a fraction in [0, 1) (the indifference margin, e.g. 0.02)"),
+             "alpha": (1e-9, 0.5, "a probability in (0, 0.5) (the error per look, e.g. 0.025)"),
+             "error_floor": (0.0, 5.0, "a number in [0, 5) (the least calibration error, in "
+                             "ln units, e.g. 0.05)")}
+    for key, (low, high, allowed) in rules.items():
+        value = race.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not low <= value < high:
+            raise ConfigError(f"search.race.{key}={value!r} is invalid: allowed is {allowed}")
+    if race.get("min_measured") is not None:
+        integer("search.race.min_measured", race["min_measured"], 1,
+                "an integer >= 1 (points finished past the default before the race may stop)")
 
 
 def check_traffic(search: Mapping[str, Any], budget: Mapping[str, Any]) -> None:

@@ -257,12 +257,15 @@ class HFEvaluator:
         drafter.reset()
         return generations
 
-    def observe(self, method: DecodingMethod, prompts: Sequence[Prompt]) -> list[Any] | None:
+    def observe(self, method: DecodingMethod, prompts: Sequence[Prompt], fresh: bool = True
+                ) -> list[Any] | None:
         """One untimed generation of ``method`` per prompt, in the order given, from a fresh
         history (``reset``, as after the warm-up), every forward of the target and the draft
         models traced (``tuner.predict.trace``); at T > 0 one such run per seed of
         ``UNTIMED_SEEDS`` seeds after the study's (never the timed runs' own), each generation
-        tagged with its seed (the prediction averages them and gives their spread). None where
+        tagged with its seed (the prediction averages them and gives their spread).
+        ``fresh=False`` (T = 0): the method's history goes on from its last run (successive
+        halving adds a prompt to a point's runs as its timed trial comes to it). None where
         its forwards cannot all be priced (a method not ``traceable``; a draft that is the
         target, whose forwards cannot be told apart: said once)."""
         from tuner.predict.trace import UNTIMED_SEEDS, untimed_runs
@@ -284,7 +287,7 @@ class HFEvaluator:
         self.untimed_runs += len(ids) * len(seeds)
         try:
             return [g for seed in seeds for g in untimed_runs(
-                method, ids, models, s.budget["max_new_tokens"], seed)]
+                method, ids, models, s.budget["max_new_tokens"], seed, fresh=fresh)]
         finally:
             method.use_compiled(self.compiled)
 
@@ -308,8 +311,10 @@ class HFEvaluator:
         took over a second gets a progress line."""
         return [self.point_acceptance(i, point, len(points)) for i, point in enumerate(points)]
 
-    def point_acceptance(self, i: int, point: Mapping[str, Any], total: int) -> Any:
-        """Point ``i`` of ``total``'s steps (``acceptance_points``)."""
+    def point_acceptance(self, i: int, point: Mapping[str, Any], total: int,
+                         prompts: Sequence[Prompt] | None = None) -> Any:
+        """Point ``i`` of ``total``'s steps (``acceptance_points``) on ``prompts`` (the tuning
+        prompts, in their order, by default)."""
         from tuner.predict.trace import TracedGeneration
         params = {**self.settings.default, **point}
         try:
@@ -318,7 +323,7 @@ class HFEvaluator:
             return None
         start = time.perf_counter()
         try:
-            got = self.acceptance(method, list(self.settings.tuning), params)
+            got = self.acceptance(method, list(prompts or self.settings.tuning), params)
         except Exception as err:          # noqa: BLE001 - one point's failure loses its rank
             self.say(f"  {i + 1}/{total} {dict(point)}: not predicted "
                      f"({type(err).__name__}: {err})")
@@ -329,6 +334,89 @@ class HFEvaluator:
                 isinstance(got[0], TracedGeneration) else "replayed"
             self.say(f"  {i + 1}/{total} {dict(point)}: {how} in {seconds:.1f} s")
         return got
+
+    def rank_points(self, points: Sequence[Mapping[str, Any]], prompts: Sequence[Prompt],
+                    known: Mapping[int, tuple[float, int | None]] | None = None,
+                    on_point: Callable[[int, float, int | None], None] =
+                    lambda i, value, cut: None) -> tuple[list[float], list[int | None]]:
+        """``search=predict``'s ranking: every point's predicted speedup on ``prompts`` (in
+        that order: a method that carries history runs them so, as its timed trials do) and,
+        per point, the prompts it saw where successive halving cut it (None: all). Points whose
+        acceptance replays are predicted on every prompt; the others (an untimed run per
+        prompt) go through successive halving at T = 0 (``tuner.predict.halving``: every point
+        on the first prompt, the best half kept for the next, ...; the rounds said), one full
+        run per point at T > 0. ``known``: what an interrupted ranking kept, {index: (value,
+        cut)}; ``on_point(i, value, cut)`` once a point's value is final."""
+        from tuner.predict.halving import successive_halving
+        known = dict(known or {})
+        prompts = list(prompts)
+        values: list[float] = [float("-inf")] * len(points)
+        cut: list[int | None] = [None] * len(points)
+        halved: dict[int, tuple[Any, dict[str, Any]]] = {}
+        for i, point in enumerate(points):
+            if i in known:
+                values[i], cut[i] = known[i]
+                continue
+            params = {**self.settings.default, **point}
+            try:
+                method = self.build(self.settings.method, params)
+            except ParametersRefused:
+                on_point(i, values[i], None)
+                continue
+            if self.halves(method):
+                halved[i] = (method, params)
+                continue
+            values[i] = self._priced(self.point_acceptance(i, point, len(points), prompts),
+                                     point)
+            on_point(i, values[i], None)
+        if not halved:
+            return values, cut
+        order = sorted(halved)
+        runs: dict[int, list[Any] | None] = {i: [] for i in order}
+
+        def run(j: int, k: int) -> None:
+            i = order[j]
+            got = runs[i]
+            if got is None:
+                return
+            try:
+                got.extend(self.observe(halved[i][0], [prompts[k]], fresh=k == 0) or [])
+            except Exception as err:      # noqa: BLE001 - one point's failure loses its rank
+                self.say(f"  {dict(points[i])}: not predicted ({type(err).__name__}: {err})")
+                runs[i] = None
+
+        def score(j: int, n: int) -> float:
+            got = runs[order[j]]
+            return float("-inf") if not got or len(got) < n else \
+                self._priced(got[:n], points[order[j]])
+
+        halving = successive_halving(len(order), len(prompts), run, score)
+        self.say(f"  {halving.line()}")
+        ids = tuple(p.id for p in prompts)
+        for j, i in enumerate(order):
+            method, params = halved[i]
+            values[i], cut[i] = halving.values[j], halving.cut[j]
+            if cut[i] is None and runs[i]:         # a timed trial of it reuses these runs
+                key = (json.dumps(dict(params), sort_keys=True, default=str),
+                       ids if method.keeps_history else tuple(sorted(ids)))
+                self.observed[key] = runs[i]
+            method.reset()
+            on_point(i, values[i], cut[i])
+        return values, cut
+
+    def halves(self, method: DecodingMethod) -> bool:
+        """Whether a ranking predicts ``method`` by successive halving: its acceptance needs
+        untimed runs (no replay), they can be traced, and T = 0 (counts deterministic)."""
+        return self.replay(method, []) is None and method.traceable and \
+            float(self.settings.sampling.get("temperature", 0)) == 0
+
+    def _priced(self, generations: Any, point: Mapping[str, Any]) -> float:
+        try:
+            return float("-inf") if generations is None else \
+                self.price(generations, self.profile).speedup
+        except Exception as err:          # noqa: BLE001 - one point's failure loses its rank
+            self.say(f"  {dict(point)}: not predicted ({type(err).__name__}: {err})")
+            return float("-inf")
 
     def predict_points(self, points: Sequence[Mapping[str, Any]],
                        known: Mapping[int, float] | None = None,

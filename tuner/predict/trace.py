@@ -103,16 +103,20 @@ UNTIMED_SEEDS = 3      # T > 0: seeded untimed runs per prediction (an average, 
 
 def untimed_runs(method: Any, prompts: Sequence[Sequence[int]],
                  models: Sequence[tuple[str, nn.Module]],
-                 max_new_tokens: int, seed: int | None = None) -> list[TracedGeneration]:
+                 max_new_tokens: int, seed: int | None = None, fresh: bool = True
+                 ) -> list[TracedGeneration]:
     """One generation of ``method`` per prompt, in order, from a fresh history (``reset``
     before, as a timed run starts after its warm-up, and after), every forward of ``models``
     traced. The method must run eagerly (a compiled target's graphs bypass the hooks).
-    ``seed``: sample with this seed instead of the method's own (T > 0; restored after)."""
+    ``seed``: sample with this seed instead of the method's own (T > 0; restored after).
+    ``fresh=False``: the history goes on from the method's last generation and is kept after
+    (a ranking adding one prompt at a time, ``tuner.predict.halving``)."""
     from decoding import generate
     own = method.seed
     if seed is not None:
         method.seed = seed
-    method.reset()
+    if fresh:
+        method.reset()
     generations = []
     try:
         for ids in prompts:
@@ -122,7 +126,8 @@ def untimed_runs(method: Any, prompts: Sequence[Sequence[int]],
                                                 out.stats.accepted, tuple(forwards), seed))
     finally:
         method.seed = own
-        method.reset()
+        if fresh:
+            method.reset()
     return generations
 
 

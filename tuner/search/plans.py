@@ -16,11 +16,14 @@ is being evaluated elsewhere (the next stage depends on their values), or None w
     its default, so the point builds the same method as the one already measured.
   * ``GridPlan``: every point of a grid (the heuristic ranges, the whole space, or a named grid such
     as Ouroboros Table 9), the default first.
-  * ``PredictPlan`` (``search=predict``): a grid ranked by predicted speedup (``tuner.predict``),
-    of which only the default, the best-predicted and a few calibration points are measured. The
-    default is measured first, before any ranking (the profile is checked against it); the
-    ranking is then stored in the study (``stored`` / ``restore``), so a resumed study or another
-    worker measures what it chose without ranking again.
+  * ``PredictPlan`` (``search=predict``): a grid ranked by predicted speedup (``tuner.predict``).
+    Raced (``search.race``, the default): the points are measured in order of prediction until
+    no unmeasured point can beat the leader (``tuner.search.racing.stop_bound``), each trial
+    dropped by the paired rule once it is behind; unraced: only the default, the best-predicted
+    and a few calibration points are measured. The default is measured first, before any
+    ranking (the profile is checked against it); the ranking is then stored in the study
+    (``stored`` / ``restore``), so a resumed study or another worker measures what it chose
+    without ranking again.
 Samplers (TPE, random, NSGA, ...) are Optuna's own, built from the search config.
 """
 
@@ -30,6 +33,7 @@ import itertools
 import random
 from typing import Any, ClassVar, Collection, Mapping, Sequence
 
+from tuner.search.racing import Race, calibration, stop_bound
 from tuner.search.space import canonical, is_active, search_values
 
 Point = dict[str, Any]
@@ -87,7 +91,9 @@ class HeuristicPlan(Plan):
                     return candidate, name
             if any(point_key(c) not in results for c in candidates):
                 return WAIT
-            current = max(candidates, key=lambda c: results[point_key(c)])
+            incumbent = point_key(current)      # every value dropped (-inf): keep it
+            current = max(candidates, key=lambda c: (results[point_key(c)],
+                                                     point_key(c) == incumbent))
         if not self.order and point_key(current) not in results:
             return WAIT if point_key(current) in taken else (current, "fixed")
         return None
@@ -140,30 +146,43 @@ class PredictPlan(Plan):
     needs_ranking = True        # ranked by predicted speedup once the default is measured
 
     def __init__(self, space: Mapping[str, Mapping[str, Any]], default: Mapping[str, Any],
-                 ranges: str, task_class: str | None, top: int, spread: int) -> None:
+                 ranges: str, task_class: str | None, top: int, spread: int,
+                 race: Race | None = None) -> None:
         grid = GridPlan(space, default, ranges, task_class)
         self.points, self.holds_default = grid.points, grid.holds_default
         self.default = dict(default)
         self.default_key = point_key(default)
-        self.top, self.spread = top, spread
+        self.top, self.spread, self.race = top, spread, race
         self.chosen: list[tuple[Point, str]] | None = None
         self.predicted: dict[tuple, float] = {}
+        self.cut: dict[tuple, int] = {}     # points successive halving cut: prompts they saw
         self.refused: str | None = None
+        self.stopped: str | None = None     # raced: why the race stopped (a line), once it has
 
     @property
     def ranked(self) -> bool:
         """Ranked, or refused: nothing is left to decide before measuring."""
         return self.chosen is not None or self.refused is not None
 
-    def rank(self, predicted: Sequence[float]) -> list[tuple[Point, str]]:
-        """``predicted[i]``: point i's predicted speedup (higher is better)."""
+    def rank(self, predicted: Sequence[float], cut: Sequence[int | None] | None = None
+             ) -> list[tuple[Point, str]]:
+        """``predicted[i]``: point i's predicted speedup (higher is better); ``cut[i]``: the
+        prompts point i saw where successive halving cut it (its prediction is on those), None
+        for a point predicted on every prompt. Cut points rank after every uncut one (the later
+        the cut, the earlier), and a race never waits for them (``next_point``)."""
         if len(predicted) != len(self.points):
             raise ValueError(f"{len(predicted)} predictions for {len(self.points)} points")
+        cut = list(cut) if cut is not None else [None] * len(self.points)
         self.predicted = {point_key(p): v for p, v in zip(self.points, predicted)}
-        order = sorted(range(len(self.points)), key=lambda i: -predicted[i])
+        self.cut = {point_key(p): c for p, c in zip(self.points, cut) if c is not None}
+        order = sorted(range(len(self.points)),
+                       key=lambda i: (cut[i] is not None, -(cut[i] or 0), -predicted[i]))
         rest = [self.points[i] for i in order if point_key(self.points[i]) != self.default_key
                 and predicted[i] > float("-inf")]           # -inf: the method refuses it
         chosen = [(self.default, "default")]
+        if self.race is not None:           # every point, in order; the race decides how far
+            self.chosen = chosen + [(p, "race") for p in rest]
+            return self.chosen
         chosen += [(p, "top") for p in rest[: self.top]]
         remaining = rest[self.top:]
         last = len(remaining) - 1           # at even quantiles of the rest, its ends excluded
@@ -188,7 +207,9 @@ class PredictPlan(Plan):
         if self.chosen is None:
             raise RuntimeError("search=predict: nothing ranked to store")
         return {"predicted": [[dict(p), self.predicted.get(point_key(p))] for p in self.points],
-                "chosen": [[dict(p), stage] for p, stage in self.chosen]}
+                "chosen": [[dict(p), stage] for p, stage in self.chosen],
+                "cut": [[dict(p), self.cut[point_key(p)]] for p in self.points
+                        if point_key(p) in self.cut]}
 
     def restore(self, stored: Mapping[str, Any]) -> None:
         """The ranking ``stored`` (by this plan's ``stored``, in this study)."""
@@ -197,7 +218,12 @@ class PredictPlan(Plan):
             return
         self.predicted = {point_key(p): (float("-inf") if v is None else float(v))
                           for p, v in stored["predicted"]}
+        self.cut = {point_key(p): int(c) for p, c in stored.get("cut", [])}
         self.chosen = [(dict(p), str(stage)) for p, stage in stored["chosen"]]
+        if self.race is not None and any(stage in ("top", "spread") for _, stage in self.chosen):
+            # a ranking stored unraced (top + spread), resumed raced: the same predictions
+            self.rank([self.predicted.get(point_key(p), float("-inf")) for p in self.points],
+                      [self.cut.get(point_key(p)) for p in self.points])
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
                    ) -> tuple[Point, str] | str | None:
@@ -209,14 +235,44 @@ class PredictPlan(Plan):
             if self.default_key not in taken:
                 return self.default, "default"
             return WAIT
+        if self.race is not None:
+            return self._race_next(results, taken)
         for point, stage in self.chosen:
             key = point_key(point)
             if key not in results and key not in taken:
                 return point, stage
         return None
 
+    def _race_next(self, results: Mapping[tuple, float], taken: Collection[tuple]
+                   ) -> tuple[Point, str] | None:
+        """Raced: the best-predicted point not measured or taken, unless the stop rule ends the
+        race (``stopped`` says why; points cut by successive halving never hold it up)."""
+        assert self.race is not None and self.chosen is not None
+        finite = {k: v for k, v in results.items() if v > float("-inf")}
+        leader = max(finite.values(), default=float("-inf"))
+        pairs = [(v, self.predicted[k]) for k, v in finite.items()
+                 if self.predicted.get(k, float("-inf")) > float("-inf")]
+        finished = sum(1 for p, stage in self.chosen[1:] if point_key(p) in results)
+        ahead = [(p, stage) for p, stage in self.chosen
+                 if point_key(p) not in results and point_key(p) not in taken]
+        unmeasured = [self.predicted.get(point_key(p), float("-inf")) for p, _ in ahead
+                      if point_key(p) not in self.cut]
+        if not ahead:
+            return None
+        if self.default_key in results:     # the default is measured first, never raced out
+            why = "every point successive halving kept is measured" if not unmeasured else \
+                stop_bound(self.race, leader, finished,
+                           calibration(pairs, self.race.error_floor), unmeasured)
+            if why is not None:
+                self.stopped = why
+                return None
+        return ahead[0]
+
     def size(self) -> int:
         """Points of the grid measured: the top and the spread (fewer on a short grid), and the
-        default where the grid holds it (``Points.limit`` adds it where it does not)."""
+        default where the grid holds it (``Points.limit`` adds it where it does not); raced,
+        every ranked point at most."""
         rest = len(self.points) - (1 if self.holds_default else 0)
+        if self.race is not None:
+            return len(self.points)
         return (1 if self.holds_default else 0) + min(rest, self.top + self.spread)

@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.measure.figures import parse
 from tuner.measure.quality import feasible
 from tuner.search.objectives import objective_values
+from tuner.search.racing import tie_break
 from tuner.study.conclude import conclude
 from tuner.study.cost import record_seconds
 from tuner.study.notes import study_notes
@@ -133,11 +134,15 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
 
 def choose_winner(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                   say: Callable[[str], None]) -> FrozenTrial | None:
-    """The best feasible trial; contended leaders are re-measured first (see module doc)."""
+    """The best feasible trial; contended leaders are re-measured first (see module doc).
+    Raced (``search.race``): of the trials within its margin of the best, the smallest draft
+    (``tuner.search.racing.tie_break``)."""
     candidates = ranked(settings, study)
-    if not candidates or not TrialRecord.read(candidates[0]).contended:
-        return candidates[0] if candidates else None
+    if not candidates:
+        return None
     value = {t.number: settings.sign * t.values[0] for t in candidates}
+    if not TrialRecord.read(candidates[0]).contended:
+        return tie(settings, candidates, value)
     contended = [t for t in candidates if TrialRecord.read(t).contended]
     for trial in contended[:REMEASURE_AT_MOST]:
         key = f"remeasured_{trial.number}"
@@ -149,7 +154,17 @@ def choose_winner(settings: StudySettings, study: optuna.Study, evaluator: Evalu
             study.set_user_attr(key, objective_values(evaluation.summary,
                                                       settings.objectives)[0])
         value[trial.number] = settings.sign * study.user_attrs[key]
-    return max(candidates, key=lambda t: value[t.number])
+    return tie(settings, sorted(candidates, key=lambda t: -value[t.number]), value)
+
+
+def tie(settings: StudySettings, candidates: list[FrozenTrial], value: Mapping[int, float]
+        ) -> FrozenTrial:
+    """The best of ``candidates`` (best first), or raced the smallest draft within the margin."""
+    race = settings.race
+    if race is None or len(settings.objectives) != 1:
+        return candidates[0]
+    return tie_break([(t, trial_params(settings, t), value[t.number]) for t in candidates],
+                     race.margin)
 
 
 def measure(settings: StudySettings, evaluator: Evaluator, params: Mapping[str, Any],

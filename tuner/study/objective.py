@@ -28,6 +28,7 @@ from tuner.study.record import TrialRecord
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Evaluation, Evaluator, Paired
     from tuner.study.settings import StudySettings
+    from tuner.tasks.task import Prompt
 
 
 
@@ -61,6 +62,28 @@ class StudyAttr:
         self.study.set_user_attr(self.key, value)
 
 
+def shared_order(settings: StudySettings) -> list[tuple[int, Prompt]]:
+    """The tuning prompts with their study indices in one order seeded by the study seed alone:
+    every trial of a method that may carry history across prompts measures them so, and
+    ``search=predict``'s ranking runs every method in it (a trial then reuses its run)."""
+    order = list(enumerate(settings.tuning))
+    random.Random(f"{settings.seed}-shared").shuffle(order)
+    return order
+
+
+def prompt_order(settings: StudySettings, trial_number: int) -> list[tuple[int, Prompt]]:
+    """A trial's order of the tuning prompts: shuffled per trial (seeded by the study seed and
+    the trial number), or the shared order for a method whose history may carry across
+    prompts (a ``keeps_history`` that is not plainly False: Ouroboros decides it per instance)."""
+    from tuner.config.methods import method_class
+    if settings.engine.get("kind") == "hf" and \
+            method_class(settings.method).keeps_history is not False:
+        return shared_order(settings)
+    order = list(enumerate(settings.tuning))
+    random.Random(f"{settings.seed}-{trial_number}").shuffle(order)
+    return order
+
+
 class Objective:
     """Measures one trial's point with the evaluator; see the module docstring."""
 
@@ -76,8 +99,7 @@ class Objective:
 
     def __call__(self, trial: optuna.Trial, params: Mapping[str, Any]) -> TrialResult:
         s = self.settings
-        order = list(enumerate(s.tuning))
-        random.Random(f"{s.seed}-{trial.number}").shuffle(order)
+        order = prompt_order(s, trial.number)
         store = StudyAttr(self.study, "baseline") if s.baseline == "per_study" else None
         pairs, pruned, reported = [], False, set()
         total = sum(-(-len(order) // c) * c for c in s.concurrency)   # cycled batches

@@ -62,7 +62,7 @@ def make_plan(settings: StudySettings, say: Callable[[str], None]) -> Plan | Non
     if kind == "predict":
         return PredictPlan(settings.space, default, settings.search.get("ranges", "heuristic"),
                            settings.task.task_class, int(settings.search["top"]),
-                           int(settings.search["spread"]))
+                           int(settings.search["spread"]), settings.race)
     if kind != "grid":
         return None
     ranges = settings.search.get("ranges", "heuristic")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.search.plans import point_key
 from tuner.study.cost import RANKING_S
+from tuner.study.objective import shared_order
 
 if TYPE_CHECKING:
     import optuna
@@ -82,7 +83,8 @@ class AfterDefault:
             else:
                 began = time.perf_counter()
                 try:
-                    rank(self.plan, self.evaluator, self.study, self.say)
+                    rank(self.plan, self.evaluator, self.study, self.say,
+                         [prompt for _, prompt in shared_order(self.settings)])
                 except KeyboardInterrupt:
                     self.interrupted = True      # trial 0 is kept; the study stops after it
                     self.say("ranking interrupted: trial 0 and the predictions so far are kept; "
@@ -128,16 +130,19 @@ class AfterDefault:
 
 
 def rank(plan: Any, evaluator: Evaluator, study: optuna.Study,
-         say: Callable[[str], None]) -> float:
-    """``search=predict``: every grid point's predicted speedup (``evaluator.predict_points``;
-    what an interrupted ranking of this study kept is not predicted again, and what is
-    predicted now is kept as it goes), ranked; says which points the plan will measure; returns
-    the seconds it took."""
-    known = {}
+         say: Callable[[str], None], prompts: Sequence[Any]) -> float:
+    """``search=predict``: every grid point's predicted speedup on ``prompts`` (the study's
+    shared order, ``tuner.study.objective.shared_order``) by ``evaluator.rank_points`` (what an
+    interrupted ranking of this study kept is not predicted again, and what is predicted now
+    is kept as it goes), ranked; says which points the plan will measure; returns the seconds
+    it took."""
+    known: dict[int, tuple[float, int | None]] = {}
     for key, chunk in study.user_attrs.items():
         if key.startswith(PARTIAL):
-            known.update({int(i): float("-inf") if v is None else float(v)
-                          for i, v in chunk.items()})
+            for i, v in chunk.items():      # a value, or [value, prompts seen when cut]
+                value, cut = (v if isinstance(v, list) else (v, None))
+                known[int(i)] = (float("-inf") if value is None else float(value),
+                                 None if cut is None else int(cut))
     known = {i: v for i, v in known.items() if i < len(plan.points)}
     say(f"search=predict: predicting {len(plan.points)} points (acceptance replayed, or from "
         "one untimed run per point) ..." + (f" {len(known)} kept from an interrupted ranking"
@@ -152,19 +157,23 @@ def rank(plan: Any, evaluator: Evaluator, study: optuna.Study,
             pending.clear()
         flushed[0] = time.monotonic()
 
-    def keep(i: int, value: float) -> None:
-        pending[i] = None if value == float("-inf") else value
+    def keep(i: int, value: float, cut: int | None) -> None:
+        kept = None if value == float("-inf") else value
+        pending[i] = kept if cut is None else [kept, cut]
         if time.monotonic() - flushed[0] >= FLUSH_S:
             flush()
     start = time.perf_counter()
     try:
-        predicted = evaluator.predict_points(plan.points, known, keep)
+        predicted, cut = evaluator.rank_points(plan.points, prompts, known, keep)
     finally:
         flush()
-    chosen = plan.rank(predicted)
+    chosen = plan.rank(predicted, cut)
     seconds = time.perf_counter() - start
+    shown = chosen if plan.race is None else chosen[:4]
     say(f"predicted in {seconds:.1f} s; measuring " + ", ".join(
         f"{dict(point)} ({stage}" + (f", predicted {plan.predicted[point_key(point)]:.3f}x)"
                                      if point_key(point) in plan.predicted else ")")
-        for point, stage in chosen))
+        for point, stage in shown) + ("" if plan.race is None else
+                                      f", ... in order of prediction until the race stops "
+                                      f"({len(chosen) - 1} ranked)"))
     return seconds

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from decoding.models import resolve_device
 from tuner.config.errors import ConfigError
 from tuner.config.identity import fingerprint, short_hash
+from tuner.search.racing import Race
 from tuner.config.methods import method_choice
 from tuner.config.validate import check_journal, plain
 from tuner.engines import engine_config, engine_named, validated
@@ -89,6 +90,15 @@ class StudySettings(MethodView):
     def scores_perplexity(self) -> bool:
         """Perplexity costs one target forward per output (after the timed window)."""
         return not self.lossless or bool(set(PERPLEXITY) & set(self.objectives))
+
+    @property
+    def race(self) -> Race | None:
+        """``search.race`` (``tuner.search.racing``), where the search has a plan and its one
+        objective is fed per prompt (speedup, decode_speedup); None otherwise."""
+        fed = list(self.objectives) in (["speedup"], ["decode_speedup"])
+        if not fed or self.search.get("kind") not in ("heuristic", "grid", "predict"):
+            return None
+        return Race.from_config(self.search.get("race"))
 
     @property
     def journal(self) -> Path:

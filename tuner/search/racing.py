@@ -1,0 +1,129 @@
+"""Racing for the timed stage: measure points in order of prediction, drop the ones a sequential
+paired rule shows behind, stop when no point left unmeasured can still win.
+
+A race has three rules, each stated with its error:
+
+  * **Drop** (per prompt, inside a trial): ``tuner.search.pruners.PairedPruner`` with the race's
+    indifference margin δ and per-look error α: a trial is stopped once a one-sided t bound on
+    its per-prompt paired log-ratios against the leader lies below ln(1 − δ). A point truly
+    within δ of the leader is dropped with probability at most (n − 1)·α over a study of n
+    tuning prompts (Bonferroni over the looks): 7.5 % at n = 4, α = 0.025. This is the F-race
+    idea (Birattari et al., GECCO 2002: candidates raced on instances, dropped by a paired test
+    once it rejects) with a paired t rule whose variance is pooled over the study's trials;
+    ``bench/pruner_resample.py`` and ``tests/test_racing.py`` check it on resampled measured
+    tables.
+  * **Stop** (between trials, ``stop_bound``): the prediction's calibration is learnt from the
+    points measured so far, r_i = ln(measured_i / predicted_i): its centre c (the median) and
+    its error e = max(``error_floor``, max |r_i − c|). An unmeasured point of prediction p could
+    measure at most p·exp(c + e); the race stops when no unmeasured point's bound beats the
+    leader L by more than δ: max p·exp(c + e) ≤ L·(1 + δ). Nothing stops it before
+    ``min_measured`` points past the default are finished (a calibration of one point has no
+    spread).
+  * **Ties** (``tie_break``): finished points within δ of the best are one class; the one with
+    the smallest draft (fewest draft tokens per step: less verification work and less to lose
+    when acceptance moves) wins, then the best measured.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+# parameters whose value is the number of draft tokens per step, in the order they are read
+DRAFT_SIZE_KEYS = ("num_draft_tokens", "total_tokens", "draft_max", "num_speculative_tokens")
+
+
+@dataclass(frozen=True)
+class Race:
+    """A race's settings (``search.race``)."""
+
+    margin: float = 0.02          # δ: points within it of the leader are ties
+    alpha: float = 0.025          # the drop rule's one-sided error per look
+    error_floor: float = 0.05     # the least calibration error assumed (ln units: ~5 %)
+    min_measured: int = 2         # points finished past the default before the stop rule acts
+
+    @classmethod
+    def from_config(cls, race: Mapping[str, Any] | None) -> Race | None:
+        if not race:
+            return None
+        return cls(**{k: race[k] for k in ("margin", "alpha", "error_floor", "min_measured")
+                      if k in race})
+
+    def looks_error(self, prompts: int) -> float:
+        """The drop rule's stated error for a point at the margin over ``prompts`` prompts."""
+        return min(1.0, max(0, prompts - 1) * self.alpha)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"margin": self.margin, "alpha": self.alpha, "error_floor": self.error_floor,
+                "min_measured": self.min_measured}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the measured points say of the prediction: ln(measured / predicted)."""
+
+    centre: float                 # c: the median residual
+    error: float                  # e: max |r − c|, at least the race's floor
+    points: int                   # residuals it was learnt from
+
+    def bound(self, predicted: float) -> float:
+        """The most an unmeasured point of this prediction could measure."""
+        return predicted * math.exp(self.centre + self.error)
+
+
+def calibration(pairs: Sequence[tuple[float, float]], floor: float) -> Calibration | None:
+    """From (measured, predicted) pairs of finished points (both > 0); None without any."""
+    residuals = [math.log(m / p) for m, p in pairs
+                 if m > 0 and p > 0 and math.isfinite(m) and math.isfinite(p)]
+    if not residuals:
+        return None
+    centre = statistics.median(residuals)
+    return Calibration(centre, max(floor, max(abs(r - centre) for r in residuals)),
+                       len(residuals))
+
+
+def stop_bound(race: Race, leader: float, finished: int, calib: Calibration | None,
+               unmeasured: Sequence[float]) -> str | None:
+    """Why the race stops now (a line), or None while an unmeasured point could still beat the
+    leader by more than δ. ``unmeasured``: their predictions, best first or not."""
+    if not unmeasured:
+        return "every ranked point measured"
+    if finished < race.min_measured or calib is None or not math.isfinite(leader) or \
+            leader <= 0:
+        return None
+    best = max(unmeasured)
+    if best == -math.inf:
+        return "no unmeasured point can be predicted"
+    reach = calib.bound(best)
+    if reach <= leader * (1 + race.margin):
+        return (f"no unmeasured point can beat the leader ({leader:.3f}x) by more than "
+                f"{race.margin:.0%}: the best of {len(unmeasured)} left is predicted "
+                f"{best:.3f}x, at most {reach:.3f}x with the calibration of {calib.points} "
+                f"measured points (x{math.exp(calib.centre):.3f}, error "
+                f"±{math.exp(calib.error) - 1:.1%})")
+    return None
+
+
+def draft_size(params: Mapping[str, Any]) -> float:
+    """Draft tokens per step of a point (the first of ``DRAFT_SIZE_KEYS`` it sets; 0 where
+    none: such points tie-break on the measured value only)."""
+    for key in DRAFT_SIZE_KEYS:
+        value = params.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
+
+
+def tie_break(finished: Sequence[tuple[Any, Mapping[str, Any], float]], margin: float
+              ) -> Any:
+    """The winner among ``(id, params, value)`` (higher is better): of the points within
+    ``margin`` of the best, the smallest draft, then the best value. None when empty."""
+    usable = [f for f in finished if math.isfinite(f[2])]
+    if not usable:
+        return None
+    best = max(v for _, _, v in usable)
+    ties = [f for f in usable if f[2] >= best * (1 - margin)] if best > 0 else \
+        [f for f in usable if f[2] == best]
+    return min(ties, key=lambda f: (draft_size(f[1]), -f[2]))[0]
