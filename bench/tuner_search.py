@@ -122,6 +122,9 @@ def search_record(work: Path, name: str, wall: float) -> dict:
             "winner_held_out": replay.get("held_out_speedup"),
             "profile_check": study.user_attrs.get("profile_check"),
             "estimates": study.user_attrs.get("estimates"),
+            "race_stopped": study.user_attrs.get("race_stopped"),
+            "dropped_at": {t.number: t.user_attrs.get("pruned_at") for t in trials
+                           if t.state == TrialState.PRUNED},
             "search_wall_s": sum(phases.get("search_s", []))}
 
 
@@ -295,7 +298,9 @@ def main() -> None:
     parser.add_argument("--retest", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=10, help="replays: seeds")
     parser.add_argument("--searches", nargs="+",
-                        default=["grid", "heuristic", "tpe", "tpe_unpruned", "predict"])
+                        default=["grid", "heuristic", "tpe", "tpe_unpruned", "predict"],
+                        help="from grid, heuristic, heuristic_unraced, tpe, tpe_unpruned, "
+                             "predict (raced), predict_unraced (top + spread)")
     parser.add_argument("--override", action="append", default=[],
                         help="a further tuner override for every search (e.g. models=tiny)")
     parser.add_argument("--work", type=Path, required=True)
@@ -316,11 +321,13 @@ def main() -> None:
         "grid": ["search=grid", "search.ranges=heuristic", "search.n_trials=1000"] +
                 ([f"search.profile={profile}"] if args.grid_profile else []),
         "heuristic": ["search=heuristic"],
+        "heuristic_unraced": ["search=heuristic", "search.race=null"],
         "tpe": ["search=tpe", f"search.n_trials={args.tpe_trials}"],
         "tpe_unpruned": ["search=tpe", f"search.n_trials={args.tpe_trials}",
                          "search.pruner=null"],
-        "predict": ["search=predict", f"search.profile={profile}", f"search.top={args.top}",
-                    f"search.spread={args.spread}"]}
+        "predict": ["search=predict", f"search.profile={profile}"],
+        "predict_unraced": ["search=predict", f"search.profile={profile}", "search.race=null",
+                            f"search.top={args.top}", f"search.spread={args.spread}"]}
     tag = args.tag or f"{args.method}-{int(time.time())}"
     walls = {name: float(seconds) for name, seconds in
              (item.split("=", 1) for item in args.walls)}
@@ -350,6 +357,11 @@ def main() -> None:
         results["replay"] = replays(table, space, default, "LH", args.seeds, args.tpe_trials,
                                     args.top, args.spread)
         results["points"] = [{"params": dict(k), **r} for k, r in table.items()]
+        best = max(r["value"] for r in table.values())
+        for record in results["searches"].values():     # the winner by the grid's own table
+            row = table.get(point_key(record["winner"]))
+            record["reached"] = None if row is None else row["value"] / best
+            record["search_fraction"] = record["search_s"] / grid["search_s"]
     print(table_text(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
@@ -365,9 +377,12 @@ def table_text(results: dict) -> str:
     for name, r in searches.items():
         share = f" ({100 * r['search_s'] / grid['search_s']:.0f} % of the grid's)" \
             if grid else ""
+        reached = f" ({100 * r['reached']:.1f} % of the grid's best)" \
+            if r.get("reached") is not None else ""
         lines.append(f"| {name} | {r['trials']} ({r['pruned']}) | {r['end_to_end_s']:.0f} s | "
                      f"{r['search_s']:.0f} s{share} | {r['open_s']:.0f} s | "
-                     f"{r['held_out_s']:.0f} s | {r['winner']} | {r['winner_held_out']:.3f}x |")
+                     f"{r['held_out_s']:.0f} s | {r['winner']}{reached} | "
+                     f"{r['winner_held_out']:.3f}x |")
     if grid and grid.get("retest_held_out"):
         values = grid["retest_held_out"]
         lines.append(f"\ngrid winner held out again {len(values)}x: "

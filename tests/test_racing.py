@@ -225,3 +225,59 @@ def test_halving_rounds_are_said():
     assert halving.runs() == 57
     assert halving.line().endswith("57 untimed runs instead of 120")
     assert sum(c is None for c in halving.cut) == 4
+
+
+def test_the_exact_fidelity_reorders_what_the_approximate_one_misorders():
+    """Six points whose approximate prices put point 1 above point 0, the exact ones the other
+    way round: both are in the best half, so the exact fidelity stands for them and orders them
+    rightly; points outside the best half keep their approximate price, labelled."""
+    from tuner.predict.halving import approximate_then_exact
+    approximate = [1.20, 1.25, 1.10, 0.90, 0.80, 0.70]
+    exact = [1.30, 1.15, 1.05, 0.95, 0.85, 0.75]
+    calls = []
+
+    def exactly(i):
+        calls.append(i)
+        return exact[i]
+    two = approximate_then_exact(6, approximate.__getitem__, exactly)
+    assert sorted(calls) == [0, 1, 2] and two.exact == (True, True, True, False, False, False)
+    assert max(range(6), key=lambda i: two.values[i]) == 0
+    assert two.values[3:] == tuple(approximate[3:])
+
+
+def test_approximate_then_exact_keeps_the_exact_rankings_best_on_the_default_pair(
+        default_pair, gsm8k_questions):
+    """On the embedded default pair (the int8-dynamic self-draft, whose teacher-forced argmax is
+    not always the loop's), every γ 1..8 priced approximately (``chain_steps``) and the best
+    half exactly (``drafter_steps``), each by tokens per step over a stated cost (1 + 0.25 per
+    drafted token: a draft forward a quarter of a step): the point the exact replay of every
+    γ ranks first is among those priced exactly, with its exact value."""
+    import torch
+
+    from decoding import build_method
+    from decoding.api import encode_prompt
+    from decoding.replay import chain_steps, draft_agreement, drafter_steps, trajectory
+    from tuner.predict.halving import approximate_then_exact
+    pair = default_pair
+    budget = 24
+    prompts = [torch.as_tensor(encode_prompt(pair.tokenizer, q, True))
+               for q in gsm8k_questions[:2]]
+    tokens = [trajectory(pair.target, ids, budget) for ids in prompts]
+    agree = [draft_agreement(pair.draft, ids, t) for ids, t in zip(prompts, tokens)]
+
+    def worth(runs):
+        return statistics.fmean(sum(s.committed for s in steps) /
+                                sum(1 + 0.25 * s.drafted for s in steps) for steps in runs)
+
+    def approximate(i):
+        return worth([chain_steps(a, t, len(ids), i + 1, budget)
+                      for a, t, ids in zip(agree, tokens, prompts)])
+
+    def exact(i):
+        method = build_method("speculative", pair, num_draft_tokens=i + 1)
+        return worth([drafter_steps(method.drafter, ids, t, budget)
+                      for t, ids in zip(tokens, prompts)])
+    every = [exact(i) for i in range(8)]
+    two = approximate_then_exact(8, approximate, exact)
+    best = max(range(8), key=every.__getitem__)
+    assert two.exact[best] and two.values[best] == every[best], (every, two)

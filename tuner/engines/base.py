@@ -59,6 +59,9 @@ class Engine:
     # the method knob that sets the drafted tokens per step (k): the cost surface's and the
     # per-level schedule's axis (tuner.study.level_plan); None: no such knob
     draft_tokens_knob: ClassVar[str | None] = None
+    # its methods are this project's decoding classes (decoding.*), whose capabilities
+    # (keeps_history, replayable, ...) the study may read (tuner.config.methods.method_class)
+    own_loops: ClassVar[bool] = False
 
     # -- config ------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ class HFEngine(Engine):
     streams = False
     predicts = True
     draft_tokens_knob = None            # each method names its own (num_draft_tokens, ...)
+    own_loops = True                    # decoding.* methods in process
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} needs an engine server: "

@@ -61,6 +61,7 @@ class HFEvaluator:
         self.quality_cache: dict[tuple, dict] = {}     # vanilla's outputs repeat (fixed seed)
         self.baseline_name = "vanilla"
         self.trajectories: dict[str, list[int]] = {}   # search.profile: vanilla's, per prompt
+        self.agreements: dict[str, list[bool]] = {}    # the draft's teacher-forced argmax hits
         self.predicting: tuple[Any, Mapping[str, Any]] | None = None   # the last measure's
         # method and parameters
         self.observed: dict[tuple, list[Any] | None] = {}   # untimed generations, per point
@@ -353,6 +354,7 @@ class HFEvaluator:
         values: list[float] = [float("-inf")] * len(points)
         cut: list[int | None] = [None] * len(points)
         halved: dict[int, tuple[Any, dict[str, Any]]] = {}
+        chains: dict[int, Any] = {}
         for i, point in enumerate(points):
             if i in known:
                 values[i], cut[i] = known[i]
@@ -365,10 +367,14 @@ class HFEvaluator:
                 continue
             if self.halves(method):
                 halved[i] = (method, params)
-                continue
-            values[i] = self._priced(self.point_acceptance(i, point, len(points), prompts),
-                                     point)
-            on_point(i, values[i], None)
+            elif self.chain(method) is not None:
+                chains[i] = method
+            else:
+                values[i] = self._priced(self.point_acceptance(i, point, len(points), prompts),
+                                         point)
+                on_point(i, values[i], None)
+        if chains:
+            self._two_fidelities(points, prompts, chains, values, cut, on_point)
         if not halved:
             return values, cut
         order = sorted(halved)
@@ -403,6 +409,58 @@ class HFEvaluator:
             method.reset()
             on_point(i, values[i], cut[i])
         return values, cut
+
+    def chain(self, method: DecodingMethod) -> int | None:
+        """γ of a draft-model chain (``speculative``, ``block``: one draft model proposing a
+        chain, whose every γ one teacher-forced pass of the draft approximates at T = 0), else
+        None."""
+        from decoding.replay import replayable
+        from decoding.speculative import ModelDrafter
+        drafter = method.drafter
+        if not isinstance(drafter, ModelDrafter) or not replayable(drafter) or \
+                len(self.pair.drafts) != 1 or not self.settings.lossless or \
+                float(self.settings.sampling.get("temperature", 0)) != 0:
+            return None
+        return int(drafter.num_tokens)
+
+    def _two_fidelities(self, points: Sequence[Mapping[str, Any]], prompts: Sequence[Prompt],
+                        chains: Mapping[int, Any], values: list[float],
+                        cut: list[int | None],
+                        on_point: Callable[[int, float, int | None], None]) -> None:
+        """Draft-model chains: every point's steps from one teacher-forced draft pass per
+        prompt (``decoding.replay.chain_steps``: exact for an fp32 draft away from near-ties,
+        approximate for a draft whose numerics depend on the forward's rows, such as the
+        int8-dynamic self-draft), then the exact replay (``drafter_steps``, the loop's shapes)
+        for the best half (``tuner.predict.halving.approximate_then_exact``); a point priced
+        approximately only is ranked after the exact ones (``cut`` 0)."""
+        from decoding.replay import chain_steps, draft_agreement, trajectory
+        from tuner.predict.halving import approximate_then_exact
+        budget = self.settings.budget["max_new_tokens"]
+        draft = self.pair.drafts[0]
+        order = sorted(chains)
+        for prompt in prompts:
+            ids = torch.as_tensor(self.ids[prompt.id])
+            if prompt.id not in self.trajectories:
+                self.trajectories[prompt.id] = trajectory(self.pair.target, ids, budget)
+            if prompt.id not in self.agreements:
+                self.agreements[prompt.id] = draft_agreement(draft, ids,
+                                                             self.trajectories[prompt.id])
+
+        def approximate(j: int) -> float:
+            method = chains[order[j]]
+            generations = [(len(self.ids[p.id]), chain_steps(
+                self.agreements[p.id], self.trajectories[p.id], len(self.ids[p.id]),
+                self.chain(method), budget, tuple(method.eos_ids))) for p in prompts]
+            return self._priced(generations, points[order[j]])
+
+        def exact(j: int) -> float:
+            return self._priced(self.replay(chains[order[j]], prompts), points[order[j]])
+
+        two = approximate_then_exact(len(order), approximate, exact)
+        self.say(f"  {two.line()}")
+        for j, i in enumerate(order):
+            values[i], cut[i] = two.values[j], None if two.exact[j] else 0
+            on_point(i, values[i], cut[i])
 
     def halves(self, method: DecodingMethod) -> bool:
         """Whether a ranking predicts ``method`` by successive halving: its acceptance needs

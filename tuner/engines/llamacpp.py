@@ -52,6 +52,7 @@ class LlamaCppEngine(ServerEngine):
     streams = True                      # /completion with stream: true, one token per event
     predicts = False                    # its own cost surface per level (search.profile) only
     draft_tokens_knob = "n_max"         # --spec-draft-n-max: k drafted tokens per step
+    own_loops = False                   # the engine's own speculative loop
     program = "llama-server"
     exact_draft = {"n_min": 0, "p_min": 0.0}     # every step drafts exactly n_max
     program_allowed = "a llama-server binary, or null for the one `make engines` builds"

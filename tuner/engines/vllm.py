@@ -68,6 +68,7 @@ class VllmEngine(ServerEngine):
     streams = True                      # /v1/completions with stream: true, a chunk per step
     predicts = False                    # its own cost surface per level (search.profile) only
     draft_tokens_knob = "num_speculative_tokens"
+    own_loops = False                   # the engine's own speculative loop
     program = "vllm"
     program_allowed = "a `vllm` program, or null for the one `make engines-vllm` installs"
     install_hint = ("vLLM is not installed: install it with `make engines-vllm` "

@@ -78,3 +78,28 @@ def successive_halving(n_points: int, n_prompts: int, run: Callable[[int, int], 
         if not alive:
             break
     return Halving(tuple(values), tuple(cut), tuple(rounds))
+
+
+@dataclass(frozen=True)
+class TwoFidelity:
+    """An approximate prediction for every point, the exact one for the best of them."""
+
+    values: tuple[float, ...]          # [point] exact where ``exact[i]``, else approximate
+    exact: tuple[bool, ...]
+
+    def line(self) -> str:
+        return (f"approximate (one teacher-forced draft pass per prompt, every γ at once) for "
+                f"{len(self.values)} points, exact replay for the {sum(self.exact)} best")
+
+
+def approximate_then_exact(n_points: int, approximate: Callable[[int], float],
+                           exact: Callable[[int], float], eta: int = 2,
+                           keep_at_least: int = 3) -> TwoFidelity:
+    """Every point priced by ``approximate(i)``; the best ⌈n/η⌉ (at least ``keep_at_least``)
+    priced again by ``exact(i)``, which then stands for them (so a pair the approximation
+    misorders among the kept is ordered by the exact fidelity). Ties keep the grid's order."""
+    first = [approximate(i) for i in range(n_points)]
+    live = sorted((i for i in range(n_points) if first[i] > -math.inf), key=lambda i: -first[i])
+    kept = set(live[: max(keep_at_least, math.ceil(n_points / eta))])
+    values = [exact(i) if i in kept else first[i] for i in range(n_points)]
+    return TwoFidelity(tuple(values), tuple(i in kept for i in range(n_points)))

@@ -52,6 +52,7 @@ class Plan:
     # measuring past the default: tuner.study.ranking)
     needs_ranking: ClassVar[bool] = False
     holds_default: bool = False     # trial 0 (the method's default) is one of the plan's points
+    stopped: str | None = None      # why it ended before its last point (a race's stop line)
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
                    ) -> tuple[Point, str] | str | None:

@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 from optuna.trial import TrialState
 
 from tuner.engines.base import Engine
+from tuner.search.plans import point_key
+from tuner.study.holding import held_point
+from tuner.study.ranking import RACE_STOPPED, RANKING
 from tuner.study.record import TrialRecord
 from tuner.study.trials import completed, counts, failure_reason, trial_params
 
@@ -36,9 +39,23 @@ def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping
     if failed:
         out.append(f"{len(failed)} trial(s) failed; first: "
                    f"{failure_reason(study, failed[0])[:120]}")
-    pruned = [t.number for t in trials if t.state == TrialState.PRUNED]
-    if pruned:
-        out.append(f"trials {pruned} were pruned (clearly slower on their first prompts)")
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    race = settings.race
+    if pruned and race is not None:
+        out.append("dropped by the race's paired rule (behind the leader by more than "
+                   f"{race.margin:.0%}, error {race.alpha:g} per look): " + ", ".join(
+                       f"trial {t.number} at prompt {t.user_attrs.get('pruned_at', '?')}"
+                       for t in pruned))
+    elif pruned:
+        out.append(f"trials {[t.number for t in pruned]} were pruned (clearly slower on their "
+                   "first prompts)")
+    stopped = study.user_attrs.get(RACE_STOPPED)
+    if stopped:
+        ranking = study.user_attrs.get(RANKING) or {}
+        held = {point_key(held_point(t)) for t in trials}
+        left = [p for p, _ in ranking.get("chosen", []) if point_key(p) not in held]
+        out.append(f"the race stopped: {stopped}" + (f"; {len(left)} ranked point(s) not "
+                                                      "reached" if left else ""))
     records = {t.number: TrialRecord.read(t) for t in trials}
     for attr, text in (("vanilla_drift", "vanilla speed drifted beyond drift_threshold"),
                        ("contended", "other processes used this machine's CPUs while measuring")):

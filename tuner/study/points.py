@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, Plan, PredictPlan, point_key
 from tuner.search.space import suggest
 from tuner.study.holding import enqueue, held_point
-from tuner.study.ranking import restore
+from tuner.study.ranking import RACE_STOPPED, restore
 from tuner.study.record import TrialRecord
 from tuner.study.trials import counts, dead_trials
 
@@ -96,6 +96,9 @@ class Points:
             restore(self.plan, self.study)      # search=predict: a ranking made by trial 0
             step = self.plan.next_point(*self.results_and_held())
             if step is None:
+                stopped = self.plan.stopped         # a race's stop line
+                if stopped and self.study.user_attrs.get(RACE_STOPPED) != stopped:
+                    self.study.set_user_attr(RACE_STOPPED, stopped)
                 return NoClaim.DONE
             if step == WAIT:
                 return NoClaim.WAIT

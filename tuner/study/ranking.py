@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 PROFILE_CHECK = "profile_check"      # study user attr: the check's record (tuner.predict.check)
 RANKING = "predict_ranking"          # study user attr: PredictPlan.stored()
+RACE_STOPPED = "race_stopped"        # study user attr: why search=predict's race stopped
 PARTIAL = "predict_partial_"         # study user attrs: {grid index: prediction} chunks
 FLUSH_S = 30.0                       # a ranking keeps its predictions at least this often
 
