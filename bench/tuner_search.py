@@ -296,6 +296,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--spread", type=int, default=2)
     parser.add_argument("--retest", type=int, default=3)
+    parser.add_argument("--retest-values", nargs="*", default=[],
+                        help="with --tag: the grid winner's re-runs that run printed")
     parser.add_argument("--seeds", type=int, default=10, help="replays: seeds")
     parser.add_argument("--searches", nargs="+",
                         default=["grid", "heuristic", "tpe", "tpe_unpruned", "predict"],
@@ -346,7 +348,9 @@ def main() -> None:
               f"{record['winner']} held out {record['winner_held_out']:.3f}x", flush=True)
     if "grid" in results["searches"]:
         grid = results["searches"]["grid"]
-        if args.retest:
+        if args.retest_values:             # read back from an earlier run's log
+            grid["retest_held_out"] = [float(v) for v in args.retest_values]
+        elif args.retest:
             values = retest(args.work, grid["study"], args.method, args.retest,
                             args.work / f"{tag}-retest.log")
             grid["retest_held_out"] = values
@@ -354,6 +358,10 @@ def main() -> None:
         table = load_table(load_study(args.work, grid["study"]))
         space = narrowed_space(method, args.ranges)
         default = {k: method["params"][k] for k in space}
+        for item in args.override:         # a default moved by --override method.params.k=v
+            name, _, value = item.partition("=")
+            if name.startswith("method.params.") and name[len("method.params."):] in default:
+                default[name[len("method.params."):]] = yaml.safe_load(value)
         results["replay"] = replays(table, space, default, "LH", args.seeds, args.tpe_trials,
                                     args.top, args.spread)
         results["points"] = [{"params": dict(k), **r} for k, r in table.items()]

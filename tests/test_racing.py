@@ -141,8 +141,8 @@ def key(g: int) -> tuple:
 
 def test_the_race_measures_in_order_of_prediction_and_stops_when_nothing_left_can_win():
     """γ 1..8 predicted 1.0, 1.6, 1.5, 1.2, 1.1, 0.9, 0.8, 0.7. The default (γ 1) first, then
-    γ 2, γ 3; measured ≈ 0.8x the prediction (centre), so γ 4's bound 1.2·0.8·e^0.05 = 1.01 <
-    leader 1.28·1.02: the race stops after 3 of 8 points and says why."""
+    γ 2, γ 3; measured 0.8x the prediction each (no spread: the floor 0.05), so γ 4's bound
+    1.2·0.8·e^0.05 = 1.01 < leader 1.28·1.02: the race stops after 3 of 8 points, says why."""
     plan = ranked_plan([1.0, 1.6, 1.5, 1.2, 1.1, 0.9, 0.8, 0.7])
     assert plan.next_point({})[0] == {"num_draft_tokens": 1}
     results = {key(1): 0.8}
@@ -164,7 +164,7 @@ def test_points_cut_by_successive_halving_never_hold_the_race_up():
     assert [p["num_draft_tokens"] for p, _ in plan.chosen] == [1, 2, 3, 4]
     results = {key(1): 1.0, key(2): 1.3, key(3): 1.2}
     assert plan.next_point(results) is None
-    assert plan.stopped == "every point successive halving kept is measured"
+    assert plan.stopped == "every point the ranking priced in full is measured"
     stored = plan.stored()
     again = PredictPlan({"num_draft_tokens": {"type": "int", "low": 1, "high": 4}},
                         {"num_draft_tokens": 1}, "full", None, 3, 2, RACE)
@@ -180,8 +180,18 @@ def test_ties_within_the_margin_go_to_the_smaller_draft():
 
 
 def test_the_stop_bound_needs_finished_points_and_a_calibration():
-    calib = calibration([(1.0, 1.0), (0.9, 1.0)], 0.05)
-    assert calib.error == pytest.approx(max(0.05, abs(math.log(0.9) - calib.centre)))
+    """The calibration is a one-sided prediction interval of one more residual: mean + t·s·
+    √(1 + 1/n) of ln(measured / predicted); none from fewer than 3 points; the floor holds where
+    the residuals agree."""
+    from scipy.stats import t as student_t
+    assert calibration([(1.0, 1.0), (0.9, 1.0)], 0.05) is None
+    pairs = [(1.0, 1.0), (0.9, 1.0), (1.1, 1.0), (0.95, 1.0)]
+    calib = calibration(pairs, 0.0, miss=0.1)
+    residuals = [math.log(m) for m, _ in pairs]
+    assert calib.centre == pytest.approx(statistics.fmean(residuals))
+    assert calib.error == pytest.approx(student_t.ppf(0.9, 3) * statistics.stdev(residuals) *
+                                        math.sqrt(1 + 1 / 4))
+    assert calibration([(0.8, 1.0)] * 3, 0.05).error == 0.05
     assert stop_bound(RACE, 1.0, 1, calib, [0.5]) is None          # too few finished
     assert stop_bound(RACE, 1.0, 2, None, [0.5]) is None           # nothing to calibrate by
     assert stop_bound(RACE, 1.0, 2, calib, [0.5]) is not None

@@ -96,14 +96,16 @@ def check_race(race: Any) -> None:
     """``search.race``: null, or a mapping of margin, alpha, error_floor, min_measured."""
     if race is None:
         return
-    known = ("margin", "alpha", "error_floor", "min_measured")
+    known = ("margin", "alpha", "error_floor", "min_measured", "miss")
     if not isinstance(race, Mapping) or set(race) - set(known):
         raise ConfigError(f"search.race={race!r} is invalid: allowed is null (no racing) or a "
                           f"mapping with keys from {list(known)}")
     rules = {"margin": (0.0, 1.0, "a fraction in [0, 1) (the indifference margin, e.g. 0.02)"),
              "alpha": (1e-9, 0.5, "a probability in (0, 0.5) (the error per look, e.g. 0.025)"),
              "error_floor": (0.0, 5.0, "a number in [0, 5) (the least calibration error, in "
-                             "ln units, e.g. 0.05)")}
+                             "ln units, e.g. 0.05)"),
+             "miss": (1e-9, 0.5, "a probability in (0, 0.5) (the stop bound's one-sided miss "
+                      "rate per unmeasured point, e.g. 0.1)")}
     for key, (low, high, allowed) in rules.items():
         value = race.get(key)
         if value is None:

@@ -261,9 +261,10 @@ class PredictPlan(Plan):
         if not ahead:
             return None
         if self.default_key in results:     # the default is measured first, never raced out
-            why = "every point successive halving kept is measured" if not unmeasured else \
+            why = "every point the ranking priced in full is measured" if not unmeasured else \
                 stop_bound(self.race, leader, finished,
-                           calibration(pairs, self.race.error_floor), unmeasured)
+                           calibration(pairs, self.race.error_floor, self.race.miss),
+                           unmeasured)
             if why is not None:
                 self.stopped = why
                 return None

@@ -13,12 +13,14 @@ A race has three rules, each stated with its error:
     ``bench/pruner_resample.py`` and ``tests/test_racing.py`` check it on resampled measured
     tables.
   * **Stop** (between trials, ``stop_bound``): the prediction's calibration is learnt from the
-    points measured so far, r_i = ln(measured_i / predicted_i): its centre c (the median) and
-    its error e = max(``error_floor``, max |r_i − c|). An unmeasured point of prediction p could
-    measure at most p·exp(c + e); the race stops when no unmeasured point's bound beats the
-    leader L by more than δ: max p·exp(c + e) ≤ L·(1 + δ). Nothing stops it before
-    ``min_measured`` points past the default are finished (a calibration of one point has no
-    spread).
+    points measured so far, r_i = ln(measured_i / predicted_i) over n points: its centre c (the
+    mean) and its error, the one-sided prediction interval of a new point's residual,
+    e = max(``error_floor``, t_{1−``miss``, n−1} · s · √(1 + 1/n)) with s the residuals' standard
+    deviation (normal residuals: a point's measurement exceeds p·exp(c + e) with probability
+    ``miss``, 10 %). An unmeasured point of prediction p could measure at most p·exp(c + e);
+    the race stops when no unmeasured point's bound beats the leader L by more than δ:
+    max p·exp(c + e) ≤ L·(1 + δ). Nothing stops it before ``min_measured`` points past the
+    default are finished, nor with fewer than 3 residuals (no spread to speak of).
   * **Ties** (``tie_break``): finished points within δ of the best are one class; the one with
     the smallest draft (fewest draft tokens per step: less verification work and less to lose
     when acceptance moves) wins, then the best measured.
@@ -43,13 +45,14 @@ class Race:
     alpha: float = 0.025          # the drop rule's one-sided error per look
     error_floor: float = 0.05     # the least calibration error assumed (ln units: ~5 %)
     min_measured: int = 2         # points finished past the default before the stop rule acts
+    miss: float = 0.1             # the stop bound's one-sided miss rate per unmeasured point
 
     @classmethod
     def from_config(cls, race: Mapping[str, Any] | None) -> Race | None:
         if not race:
             return None
-        return cls(**{k: race[k] for k in ("margin", "alpha", "error_floor", "min_measured")
-                      if k in race})
+        return cls(**{k: race[k] for k in ("margin", "alpha", "error_floor", "min_measured",
+                                            "miss") if k in race})
 
     def looks_error(self, prompts: int) -> float:
         """The drop rule's stated error for a point at the margin over ``prompts`` prompts."""
@@ -57,15 +60,15 @@ class Race:
 
     def to_json(self) -> dict[str, Any]:
         return {"margin": self.margin, "alpha": self.alpha, "error_floor": self.error_floor,
-                "min_measured": self.min_measured}
+                "min_measured": self.min_measured, "miss": self.miss}
 
 
 @dataclass(frozen=True)
 class Calibration:
     """What the measured points say of the prediction: ln(measured / predicted)."""
 
-    centre: float                 # c: the median residual
-    error: float                  # e: max |r − c|, at least the race's floor
+    centre: float                 # c: the mean residual
+    error: float                  # e: the one-sided prediction interval's half-width (≥ floor)
     points: int                   # residuals it was learnt from
 
     def bound(self, predicted: float) -> float:
@@ -73,15 +76,19 @@ class Calibration:
         return predicted * math.exp(self.centre + self.error)
 
 
-def calibration(pairs: Sequence[tuple[float, float]], floor: float) -> Calibration | None:
-    """From (measured, predicted) pairs of finished points (both > 0); None without any."""
+def calibration(pairs: Sequence[tuple[float, float]], floor: float, miss: float = 0.1
+                ) -> Calibration | None:
+    """From (measured, predicted) pairs of finished points (both > 0); None with fewer than 3
+    (module docstring: the prediction interval of one more point's residual)."""
+    from scipy.stats import t as student_t
     residuals = [math.log(m / p) for m, p in pairs
                  if m > 0 and p > 0 and math.isfinite(m) and math.isfinite(p)]
-    if not residuals:
+    n = len(residuals)
+    if n < 3:
         return None
-    centre = statistics.median(residuals)
-    return Calibration(centre, max(floor, max(abs(r - centre) for r in residuals)),
-                       len(residuals))
+    centre, spread = statistics.fmean(residuals), statistics.stdev(residuals)
+    half = float(student_t.ppf(1 - miss, n - 1)) * spread * math.sqrt(1 + 1 / n)
+    return Calibration(centre, max(floor, half), n)
 
 
 def stop_bound(race: Race, leader: float, finished: int, calib: Calibration | None,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from optuna.trial import TrialState
 
 from tuner.config.errors import ConfigError
+from tuner.search.plans import PredictPlan
 
 if TYPE_CHECKING:
     import optuna
@@ -116,8 +117,17 @@ class SearchCost:
         return self.warm_and_measured(len(s.held_out)) / self.warm_and_measured(len(s.tuning))
 
     def trials_left(self) -> int:
+        """Trials the estimate counts: the plan's (or budget's) limit, less those spent; for a
+        raced search=predict, the unraced count (default + top + spread: where a race usually
+        stops; it may measure more, up to the limit, and the progress line follows it)."""
         from tuner.study.trials import spent
-        return max(self.points.limit() - spent(self.study), 0)
+        used = spent(self.study)
+        plan = self.points.plan
+        if isinstance(plan, PredictPlan) and plan.race is not None:
+            expected = min(self.points.limit(), 1 + plan.top + plan.spread)
+            return max(expected - used, 1 if used < self.points.limit() and
+                       plan.stopped is None else 0)
+        return max(self.points.limit() - used, 0)
 
     def ranking_points(self) -> int:
         """Points search=predict still has to rank (0 once ranked, or for other searches)."""
@@ -191,7 +201,9 @@ class SearchCost:
         kind = s.search["kind"]
         if plan is not None and plan.needs_ranking and not plan.ranked:
             what = (f"search=predict ranks {len(plan.points)} points by prediction, then "
-                    f"measures at most {self.points.limit()}")
+                    f"measures at most {self.points.limit()}" +
+                    ("" if plan.race is None else f" (raced: about {self.trials_left()} "
+                     "counted in the estimate)"))
         else:
             what = f"search={kind}: at most {self.trials_left()} trial(s) to run"
         estimate = self.from_trials() or (self.from_profile(self.prices) if self.prices

@@ -117,11 +117,21 @@ def trials_table(settings: StudySettings, study: optuna.Study) -> list[dict]:
             trial_params(settings, t)), settings.objectives[0]:
             None if value is None else round(value, 4),
             "feasible": "" if record.feasible is None else record.feasible,
-            "contended": record.contended, "stage": t.user_attrs.get("stage", "")})
+            "contended": record.contended, "stage": t.user_attrs.get("stage", ""),
+            "stopped": stop_reason(t, record)})
     done = [r for r in rows if r["state"] == "COMPLETE"]
     rest = [r for r in rows if r["state"] != "COMPLETE"]
     key = settings.objectives[0]
     return sorted(done, key=lambda r: -settings.sign * r[key]) + rest
+
+
+def stop_reason(trial: optuna.trial.FrozenTrial, record: TrialRecord) -> str:
+    """Why a trial ended: finished, dropped by the paired rule at prompt n, failed, running."""
+    if trial.state == TrialState.COMPLETE:
+        return "finished"
+    if trial.state == TrialState.PRUNED:
+        return f"dropped at prompt {record.pruned_at}" if record.pruned_at else "dropped"
+    return trial.state.name.lower()
 
 
 def compare_previous(folder: Path, family: str, name: str, params: Mapping[str, Any],
