@@ -396,7 +396,12 @@ class HFEvaluator:
             return float("-inf") if not got or len(got) < n else \
                 self._priced(got[:n], points[order[j]])
 
-        halving = successive_halving(len(order), len(prompts), run, score)
+        began = time.perf_counter()
+
+        def said(r: Any) -> None:         # a round can take minutes: say each one
+            self.say(f"  successive halving, prompt {r.prompts} of {len(prompts)}: {r.ran} "
+                     f"points run, {r.kept} kept ({time.perf_counter() - began:.0f} s so far)")
+        halving = successive_halving(len(order), len(prompts), run, score, on_round=said)
         self.say(f"  {halving.line()}")
         ids = tuple(p.id for p in prompts)
         for j, i in enumerate(order):

@@ -48,11 +48,13 @@ class Halving:
 
 def successive_halving(n_points: int, n_prompts: int, run: Callable[[int, int], None],
                        score: Callable[[int, int], float], eta: int = 2,
-                       keep_at_least: int = 3) -> Halving:
+                       keep_at_least: int = 3,
+                       on_round: Callable[[Round], None] = lambda r: None) -> Halving:
     """``run(i, k)``: point i's untimed run on prompt k (0-based; prompts in order, each point's
     history continuing from its prompt k − 1); ``score(i, n)``: point i's prediction on its
     first n prompts (-inf where it failed). After each round but the last, the best
-    ⌈alive/η⌉ (at least ``keep_at_least``) are kept; ties keep the grid's order."""
+    ⌈alive/η⌉ (at least ``keep_at_least``) are kept; ties keep the grid's order.
+    ``on_round``: after each round (progress)."""
     if eta < 2:
         raise ValueError(f"eta={eta!r}: expected an integer >= 2")
     values = [-math.inf] * n_points
@@ -74,6 +76,7 @@ def successive_halving(n_points: int, n_prompts: int, run: Callable[[int, int], 
             if i not in keep:
                 cut[i] = k + 1
         rounds.append(Round(k + 1, len(alive), len(keep)))
+        on_round(rounds[-1])
         alive = keep
         if not alive:
             break
