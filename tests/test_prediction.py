@@ -550,15 +550,9 @@ def test_a_raced_ranking_of_a_history_carrying_method_is_reused_by_its_trials(
     measures in order of prediction, and a measured trial whose point survived every round
     makes no untimed run of its own (counted): it reads the ranking's, made in its order."""
     from tests.conftest import load_study, run_study
-    from tuner.predict import trace
+    from tests.helpers.counting import count_untimed_runs
     monkeypatch.chdir(tmp_path)
-    counted = []
-    real = trace.untimed_runs
-
-    def counting(method, ids, *args, **kwargs):
-        counted.append(len(ids))
-        return real(method, ids, *args, **kwargs)
-    monkeypatch.setattr(trace, "untimed_runs", counting)
+    counted = count_untimed_runs(monkeypatch)
     small = ["method=ouroboros", "method.params.num_draft_tokens=2", "method.params.window=4",
              "method.params.phrase_length=3", "method.params.num_phrases=2",
              "method.space.num_draft_tokens.low=2", "method.space.num_draft_tokens.high=5",

@@ -112,15 +112,9 @@ def test_a_resumed_predict_study_does_not_rank_again(tmp_path, monkeypatch, caps
     more restores the stored ranking and ranks nothing: its untimed runs are only the measured
     trials' own predictions (one per prompt each), never the grid's."""
     from tests.conftest import load_study, run_study
-    from tuner.predict import trace
+    from tests.helpers.counting import count_untimed_runs
     monkeypatch.chdir(tmp_path)
-    counted = []
-    real = trace.untimed_runs
-
-    def counting(method, ids, *args, **kwargs):
-        counted.append(len(ids))
-        return real(method, ids, *args, **kwargs)
-    monkeypatch.setattr(trace, "untimed_runs", counting)
+    counted = count_untimed_runs(monkeypatch)
     from tuner import profile as cli
     profile = tmp_path / "tiny.json"
     assert cli.main(["--models", "tiny", "--repeats", "1", "--contexts", "8", "128", "--rows",
