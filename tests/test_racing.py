@@ -54,10 +54,10 @@ def race(points: list[dict[int, float]], rng: random.Random, pruner: PairedPrune
     for index in rng.sample(range(len(points)), len(points)):
         study.enqueue_trial({"point": index})
         trial = study.ask({"point": DIST})
-        dropped = None
+        dropped, observed = None, []
         for n, step in enumerate(drawn):
-            observed = points[index][step] * math.exp(rng.gauss(0.0, RETEST_SD))
-            trial.report(observed, n)
+            observed.append(points[index][step] * math.exp(rng.gauss(0.0, RETEST_SD)))
+            trial.report(observed[-1], n)
             if n + 1 < len(drawn) and trial.should_prune():
                 dropped = n + 1
                 break
@@ -68,8 +68,7 @@ def race(points: list[dict[int, float]], rng: random.Random, pruner: PairedPrune
         if dropped:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
-            study.tell(trial, geomean(trial.storage.get_trial(trial._trial_id)
-                                      .intermediate_values.values()))
+            study.tell(trial, geomean(observed))
     return out
 
 

@@ -47,6 +47,15 @@ VANILLA = {"_target_": "decoding.vanilla.Vanilla", "needs_draft": False}
 FORWARD_ROOM = 128    # engine.compile: cache positions kept for a forward past the last token
 
 
+def observed_key(method: DecodingMethod, params: Mapping[str, Any], prompts: Sequence[Prompt]
+                 ) -> tuple:
+    """The untimed-run cache's key: the point, and its prompts in their order for a method
+    whose history carries across prompts (``keeps_history``), as a set otherwise."""
+    ids = tuple(p.id for p in prompts)
+    return (json.dumps(dict(params), sort_keys=True, default=str),
+            ids if method.keeps_history else tuple(sorted(ids)))
+
+
 class HFEvaluator:
     """The in-process evaluator (transformers models, ``decoding`` loops); see the module doc."""
 
@@ -226,10 +235,7 @@ class HFEvaluator:
         replayed = self.replay(method, prompts)
         if replayed is not None:
             return replayed
-        ordered = method.keeps_history
-        ids = tuple(p.id for p in prompts)
-        key = (json.dumps(dict(params), sort_keys=True, default=str),
-               ids if ordered else tuple(sorted(ids)))
+        key = observed_key(method, params, prompts)
         if key not in self.observed:
             self.observed[key] = self.observe(method, prompts)
         return self.observed[key]
@@ -240,12 +246,10 @@ class HFEvaluator:
         acceptance replayed on vanilla's trajectories (``decoding.replay.drafter_steps``, each
         trajectory computed once per study, untimed); None for a method whose acceptance does
         not replay."""
-        from decoding.replay import drafter_steps, replayable, trajectory
-        drafter = method.drafter
-        if not self.settings.lossless or not method.replayable or \
-                drafter is None or not replayable(drafter) or \
-                float(self.settings.sampling.get("temperature", 0)) != 0:
+        from decoding.replay import drafter_steps, trajectory
+        if not self.replays(method):
             return None
+        drafter = method.drafter
         device = next(self.pair.target.parameters()).device
         budget = self.settings.budget["max_new_tokens"]
         generations = []
@@ -403,30 +407,31 @@ class HFEvaluator:
                      f"points run, {r.kept} kept ({time.perf_counter() - began:.0f} s so far)")
         halving = successive_halving(len(order), len(prompts), run, score, on_round=said)
         self.say(f"  {halving.line()}")
-        ids = tuple(p.id for p in prompts)
         for j, i in enumerate(order):
             method, params = halved[i]
             values[i], cut[i] = halving.values[j], halving.cut[j]
             if cut[i] is None and runs[i]:         # a timed trial of it reuses these runs
-                key = (json.dumps(dict(params), sort_keys=True, default=str),
-                       ids if method.keeps_history else tuple(sorted(ids)))
-                self.observed[key] = runs[i]
+                self.observed[observed_key(method, params, prompts)] = runs[i]
             method.reset()
             on_point(i, values[i], cut[i])
         return values, cut
+
+    def replays(self, method: DecodingMethod) -> bool:
+        """Whether ``method``'s acceptance replays (``replay``): a lossless method at T = 0 whose
+        drafter proposes from the committed prefix alone."""
+        from decoding.replay import replayable
+        return self.settings.lossless and self.settings.greedy and method.replayable and \
+            method.drafter is not None and replayable(method.drafter)
 
     def chain(self, method: DecodingMethod) -> int | None:
         """γ of a draft-model chain (``speculative``, ``block``: one draft model proposing a
         chain, whose every γ one teacher-forced pass of the draft approximates at T = 0), else
         None."""
-        from decoding.replay import replayable
         from decoding.speculative import ModelDrafter
-        drafter = method.drafter
-        if not isinstance(drafter, ModelDrafter) or not replayable(drafter) or \
-                len(self.pair.drafts) != 1 or not self.settings.lossless or \
-                float(self.settings.sampling.get("temperature", 0)) != 0:
+        if not self.replays(method) or not isinstance(method.drafter, ModelDrafter) or \
+                len(self.pair.drafts) != 1:
             return None
-        return int(drafter.num_tokens)
+        return int(method.drafter.num_tokens)
 
     def _two_fidelities(self, points: Sequence[Mapping[str, Any]], prompts: Sequence[Prompt],
                         chains: Mapping[int, Any], values: list[float],
@@ -453,9 +458,10 @@ class HFEvaluator:
 
         def approximate(j: int) -> float:
             method = chains[order[j]]
+            gamma, eos = self.chain(method), tuple(method.eos_ids)
             generations = [(len(self.ids[p.id]), chain_steps(
-                self.agreements[p.id], self.trajectories[p.id], len(self.ids[p.id]),
-                self.chain(method), budget, tuple(method.eos_ids))) for p in prompts]
+                self.agreements[p.id], self.trajectories[p.id], len(self.ids[p.id]), gamma,
+                budget, eos)) for p in prompts]
             return self._priced(generations, points[order[j]])
 
         def exact(j: int) -> float:
@@ -470,8 +476,7 @@ class HFEvaluator:
     def halves(self, method: DecodingMethod) -> bool:
         """Whether a ranking predicts ``method`` by successive halving: its acceptance needs
         untimed runs (no replay), they can be traced, and T = 0 (counts deterministic)."""
-        return self.replay(method, []) is None and method.traceable and \
-            float(self.settings.sampling.get("temperature", 0)) == 0
+        return not self.replays(method) and method.traceable and self.settings.greedy
 
     def _priced(self, generations: Any, point: Mapping[str, Any]) -> float:
         try:
@@ -480,32 +485,6 @@ class HFEvaluator:
         except Exception as err:          # noqa: BLE001 - one point's failure loses its rank
             self.say(f"  {dict(point)}: not predicted ({type(err).__name__}: {err})")
             return float("-inf")
-
-    def predict_points(self, points: Sequence[Mapping[str, Any]],
-                       known: Mapping[int, float] | None = None,
-                       on_point: Callable[[int, float], None] = lambda i, value: None
-                       ) -> list[float]:
-        """``search=predict``: every point's predicted speedup on the tuning prompts, priced by
-        ``search.profile``; a point the method refuses or that cannot be predicted: -inf
-        (never measured first). ``known``: points already predicted (by index: a ranking
-        interrupted earlier), not predicted again; ``on_point(i, value)``: after each point
-        (the ranking keeps them as it goes)."""
-        known = known or {}
-        out = []
-        for i, point in enumerate(points):
-            if i in known:
-                out.append(float(known[i]))
-                continue
-            generations = self.point_acceptance(i, point, len(points))
-            try:
-                value = float("-inf") if generations is None else \
-                    self.price(generations, self.profile).speedup
-            except Exception as err:      # noqa: BLE001 - one point's failure loses its rank
-                self.say(f"  {dict(point)}: not predicted ({type(err).__name__}: {err})")
-                value = float("-inf")
-            out.append(value)
-            on_point(i, value)
-        return out
 
     # -- the profile's check and price (tuner.predict.check, tuner.study.cost) --------------------
 

@@ -58,10 +58,6 @@ class Race:
         """The drop rule's stated error for a point at the margin over ``prompts`` prompts."""
         return min(1.0, max(0, prompts - 1) * self.alpha)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"margin": self.margin, "alpha": self.alpha, "error_floor": self.error_floor,
-                "min_measured": self.min_measured, "miss": self.miss}
-
 
 @dataclass(frozen=True)
 class Calibration:

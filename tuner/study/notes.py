@@ -42,8 +42,10 @@ def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     race = settings.race
     if pruned and race is not None:
+        prompts = len(settings.tuning)
         out.append("dropped by the race's paired rule (behind the leader by more than "
-                   f"{race.margin:.0%}, error {race.alpha:g} per look): " + ", ".join(
+                   f"{race.margin:.0%}; a point within it is dropped with probability at most "
+                   f"{race.looks_error(prompts):.1%} at {prompts} prompts): " + ", ".join(
                        f"trial {t.number} at prompt {t.user_attrs.get('pruned_at', '?')}"
                        for t in pruned))
     elif pruned:

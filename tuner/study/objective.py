@@ -75,9 +75,7 @@ def prompt_order(settings: StudySettings, trial_number: int) -> list[tuple[int, 
     """A trial's order of the tuning prompts: shuffled per trial (seeded by the study seed and
     the trial number), or the shared order for a method whose history may carry across
     prompts (a ``keeps_history`` that is not plainly False: Ouroboros decides it per instance)."""
-    from tuner.config.methods import method_class
-    if settings.engine_object.own_loops and \
-            method_class(settings.method).keeps_history is not False:
+    if settings.engine_object.own_loops and settings.method_class.keeps_history is not False:
         return shared_order(settings)
     order = list(enumerate(settings.tuning))
     random.Random(f"{settings.seed}-{trial_number}").shuffle(order)

@@ -10,7 +10,7 @@ hardware profile against it and, for ``search=predict``, rank the grid by that p
     making the profile again (a few minutes).
   * ``search=predict``: the ranking's cost is estimated again with trial 0's measured method time
     (``tuner.study.cost``) and refused over the cap; then every point is predicted
-    (``evaluator.predict_points``), ranked, and the ranking stored in the study (``RANKING``)
+    (``evaluator.rank_points``), ranked, and the ranking stored in the study (``RANKING``)
     before trial 0 is told complete. Other workers wait for it (the plan says WAIT while trial 0
     runs) and a resumed study restores it (``restore``): neither ranks again. If this worker dies
     while ranking, trial 0 is re-queued by the reaper and whoever measures it again ranks.
