@@ -290,3 +290,22 @@ def test_approximate_then_exact_keeps_the_exact_rankings_best_on_the_default_pai
     two = approximate_then_exact(8, approximate, exact)
     best = max(range(8), key=every.__getitem__)
     assert two.exact[best] and two.values[best] == every[best], (every, two)
+
+
+@pytest.mark.parametrize("race,message", [
+    ({"margin": 1.5}, "search.race.margin=1.5 is invalid: allowed is a fraction in [0, 1)"),
+    ({"alpha": 0}, "search.race.alpha=0 is invalid: allowed is a probability in (0, 0.5)"),
+    ({"miss": 0.7}, "search.race.miss=0.7 is invalid"),
+    ({"min_measured": 0}, "search.race.min_measured=0"),
+    ({"margins": 0.02}, "search.race={'margins': 0.02} is invalid: allowed is null"),
+    ("fast", "search.race='fast' is invalid"),
+])
+def test_bad_race_settings_get_one_line(race, message):
+    from tuner.config.errors import ConfigError
+    from tuner.config.search import check_race
+    with pytest.raises(ConfigError) as err:
+        check_race(race)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    check_race(None)
+    check_race({"margin": 0.02, "alpha": 0.025, "error_floor": 0.05, "min_measured": 2,
+                "miss": 0.1})
