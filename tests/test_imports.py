@@ -57,6 +57,9 @@ FORBIDDEN: list[tuple[str, str, str]] = [
      "tuner.run hands tuner.tracking.render.publish down to the finish"),
     ("tuner.engines", "tuner.study", "an engine measures; the study decides what to measure"),
     ("tuner.engines", "tuner.tracking", "an engine reports through the study's listeners"),
+    ("tuner.engines", "tuner.watch", "the watch reads an engine's metrics, never the reverse"),
+    ("tuner.study", "tuner.watch", "the watch reads a study's outcome, never the reverse"),
+    ("tuner.predict", "tuner.watch", "the watch prices with prediction, never the reverse"),
 ]
 # what eagle_training may import from the tuner: the task data API
 PUBLIC_FOR_TRAINING = ("tuner.tasks",)

@@ -20,7 +20,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # the pages the README links to ("Where to look things up"); docs/README.md lists every page
 REFERENCE_PAGES = ["tuning.md", "engines.md", "slurm.md", "decoding.md", "bad-input.md",
                    "benchmarks.md", "verification.md", "phrase_drafting.md", "mjsd.md",
-                   "performance.md"]
+                   "performance.md", "watch.md"]
 # the README's first two commands, exactly: CI runs "the README's test command"
 FIRST_COMMANDS = ["make tune", "make test"]
 

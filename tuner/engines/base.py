@@ -33,6 +33,7 @@ from tuner.measure.figures import split_level
 from tuner.search.objectives import ENGINE_ONLY, resolve
 
 if TYPE_CHECKING:
+    from tuner.engines.metrics import LiveMetrics
     from tuner.measure.evaluator import Evaluator, MeasureSettings
     from tuner.measure.timing import Timer
 
@@ -62,6 +63,9 @@ class Engine:
     # its methods are this project's decoding classes (decoding.*), whose capabilities
     # (keeps_history, replayable, ...) the study may read (tuner.config.methods.method_class)
     own_loops: ClassVar[bool] = False
+    # what its server's /metrics names (python -m tuner.watch; tuner.engines.metrics); None: it
+    # runs in our own loops, no server to watch
+    live_metrics: ClassVar[LiveMetrics | None] = None
 
     # -- config ------------------------------------------------------------------------------
 

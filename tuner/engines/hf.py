@@ -35,6 +35,7 @@ class HFEngine(Engine):
     predicts = True
     draft_tokens_knob = None            # each method names its own (num_draft_tokens, ...)
     own_loops = True                    # decoding.* methods in process
+    live_metrics = None                 # no server: nothing to watch (python -m tuner.watch)
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} needs an engine server: "

@@ -19,12 +19,15 @@ with its near-tie rule) is ``tuner.engines.serving``'s; this module says what is
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.config.errors import ConfigError
 from tuner.engines.client import RequestFailed, get_text, send_batch
 from tuner.engines.gguf import model_files
+from tuner.engines.metrics import LiveMetrics
 from tuner.engines.server import EngineServer
 from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf
 from tuner.engines.serving import ServerEvaluator, seconds
@@ -35,8 +38,16 @@ if TYPE_CHECKING:
     from tuner.measure.evaluator import Evaluator, MeasureSettings
     from tuner.tasks.task import Prompt
 
-METRIC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
-METRIC_DRAFTS = "llamacpp:spec_decode_num_drafts_total"
+LIVE_METRICS = LiveMetrics(
+    prefix="llamacpp:", drafts="llamacpp:spec_decode_num_drafts_total",
+    draft_tokens="llamacpp:spec_decode_num_draft_tokens_total",
+    accepted="llamacpp:spec_decode_num_accepted_tokens_total",
+    accepted_per_pos="llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+    generated="llamacpp:tokens_predicted_total",
+    token_seconds="llamacpp:tokens_predicted_seconds_total",
+    token_count="llamacpp:tokens_predicted_total",
+    batch="llamacpp:n_busy_slots_per_decode", batch_is_window_mean=True,
+    flag_hint="llama-server prints them with --metrics and a speculative setting")
 DRAFT_KINDS = (*GGUF_KINDS, "int8_dynamic")     # int8_dynamic: the target re-typed (self draft)
 
 
@@ -53,6 +64,7 @@ class LlamaCppEngine(ServerEngine):
     predicts = False                    # its own cost surface per level (search.profile) only
     draft_tokens_knob = "n_max"         # --spec-draft-n-max: k drafted tokens per step
     own_loops = False                   # the engine's own speculative loop
+    live_metrics = LIVE_METRICS         # its /metrics (with --metrics)
     program = "llama-server"
     exact_draft = {"n_min": 0, "p_min": 0.0}     # every step drafts exactly n_max
     program_allowed = "a llama-server binary, or null for the one `make engines` builds"
@@ -101,6 +113,84 @@ class LlamaCppEngine(ServerEngine):
         (``base`` is not needed: the launch line holds everything else)."""
         from tuner.predict.forms import llamacpp_per_level
         return {"predicted_per_level": llamacpp_per_level(schedule)}
+
+
+    # -- a running deployment (python -m tuner.watch) ----------------------------------------------
+
+    def deployed_model(self, argv: list[str]) -> str | None:
+        """llama-server answers ``/v1/models`` with the path it loaded (``-m``): its file name
+        is compared."""
+        path = flag_value(argv, "-m", "--model")
+        return None if path is None else Path(path).name
+
+    @staticmethod
+    def k_flag(argv: list[str]) -> str | None:
+        """The flag that sets the drafted tokens per step of the deployed speculation: the draft
+        model's ``--spec-draft-n-max``, an n-gram type's m-gram size, ngram-mod's longest draft."""
+        kind = flag_value(argv, "--spec-type")
+        if kind in NGRAM_SIZED:
+            return f"--spec-{kind}-size-m"
+        if kind == "ngram-mod":
+            return "--spec-ngram-mod-n-max"
+        if kind is not None or flag_value(argv, "-md", "--model-draft") is not None:
+            return "--spec-draft-n-max"
+        return None
+
+    def drafts_with_model(self, argv: list[str]) -> bool:
+        return flag_value(argv, "-md", "--model-draft") is not None
+
+    def deployed_k(self, argv: list[str]) -> tuple[int, str] | None:
+        flag = self.k_flag(argv)
+        value = None if flag is None else flag_value(argv, flag)
+        return None if value is None else (int(value), flag)
+
+    def candidate_form(self, argv: list[str], schedule: Any) -> dict[str, Any]:
+        """llama-server takes one setting per deployment: per batch size of the schedule, the
+        deployed launch line with the k flag set (or without speculation where k = 0)."""
+        flag = self.k_flag(argv)
+        lines = {}
+        for choice in schedule.levels:
+            lines[choice.batch] = shlex.join(
+                without_speculation(argv) if not choice.k or flag is None
+                else with_flag(argv, flag, str(choice.k)))
+        return {"llamacpp_per_level": lines}
+
+
+NGRAM_SIZED = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
+
+
+def flag_value(argv: list[str], *names: str) -> str | None:
+    """The value after the last of ``names`` in ``argv`` (None: absent)."""
+    found = None
+    for i, arg in enumerate(argv[:-1]):
+        if arg in names:
+            found = argv[i + 1]
+    return found
+
+
+def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag`` set to ``value`` (appended where absent)."""
+    out, i, done = [], 0, False
+    while i < len(argv):
+        if argv[i] == flag and i + 1 < len(argv):
+            out += [flag, value]
+            i, done = i + 2, True
+            continue
+        out.append(argv[i])
+        i += 1
+    return out if done else out + [flag, value]
+
+
+def without_speculation(argv: list[str]) -> list[str]:
+    """``argv`` without its speculative flags (``--spec-*``, ``--draft*``, the draft model)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i].startswith(("--spec-", "--draft")) or argv[i] in ("-md", "--model-draft"):
+            i += 2 if i + 1 < len(argv) and not argv[i + 1].startswith("-") else 1
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 class LlamaCppEvaluator(ServerEvaluator):
@@ -211,14 +301,8 @@ class LlamaCppEvaluator(ServerEvaluator):
 
     def counters(self, server: EngineServer) -> tuple[tuple[int, ...], int]:
         """(accepted tokens per draft position, drafts) so far, from ``/metrics``."""
-        accepted, drafts = {}, 0
-        for line in get_text(server.url + "/metrics").splitlines():
-            if line.startswith(METRIC_ACCEPTED + "{"):
-                position = int(line.split('position="', 1)[1].split('"', 1)[0])
-                accepted[position] = int(float(line.rsplit(" ", 1)[1]))
-            elif line.startswith(METRIC_DRAFTS + " "):
-                drafts = int(float(line.rsplit(" ", 1)[1]))
-        return tuple(accepted.get(i, 0) for i in range(len(accepted))), drafts
+        counted = LIVE_METRICS.read(get_text(server.url + "/metrics"))
+        return counted.accepted_per_pos, counted.drafts
 
     def logprobs(self, prompt: Prompt, prefix: Sequence[int],
                  tokens: Sequence[int]) -> dict[int, float]:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
@@ -123,6 +124,32 @@ class ServerEngine(Engine):
         raise ConfigError(f"budget.concurrency={levels} is invalid for engine={self.name}: "
                           f"allowed are levels up to {self.max_concurrency} (one server slot "
                           "each)")
+
+    # -- a running deployment (python -m tuner.watch): read from the study's launch line -------
+
+    def launch_argv(self, deploy: Mapping[str, Any]) -> list[str]:
+        """The deployed command (the outcome's ``deploy.launch``) as arguments."""
+        import shlex
+        return shlex.split(str(deploy.get("launch") or ""))
+
+    def deployed_model(self, argv: list[str]) -> str | None:
+        """The model name a server of ``argv`` answers ``/v1/models`` with (None: unknown)."""
+        raise NotImplementedError
+
+    def deployed_k(self, argv: list[str]) -> tuple[int, str] | None:
+        """(k, the flag or key that sets it) of the drafted tokens per step ``argv`` deploys;
+        None where it deploys no speculation or leaves k to the engine's default."""
+        raise NotImplementedError
+
+    def drafts_with_model(self, argv: list[str]) -> bool:
+        """``argv`` drafts with a draft model (else from the context, or not at all)."""
+        raise NotImplementedError
+
+    def candidate_form(self, argv: list[str], schedule: Any) -> dict[str, Any]:
+        """A per-batch-size schedule (``tuner.predict.schedule.Schedule``) as this engine loads
+        it, completing the deployed speculative settings of ``argv``: nested data."""
+        raise NotImplementedError
+
 
     def check_models(self, models: Mapping[str, Any], mapping: Mapping[str, Any],
                      method_params: Mapping[str, Any]) -> None:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.config.errors import ConfigError
 from tuner.engines.client import RequestFailed, send_batch
 from tuner.engines.folders import draft_folder, target_folder, vllm_head
+from tuner.engines.metrics import LiveMetrics
 from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf
 from tuner.engines.serving import ServerEvaluator, seconds
 from tuner.measure.hygiene import allowed_cpus
@@ -69,6 +70,16 @@ class VllmEngine(ServerEngine):
     predicts = False                    # its own cost surface per level (search.profile) only
     draft_tokens_knob = "num_speculative_tokens"
     own_loops = False                   # the engine's own speculative loop
+    live_metrics = LiveMetrics(         # its /metrics (tuner.engines.metrics)
+        prefix="vllm:", drafts="vllm:spec_decode_num_drafts_total",
+        draft_tokens="vllm:spec_decode_num_draft_tokens_total",
+        accepted="vllm:spec_decode_num_accepted_tokens_total",
+        accepted_per_pos="vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        generated="vllm:generation_tokens_total",
+        token_seconds="vllm:request_time_per_output_token_seconds_sum",
+        token_count="vllm:request_time_per_output_token_seconds_count",
+        batch="vllm:num_requests_running", batch_is_window_mean=False,
+        flag_hint="vLLM prints them with a --speculative-config")
     program = "vllm"
     program_allowed = "a `vllm` program, or null for the one `make engines-vllm` installs"
     install_hint = ("vLLM is not installed: install it with `make engines-vllm` "
@@ -159,6 +170,47 @@ class VllmEngine(ServerEngine):
             return {"predicted_schedule_note": str(err)}
         return {"predicted_schedule": found} if found else {"predicted_schedule_note": OFF}
 
+
+    # -- a running deployment (python -m tuner.watch) ----------------------------------------------
+
+    def deployed_model(self, argv: list[str]) -> str | None:
+        """``--served-model-name`` where given, else the model ``vllm serve`` loads."""
+        named = value_of(argv, "--served-model-name")
+        if named is not None:
+            return named
+        model = value_of(argv, "--model")
+        return model if model is not None else (argv[2] if argv[1:2] == ["serve"] and
+                                                len(argv) > 2 else None)
+
+    def deployed_config(self, argv: list[str]) -> dict[str, Any] | None:
+        found = value_of(argv, "--speculative-config")
+        return None if found is None else json.loads(found)
+
+    def drafts_with_model(self, argv: list[str]) -> bool:
+        return bool((self.deployed_config(argv) or {}).get("model"))
+
+    def deployed_k(self, argv: list[str]) -> tuple[int, str] | None:
+        config = self.deployed_config(argv)
+        if not config or "num_speculative_tokens" not in config:
+            return None
+        return int(config["num_speculative_tokens"]), "num_speculative_tokens"
+
+    def candidate_form(self, argv: list[str], schedule: Any) -> dict[str, Any]:
+        """The whole ``--speculative-config`` (the deployed one with the schedule's k and, where k
+        differs between batch sizes, ``num_speculative_tokens_per_batch_size``), or why none."""
+        config = self.deployed_config(argv) or {}
+        base = {k: v for k, v in config.items() if k != "num_speculative_tokens"}
+        return self.schedule_form(schedule, base)
+
+
+def value_of(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` (``--flag value`` or ``--flag=value``) in ``argv``."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 class VllmEvaluator(ServerEvaluator):
     """The ``vllm serve`` evaluator (see the module docstring)."""

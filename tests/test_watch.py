@@ -1,0 +1,440 @@
+"""``python -m tuner.watch``: a running deployment watched against its study.
+
+* The change test (tuner.watch.drift) on simulated sequences with known change points, many runs:
+  at most one false alarm per 1,000 windows of steady traffic, and a 20 % drop in mean accepted
+  length found within 5 windows at 200 steps per window; a variant that ignores the requests'
+  dispersion breaks the false-alarm target (the test can fail).
+* Recorded scrapes of our real servers (tests/fixtures/watch, made by record.py there): steady
+  traffic gives no alarm, the recorded workload switch alarms within the stated windows, a restart
+  mid-recording starts a new segment, n-gram drafts of varying length are priced as estimates.
+* One live test per engine (llama-server; vLLM's CPU build): the study's deployment started from
+  its launch line, a workload switch from extractive prompts to open ones alarms and the decision
+  is priced; the MLflow run and the log hold the windows; the recording replays to the same
+  windows.
+* Bad input gets one line each.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from tuner.engines.metrics import Counters
+from tuner.watch.drift import ChangeTest, Observation, Reference
+from tuner.watch.windows import Restart, Scrape, Window, Windower
+
+FIXTURES = ROOT / "tests" / "fixtures" / "watch"
+
+
+# ----------------------------------------------------------------------------------------------
+# The change test on simulated traffic
+
+
+def mean_length(alpha: float, k: int) -> float:
+    """1 + Σ_{i=1..k} α^i: the mean accepted length of k drafts accepted position by position
+    with probability α."""
+    return 1.0 + sum(alpha ** i for i in range(1, k + 1))
+
+
+def alpha_for(length: float, k: int) -> float:
+    low, high = 1e-9, 1 - 1e-9
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if mean_length(mid, k) < length else (low, mid)
+    return (low + high) / 2
+
+
+def simulated_window(rng: np.random.Generator, alpha: float, k: int, steps: int,
+                     per_request: int, kappa: float | None) -> Observation:
+    """``steps`` decode steps of k drafts each from ``steps / per_request`` requests; a request's
+    acceptance is α (kappa None) or Beta(α κ, (1 − α) κ) (requests differ); a step accepts
+    min(k, ⌊ln U / ln α_r⌋) tokens (P(X ≥ i) = α_r^i)."""
+    requests = steps // per_request
+    alphas = np.full(requests, alpha) if kappa is None else \
+        rng.beta(alpha * kappa, (1 - alpha) * kappa, requests).clip(1e-9, 1 - 1e-9)
+    accepted = np.minimum(k, np.floor(np.log(rng.random(steps)) /
+                                      np.log(np.repeat(alphas, per_request)))).astype(int)
+    fractions = [(accepted > i).sum() / steps for i in range(k)]
+    variance = max(sum((2 * i + 1) * p for i, p in enumerate(fractions))
+                   - sum(fractions) ** 2, 0.0)
+    return Observation(steps, int(accepted.sum()), variance)
+
+
+def false_alarms_per_1000(alpha, kappa, runs, windows, seed, k=4, make=ChangeTest) -> float:
+    rng = np.random.default_rng(seed)
+    alarms = 0
+    for _ in range(runs):
+        test = make()
+        for _ in range(test.warmup + windows):
+            alarms += test.observe(simulated_window(rng, alpha, k, 200, 25, kappa)).state == \
+                "ALARM"
+    return 1000 * alarms / (runs * windows)
+
+
+def delays(alpha, kappa, runs, seed, k=4, drop=0.2) -> np.ndarray:
+    """Windows from a 20 % drop in mean accepted length to its alarm (1: the first window after
+    the change), 20 windows after the warm-up; 99 where none came within 50."""
+    rng = np.random.default_rng(seed)
+    after = alpha_for((1 - drop) * mean_length(alpha, k), k)
+    out = []
+    for _ in range(runs):
+        test = ChangeTest()
+        change = test.warmup + 20
+        found = 99
+        for w in range(change + 50):
+            verdict = test.observe(simulated_window(rng, alpha if w < change else after, k, 200,
+                                                    25, kappa))
+            if verdict.state == "ALARM" and w >= change:
+                found = w - change + 1
+                break
+        out.append(found)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.85])
+@pytest.mark.parametrize("kappa", [None, 20.0])
+def test_the_change_test_meets_its_targets_on_simulated_traffic(alpha, kappa):
+    """40 runs of 1,000 steady windows (200 steps of k = 4 drafts each, 8 requests per window):
+    at most one false alarm per 1,000 windows; 200 runs of a 20 % drop in mean accepted length:
+    found within 5 windows in 95 % of runs where steps are independent (kappa None), in 80 %
+    where requests differ (Beta acceptance, κ = 20: per-request α spread ±0.1), median ≤ 3."""
+    assert false_alarms_per_1000(alpha, kappa, 40, 1000, seed=1) <= 1.0
+    found = delays(alpha, kappa, 200, seed=2)
+    assert np.median(found) <= 3 and (found <= 5).mean() >= (0.95 if kappa is None else 0.8), \
+        (np.median(found), (found <= 5).mean())
+
+
+def test_a_test_that_ignores_the_requests_dispersion_raises_false_alarms():
+    """The same steady traffic with requests that differ a lot (κ = 5): the shipped test stays
+    within its target; one that takes the windows' spread as the steps' alone (φ = 1) alarms
+    far more often than once per 1,000 windows."""
+    class Blind(ChangeTest):
+        def observe(self, obs):
+            verdict = super().observe(obs)
+            if self.reference is not None and self.reference.dispersion != 1.0:
+                r = self.reference
+                self.reference = Reference(r.mean, r.variance, 1.0, r.windows, r.steps)
+            return verdict
+    assert false_alarms_per_1000(0.6, 5.0, 20, 1000, seed=3) <= 1.0
+    assert false_alarms_per_1000(0.6, 5.0, 20, 1000, seed=3, make=Blind) > 5.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Counters, windows, restarts
+
+
+def counters(drafts, accepted_per_pos, generated, batch=1.0, tokens=None) -> Counters:
+    accepted = sum(accepted_per_pos)
+    k = len(accepted_per_pos)
+    return Counters(drafts, tokens if tokens is not None else drafts * k, accepted,
+                    tuple(accepted_per_pos), generated, 0.05 * generated, float(generated),
+                    batch)
+
+
+def test_windows_close_at_min_steps_and_a_restart_starts_a_segment_never_a_negative_rate():
+    """Scrapes 0..3 grow; scrape 4 has every counter below scrape 3 (a restart): no window spans
+    it, the event names segment 1, the next windows are differenced from scrape 4."""
+    windower = Windower(min_steps=100)
+    scrapes = [counters(0, [0, 0], 0), counters(40, [30, 20], 90), counters(90, [70, 40], 200),
+               counters(150, [110, 70], 330), counters(20, [15, 10], 45),
+               counters(120, [90, 55], 275)]
+    events = [e for i, c in enumerate(scrapes) for e in windower.push(Scrape(float(i), c))]
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["Window", "Restart", "Window"], kinds
+    first, restart, second = events
+    assert (first.start, first.end, first.steps, first.accepted) == (0.0, 3.0, 150, 180)
+    assert first.accepted_per_pos == (110, 70) and first.drafts == 150
+    assert isinstance(restart, Restart) and restart.segment == 1 and restart.at == 4.0
+    assert second.segment == 1 and (second.start, second.end) == (4.0, 5.0)
+    assert second.accepted == (90 + 55) - (15 + 10) and second.drafts == 100
+    assert second.steps == (275 - 45) - second.accepted
+    assert second.mean_length == pytest.approx(1 + second.accepted / second.steps)
+
+
+def test_the_per_step_variance_is_that_of_the_accepted_counts():
+    """E[X²] from the per-position counts equals the variance of the steps' accepted counts."""
+    rng = np.random.default_rng(0)
+    x = np.minimum(4, np.floor(np.log(rng.random(5000)) / np.log(0.7))).astype(int)
+    per_pos = tuple(int((x > i).sum()) for i in range(4))
+    window = Window(0, 0, 0.0, 1.0, 5000, 5000, 20000, int(x.sum()), per_pos, 5000 + int(x.sum()),
+                    None, None)
+    assert window.step_variance() == pytest.approx(float(x.var()), rel=1e-9)
+    assert window.mean_length == pytest.approx(1 + x.mean())
+
+
+# ----------------------------------------------------------------------------------------------
+# The watch on recordings of our real servers (tests/fixtures/watch/README.md)
+
+VLLM_STUDY = FIXTURES / "vllm-study.outcome.json"
+LLAMA_STUDY = FIXTURES / "llamacpp-study.outcome.json"
+
+
+def watch(capsys, tmp_path, *args: str) -> tuple[int, str, list[dict]]:
+    """``python -m tuner.watch`` in process: (exit status, stdout + stderr, the log's records)."""
+    from tuner.watch.__main__ import main
+    out_dir = tmp_path / "watch"
+    rc = main([*args, "--out", str(out_dir), "--tracking", "none"]
+              if "--tracking" not in args else [*args, "--out", str(out_dir)])
+    captured = capsys.readouterr()
+    logs = sorted(out_dir.glob("*.jsonl"))
+    records = [json.loads(line) for line in logs[-1].read_text().splitlines()] if logs else []
+    return rc, captured.out + captured.err, records
+
+
+def header(recording: Path) -> dict:
+    return json.loads(recording.read_text().splitlines()[0])["recorded"]
+
+
+def first_window_after(windows: list[dict], at: float) -> int:
+    """The index of the first window that ends after ``at`` (the first holding the change)."""
+    return next(w["window"] for w in windows if w["end"] > at)
+
+
+@pytest.mark.parametrize("recording, study, min_steps", [
+    ("vllm-switch.jsonl", VLLM_STUDY, 100),
+    ("llamacpp-switch.jsonl", LLAMA_STUDY, 100)])
+def test_a_recorded_workload_switch_alarms_within_five_windows_and_steady_traffic_does_not(
+        capsys, tmp_path, recording, study, min_steps):
+    """The recorded deployment served extractive prompts (prompt lookup copies them), then open
+    questions: no alarm before the switch (its warm-up and steady windows), a drop alarmed within
+    5 windows of the first window holding the switch."""
+    path = FIXTURES / recording
+    rc, out, records = watch(capsys, tmp_path, "--replay", str(path), "--study", str(study),
+                             "--min-steps", str(min_steps))
+    assert rc == 0, out
+    windows = [r for r in records if r["kind"] == "window"]
+    switch = header(path)["starts"]["open"]
+    first = first_window_after(windows, switch)
+    before = [w for w in windows if w["window"] < first and w["segment"] == 0]
+    assert len(before) >= 12 + 3, len(before)      # the warm-up and steady windows
+    assert all(w["state"] != "ALARM" for w in before), [w["window"] for w in before
+                                                          if w["state"] == "ALARM"]
+    alarms = [r for r in records if r["kind"] == "alarm"]
+    assert alarms and alarms[0]["direction"] == "drop", alarms
+    assert first <= alarms[0]["window"] < first + 5, (first, alarms[0])
+    assert alarms[0]["change"] < -0.2
+    assert re.search(r"ALARM: the mean accepted length drops", out)
+    assert "the decision cannot be priced: no profile" in out
+
+
+def test_a_restart_mid_recording_starts_a_new_segment(capsys, tmp_path):
+    """llama-server stopped and started again mid-recording: its counters restart from zero; the
+    watch says so, drops the open window, warms up again, and no window is negative."""
+    path = FIXTURES / "llamacpp-switch.jsonl"
+    rc, out, records = watch(capsys, tmp_path, "--replay", str(path), "--study",
+                             str(LLAMA_STUDY), "--min-steps", "100")
+    assert rc == 0, out
+    restarts = [r for r in records if r["kind"] == "restart"]
+    assert len(restarts) == 1 and restarts[0]["segment"] == 1
+    assert restarts[0]["at"] >= header(path)["restarted_at"] - 5
+    windows = [r for r in records if r["kind"] == "window"]
+    assert all(min(w["steps"], w["drafts"], w["accepted"], *w["accepted_per_pos"]) >= 0
+               for w in windows)
+    after = [w for w in windows if w["segment"] == 1]
+    assert after and all(w["start"] >= restarts[0]["at"] for w in after)
+    assert [w["state"] for w in after][:12] == ["warm-up"] * min(12, len(after))
+    assert "server restarted (a counter went down): segment 1 begins" in out
+    assert "segments 2 (server restarts: 1)" in out
+
+
+def test_the_decision_is_priced_at_the_live_batch_and_varying_drafts_are_estimates(
+        capsys, tmp_path):
+    """With the engine's profile every k is priced per window: the deployed k exactly from its
+    own counts (L · T_b(1) / T_b(d + 1), recomputed here from the profile), the others labelled
+    estimates where n-gram drafts varied in length (T ≠ D · k); the summary states the decision
+    at the last window. The profile was measured with a draft model's steps and this deployment
+    drafts n-grams: the watch says so and recommends no switch from those prices."""
+    from tuner.predict.served import decode_speedup
+    from tuner.predict.surface import load_profile
+    path = FIXTURES / "llamacpp-switch.jsonl"
+    profile_path = FIXTURES / "llamacpp-profile.json"
+    rc, out, records = watch(capsys, tmp_path, "--replay", str(path), "--study",
+                             str(LLAMA_STUDY), "--min-steps", "100", "--profile",
+                             str(profile_path))
+    assert rc == 0, out
+    profile = load_profile(profile_path)
+    windows = [r for r in records if r["kind"] == "window" and r.get("pricing")]
+    assert windows
+    k = 4
+    varied = 0
+    for w in windows:
+        options = {o["k"]: o for o in w["pricing"]["options"]}
+        assert options[0]["speedup"] == 1.0 and options[k]["exact"]
+        length = 1 + w["accepted"] / w["steps"]
+        assert options[k]["speedup"] == pytest.approx(decode_speedup(
+            profile, w["pricing"]["batch"], length, w["draft_tokens"] / w["steps"]))
+        full = w["draft_tokens"] == w["drafts"] * k
+        varied += not full
+        assert all(options[j]["exact"] == full for j in range(1, k))
+    assert varied > 0                              # n-gram drafts do vary in length here
+    assert re.search(r"decision at the last window: batch \d+: deployed k=4", out)
+    # a draft-model profile prices n-gram steps too high: said, and nothing recommended from it
+    assert "this deployment drafts from the context without a model" in out
+    assert not [r for r in records if r["kind"] == "recommendation"]
+    assert "decision: priced, no switch recommended" in out
+
+
+def test_off_where_the_profile_says_off_once_the_gain_beats_the_margin(capsys, tmp_path):
+    """A draft-model deployment (F32 target, Q8_0 self-draft, n_max 4) priced with the profile of
+    the same models and drafting: at the live batch (2) every k prices below speculation off.
+    With the default margin (10 %, no calibration recorded) the 6-9 % gain recommends nothing;
+    with --margin 0.05 it recommends turning speculation off after 3 windows in a row, once,
+    and writes llama-server's launch line without its speculative flags."""
+    study = FIXTURES / "llamacpp-draft-study.outcome.json"
+    path = FIXTURES / "llamacpp-draft-switch.jsonl"
+    args = ["--replay", str(path), "--study", str(study), "--min-steps", "50", "--warmup", "4",
+            "--profile", str(FIXTURES / "llamacpp-profile.json")]
+    rc, out, records = watch(capsys, tmp_path / "default", *args)
+    assert rc == 0 and not [r for r in records if r["kind"] == "recommendation"], out
+    assert "a switch must win by 10 % (no calibration recorded by the study)" in out
+    windows = [r for r in records if r["kind"] == "window"]
+    for w in windows:
+        best = max(w["pricing"]["options"], key=lambda o: o["speedup"])
+        assert w["pricing"]["batch"] == 2 and best["k"] == 0, w["pricing"]
+    rc, out, records = watch(capsys, tmp_path / "tighter", *args, "--margin", "0.05")
+    found = [r for r in records if r["kind"] == "recommendation"]
+    assert rc == 0 and len(found) == 1 and found[0]["k"] == 0, out
+    gains = found[0]["gains"]
+    assert len(gains) == 3 and min(gains) > 0.05
+    candidate = json.loads(Path(found[0]["file"]).read_text())
+    line = candidate["engine_form"]["llamacpp_per_level"]["2"]
+    assert line.startswith("llama-server -m ") and "--spec-" not in line and "-md" not in line
+    assert candidate["schedule"] == [[1, 2, 0]]
+    assert "RECOMMENDATION: turn speculation off (deployed k=4)" in out
+    assert "python -m tuner +task=prompts task.data.local=<your prompts file> " \
+        "method=speculative engine=llamacpp" in out
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: one line each
+
+
+def one_line(out: str) -> str:
+    lines = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--replay", "sglang-scrape.jsonl"], "SGLang's /metrics has only gauges"),
+    (["--replay", "vllm-no-speculation.jsonl"], "no speculative counters"),
+    (["--study", "nope"], "--study='nope' does not exist"),
+    (["--interval", "0"], "--interval=0.0 is invalid: allowed is a number of seconds > 0"),
+    (["--shift", "1.5"], "--shift=1.5 is invalid: allowed is a fraction in (0, 1)"),
+    (["--profile", "missing.json"], "--profile='missing.json': cannot read it"),
+])
+def test_bad_input_gets_one_line(capsys, tmp_path, args, message):
+    base = {"--replay": str(FIXTURES / "vllm-switch.jsonl"), "--study": str(VLLM_STUDY)}
+    given = dict(zip(args[::2], args[1::2]))
+    if given.get("--replay", "").endswith(".jsonl") and "/" not in given["--replay"]:
+        given["--replay"] = str(FIXTURES / given["--replay"])
+    rc, out, _ = watch(capsys, tmp_path, *[x for kv in {**base, **given}.items() for x in kv])
+    assert rc == 2 and message in one_line(out), out
+
+
+def test_a_study_of_our_own_loops_is_not_watched(capsys, tmp_path, monkeypatch):
+    """A real engine=hf study (tiny models): nothing runs as a server to watch."""
+    from tests.conftest import run_study
+    monkeypatch.chdir(tmp_path)
+    run_study(tmp_path, "search=grid", "tracking=none", "search.n_trials=1")
+    [outcome] = (tmp_path / "studies" / "best").glob("*.outcome.json")
+    rc, out, _ = watch(capsys, tmp_path, "--replay", str(FIXTURES / "vllm-switch.jsonl"),
+                       "--study", str(outcome))
+    assert rc == 2 and "was a study of engine=hf (our own loops)" in one_line(out), out
+
+
+# ----------------------------------------------------------------------------------------------
+# Live: the study's deployment, a workload switch, the watch beside it
+
+LIVE = {"llamacpp": (LLAMA_STUDY, 45.0, 40.0), "vllm": (VLLM_STUDY, 45.0, 40.0)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm"])
+def test_a_live_workload_switch_alarms_and_the_decision_is_priced(capsys, tmp_path, engine):
+    """The study's deployment started from its launch line; two clients send extractive prompts,
+    then open questions; the watch (0.5 s scrapes, windows of 50 steps, a warm-up of 4) alarms a
+    drop within 5 windows of the switch and prices every k at the live batch with the engine's
+    profile; the MLflow run under the study's experiment holds a point per window; the recording
+    it kept replays to the same windows; no server is left."""
+    from mlflow import MlflowClient
+
+    from tests.helpers.deployed import deployed
+    from tests.helpers.services import require_llama_server, require_vllm
+    from tests.helpers.traffic import Load, extractive, open_ended
+    (require_llama_server if engine == "llamacpp" else require_vllm)()
+    study, first, second = LIVE[engine]
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    recording = tmp_path / "recording.jsonl"
+    with deployed(study, tmp_path / "logs") as server:
+        load = Load(server.url, engine, [("extractive", extractive(12), first),
+                                         ("open", open_ended(12), second)]).start()
+        try:
+            rc, out, records = watch(
+                capsys, tmp_path, "--url", server.url, "--study", str(study), "--profile",
+                str(FIXTURES / f"{engine}-profile.json"), "--interval", "0.5", "--min-steps",
+                "50", "--warmup", "4", "--duration", str(first + second), "--record",
+                str(recording), "--tracking", "mlflow", "--tracking-uri", uri)
+        finally:
+            load.close()
+    assert not server.alive()
+    assert rc == 0 and not load.errors, (out[-3000:], load.errors[:3])
+    windows = [r for r in records if r["kind"] == "window"]
+    start = first_window_after(windows, load.switched_at["open"])
+    alarms = [r for r in records if r["kind"] == "alarm" and r["window"] >= start]
+    assert alarms and alarms[0]["direction"] == "drop", out[-4000:]
+    assert alarms[0]["window"] < start + 5, (start, alarms[0], out[-4000:])
+    assert all(w.get("pricing") for w in windows)
+    assert "priced now: off 1.00x" in out
+    # the record: one MLflow run under the study's experiment (its task), a point per window
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("cnndm")
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name.startswith("watch-") and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "mean_length")
+    assert [m.step for m in history] == [w["window"] for w in windows]
+    assert run.data.metrics["alarms"] == len([r for r in records if r["kind"] == "alarm"])
+    # the recording replays to the same windows
+    _, _, replayed = watch(capsys, tmp_path / "again", "--replay", str(recording), "--study",
+                           str(study), "--min-steps", "50", "--warmup", "4")
+    again = [r for r in replayed if r["kind"] == "window"]
+    assert [(w["steps"], w["accepted"], w["state"]) for w in again] == \
+        [(w["steps"], w["accepted"], w["state"]) for w in windows]
+
+
+def test_bad_servers_get_one_line_each(capsys, tmp_path):
+    """Real llama-servers: nothing listening; one without --metrics (HTTP 501); one serving
+    another model than the study's; a scrape interval below ten times a scrape's cost."""
+    from tests.helpers.services import require_llama_server
+    from tuner.engines.gguf import model_files
+    from tuner.engines.server import EngineServer, free_port
+    binary = require_llama_server()
+    study = str(LLAMA_STUDY)
+    rc, out, _ = watch(capsys, tmp_path, "--url", f"http://127.0.0.1:{free_port()}",
+                       "--study", study)
+    assert rc == 2 and "is unreachable" in one_line(out), out
+    best = yaml.safe_load((FIXTURES / "llamacpp-study.yaml").read_text())
+    target, draft = model_files({"target_type": "match_dtype", "self_draft_type": "Q4_0"},
+                                {**best["models"], "draft": {"kind": "int8_dynamic"}}, True,
+                                Path(binary).parent / "llama-quantize")
+    base = [binary, "--host", "127.0.0.1", "--port", "{port}", "-np", "1", "-c", "512",
+            "-t", "1"]
+    with EngineServer([*base, "-m", str(target.path)], "plain", tmp_path) as plain, \
+            EngineServer([*base, "-m", str(draft.path), "--metrics"], "other", tmp_path) as other:
+        rc, out, _ = watch(capsys, tmp_path, "--url", plain.url, "--study", study)
+        assert rc == 2 and "/metrics answered HTTP 501" in one_line(out) and \
+            "--metrics" in one_line(out), out
+        rc, out, _ = watch(capsys, tmp_path, "--url", other.url, "--study", study)
+        line = one_line(out)
+        assert rc == 2 and "not the model of study" in line and draft.path.name in line, out
+    with EngineServer([*base, "-m", str(target.path), "--metrics"], "right", tmp_path) as right:
+        rc, out, _ = watch(capsys, tmp_path, "--url", right.url, "--study", study,
+                           "--interval", "0.001")
+        assert rc == 2 and "--interval=0.001 is below this server's scrape cost" in \
+            one_line(out), out

@@ -1,0 +1,295 @@
+"""One watch: scrapes → windows → the change test, the study's range and the priced decision →
+one terminal line per window, the JSON Lines log, the MLflow run → a summary at the end (the
+recording's end, ``--windows``/``--duration``, or Ctrl-C). It suggests; it never changes the
+server."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tuner.watch.decide import Decider, Pricing, Recommendation, price
+from tuner.watch.drift import ChangeTest, Observation, Verdict
+from tuner.watch.source import Raw
+from tuner.watch.study import length_interval
+from tuner.watch.windows import Restart, Scrape, Window, Windower
+
+if TYPE_CHECKING:
+    from tuner.predict.surface import HardwareProfile
+    from tuner.watch.record import JsonLog, WatchRun
+    from tuner.watch.study import WatchedStudy
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    study: WatchedStudy
+    source: str                          # the URL, or "replay of <file>"
+    min_steps: int                       # decode steps that close a window
+    warmup: int
+    shift: float
+    arl: float
+    profile: HardwareProfile | None
+    margin: float
+    margin_source: str                   # where the margin comes from, in words
+    persist: int
+    traffic_temperature: float | None    # what the user says the live traffic samples at
+    # why the profile's prices are biased for this deployment ("": they are not): then no
+    # switch is recommended from them
+    pricing_bias: str
+    out_dir: Path
+    max_windows: int | None = None
+    max_seconds: float | None = None
+
+
+@dataclass
+class WatchState:
+    """What the watch saw (the summary reads it)."""
+
+    windows: list[Window] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
+    alarms: list[tuple[Window, Verdict]] = field(default_factory=list)
+    pricings: list[Pricing] = field(default_factory=list)
+    recommendations: list[tuple[Recommendation, Path]] = field(default_factory=list)
+    outside: list[Window] = field(default_factory=list)     # beyond the study's range
+    deployed_k: int | None = None
+    stopped: str = ""
+
+
+def comparable(settings: WatchSettings) -> str | None:
+    """Why live acceptance is not comparable with the study's (None: it is)."""
+    live, study = settings.traffic_temperature, settings.study.temperature
+    if live is None or study is None or abs(live - study) < 1e-9:
+        return None
+    return (f"traffic at T={live:g} against a study at T={study:g}: acceptance is not "
+            "comparable with the study's (the range check is off); the change test compares "
+            "the deployment with its own start")
+
+
+def window_line(w: Window, v: Verdict, pricing: Pricing | None, k: int | None,
+                outside: str) -> str:
+    acc = " ".join(f"{a:.2f}" for a in w.acceptance_per_pos[:8])
+    ref = "" if v.reference is None else (f" (ref {v.reference.mean_length:.2f}, "
+                                          f"{100 * (v.change or 0):+.0f} %)")
+    batch = "?" if w.batch is None else f"{w.batch:.1f}"
+    tpot = "" if w.tpot_s is None else f" tpot {1e3 * w.tpot_s:.1f} ms"
+    if pricing is not None:
+        tpot += f" (pred {1e3 * pricing.deployed.tpot_s:.1f})"
+    state = v.state if v.state != "ALARM" else f"ALARM ({v.direction})"
+    test = "" if v.reference is None else f" cusum {max(v.drop, v.rise):.1f}/{v.threshold:.1f}"
+    decided = "" if pricing is None else " | " + pricing.line()
+    return (f"window {w.index} [{w.seconds:.0f} s] steps {w.steps} drafts {w.drafts} "
+            f"L {w.mean_length:.2f}{ref} acc/pos {acc or '-'} batch {batch}{tpot}{test} "
+            f"{state}{outside}{decided}")
+
+
+def window_metrics(w: Window, v: Verdict, pricing: Pricing | None) -> dict[str, float]:
+    out = {"mean_length": w.mean_length, "steps": float(w.steps), "drafts": float(w.drafts),
+           "drafted_per_step": w.drafted_per_step, "cusum_drop": v.drop, "cusum_rise": v.rise,
+           "alarm": float(v.state == "ALARM"), "segment": float(w.segment)}
+    out.update({f"acceptance_pos_{i}": a for i, a in enumerate(w.acceptance_per_pos)})
+    if w.batch is not None:
+        out["live_batch"] = w.batch
+    if w.tpot_s is not None:
+        out["tpot_ms"] = 1e3 * w.tpot_s
+    if pricing is not None:
+        out.update({f"predicted_speedup_k{p.k}": p.speedup for p in pricing.options})
+        out["predicted_tpot_ms"] = 1e3 * pricing.deployed.tpot_s
+    return out
+
+
+def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: WatchRun | None,
+          say: Callable[[str], None] = print) -> WatchState:
+    """The loop of the module docstring; returns what it saw (Ctrl-C ends it like the end of a
+    recording: the caller prints the summary)."""
+    study, metrics = settings.study, settings.study.engine.live_metrics
+    windower = Windower(settings.min_steps, metrics.batch_is_window_mean)
+    test = ChangeTest(settings.warmup, settings.shift, settings.arl)
+    decider = Decider(settings.margin, settings.persist)
+    state = WatchState(deployed_k=study.deployed_k)
+    not_comparable = comparable(settings)
+    low_high = None if not_comparable or study.acceptance is None else \
+        study.acceptance.interval()
+    began = time.monotonic()
+    try:
+        for raw in raws:
+            counters = metrics.read(raw.text)
+            if state.deployed_k is None and counters.accepted_per_pos:
+                state.deployed_k = len(counters.accepted_per_pos)
+                say(f"the deployed k is not in the study's launch line: k={state.deployed_k} "
+                    "from the positions the server counts (--k sets it)")
+            for event in windower.push(Scrape(raw.at, counters)):
+                if isinstance(event, Restart):
+                    state.restarts.append(event)
+                    test.restart()
+                    decider.reset()
+                    say(f"server restarted (a counter went down): segment {event.segment} "
+                        f"begins; the open window ({event.dropped_steps} steps) is dropped and "
+                        f"the change test warms up again ({settings.warmup} windows)")
+                    log.write("restart", {"at": event.at, "segment": event.segment,
+                                          "dropped_steps": event.dropped_steps})
+                    continue
+                handle_window(settings, state, event, test, decider, low_high, log, run, say)
+            if settings.max_windows is not None and len(state.windows) >= settings.max_windows:
+                state.stopped = f"{settings.max_windows} windows"
+                break
+            if settings.max_seconds is not None and \
+                    time.monotonic() - began >= settings.max_seconds:
+                state.stopped = f"{settings.max_seconds:g} s"
+                break
+        else:
+            state.stopped = state.stopped or "the end of the scrapes"
+    except KeyboardInterrupt:
+        state.stopped = "Ctrl-C"
+    return state
+
+
+def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: ChangeTest,
+                  decider: Decider, low_high: tuple[float, float] | None, log: JsonLog,
+                  run: WatchRun | None, say: Callable[[str], None]) -> None:
+    study = settings.study
+    verdict = test.observe(Observation(w.steps, w.accepted, w.step_variance()))
+    state.windows.append(w)
+    state.verdicts.append(verdict)
+    pricing = None
+    if settings.profile is not None and state.deployed_k and w.steps:
+        pricing = price(w, settings.profile, state.deployed_k)
+        state.pricings.append(pricing)
+    outside = ""
+    if low_high is not None:
+        pool = [x for x in state.windows[-settings.warmup:] if x.segment == w.segment]
+        drafts = sum(x.drafts for x in pool)
+        if drafts:
+            fractions = tuple(sum(x.accepted_per_pos[i] for x in pool
+                                  if i < len(x.accepted_per_pos)) / drafts
+                              for i in range(max(len(x.accepted_per_pos) for x in pool)))
+            low, high = length_interval(fractions, drafts)
+            side = "below" if high < low_high[0] else "above" if low > low_high[1] else ""
+            if side:
+                outside = f" [{side} the study's range]"
+                newly = len(state.windows) < 2 or not state.outside or \
+                    state.outside[-1].index != state.windows[-2].index
+                if newly:
+                    say(f"re-tune hint: live acceptance over the last {len(pool)} windows "
+                        f"({1 + sum(fractions):.2f} tokens per draft, {low:.2f}-{high:.2f}) is "
+                        f"{side} what the study measured ({low_high[0]:.2f}-{low_high[1]:.2f}, "
+                        "95 % intervals): the study's prompts do not represent this traffic")
+                state.outside.append(w)
+    say(window_line(w, verdict, pricing, state.deployed_k, outside))
+    body = {"window": w.index, "segment": w.segment, "start": w.start, "end": w.end,
+            "steps": w.steps, "drafts": w.drafts, "draft_tokens": w.draft_tokens,
+            "accepted": w.accepted, "accepted_per_pos": list(w.accepted_per_pos),
+            "generated": w.generated, "mean_length": w.mean_length,
+            "acceptance_per_pos": list(w.acceptance_per_pos), "batch": w.batch,
+            "tpot_s": w.tpot_s, "state": verdict.state, "direction": verdict.direction,
+            "cusum_drop": verdict.drop, "cusum_rise": verdict.rise,
+            "threshold": verdict.threshold, "outside_study_range": bool(outside),
+            "reference_mean_length": None if verdict.reference is None else
+            verdict.reference.mean_length}
+    if pricing is not None:
+        body["pricing"] = {"batch": pricing.batch, "note": pricing.note, "options": [
+            {"k": p.k, "speedup": p.speedup, "mean_length": p.mean_length,
+             "drafted_per_step": p.drafted_per_step, "exact": p.exact, "tpot_s": p.tpot_s}
+            for p in pricing.options]}
+    log.write("window", body)
+    if run is not None:
+        run.window(w.index, w.end, window_metrics(w, verdict, pricing))
+    if verdict.state == "ALARM":
+        state.alarms.append((w, verdict))
+        ref = verdict.reference
+        say(f"ALARM: the mean accepted length {verdict.direction}s: {w.mean_length:.2f} "
+            f"against the reference {ref.mean_length:.2f} of the first {ref.windows} windows "
+            f"({100 * (verdict.change or 0):+.0f} %; CUSUM {max(verdict.drop, verdict.rise):.1f} "
+            f"> {verdict.threshold:.1f}); the new level becomes the reference after "
+            f"{settings.warmup} windows")
+        if pricing is None:
+            say("  the decision cannot be priced: no profile (--profile, made by python -m "
+                "tuner.profile --engine " + study.engine.name + ")")
+        else:
+            say("  priced now: " + ", ".join(
+                f"{'off' if p.k == 0 else f'k={p.k}'} {p.speedup:.2f}x"
+                + ("" if p.exact else "~") for p in pricing.options)
+                + f" at batch {pricing.batch} (~: an estimate)"
+                + (f"; {pricing.note}" if pricing.note else ""))
+        say("  re-tune on prompts like this traffic: " + study.retune_command(
+            sorted({round(x.batch) for x in state.windows[-settings.warmup:]
+                    if x.batch is not None and x.batch >= 0.5}), settings.traffic_temperature))
+        decider.reset()
+        log.write("alarm", {"window": w.index, "direction": verdict.direction,
+                            "mean_length": w.mean_length, "reference": ref.mean_length,
+                            "change": verdict.change})
+    if pricing is not None and not settings.pricing_bias:
+        found = decider.observe(pricing)
+        if found is not None:
+            recommend(settings, state, found, log, say)
+
+
+def recommend(settings: WatchSettings, state: WatchState, found: Recommendation,
+              log: JsonLog, say: Callable[[str], None]) -> None:
+    """Write the candidate schedule in the engine's form and say how to re-tune."""
+    study = settings.study
+    form = study.engine.candidate_form(list(study.argv), found.schedule())
+    number = len(state.recommendations) + 1
+    path = settings.out_dir / f"{study.name}.candidate-{number}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"study": study.name, "recommendation": found.line(),
+                                "schedule": found.schedule().ranges(),
+                                "engine_form": form, "exact": found.exact}, indent=1) + "\n")
+    state.recommendations.append((found, path))
+    levels = sorted({p.batch for p in found.windows})
+    say("RECOMMENDATION: " + found.line())
+    say(f"  the candidate in {study.engine.display}'s form: {path} (nothing was changed on the "
+        "server)")
+    say("  measure it before deploying: " + study.retune_command(
+        levels, settings.traffic_temperature))
+    log.write("recommendation", {"line": found.line(), "k": found.k, "file": str(path),
+                                 "form": form, "gains": found.gains})
+
+
+def summary(settings: WatchSettings, state: WatchState) -> list[str]:
+    """The readable end of a watch."""
+    study, ws = settings.study, state.windows
+    lines = [(f"watch of {study.name} ({study.engine.display}, {settings.source}) ended at "
+              f"{state.stopped or 'its end'}")]
+    if not ws:
+        lines.append("no window closed (fewer than "
+                     f"{settings.min_steps} decode steps between scrapes): nothing to judge")
+        return lines
+    span = ws[-1].end - ws[0].start
+    steps = sum(w.steps for w in ws)
+    accepted = sum(w.accepted for w in ws)
+    lines.append(f"windows {len(ws)} over {span:.0f} s, {steps} decode steps, mean accepted "
+                 f"length {1 + accepted / steps:.2f}; segments {len(state.restarts) + 1} "
+                 f"(server restarts: {len(state.restarts)})")
+    if state.alarms:
+        for w, v in state.alarms:
+            lines.append(f"alarm at window {w.index}: mean accepted length {v.direction} "
+                         f"{100 * (v.change or 0):+.0f} % against the reference "
+                         f"{v.reference.mean_length:.2f}")
+    else:
+        lines.append(f"no alarm (CUSUM of a {100 * settings.shift:.0f} % change, at most one "
+                     f"false alarm per {settings.arl:.0f} windows under its model)")
+    why = comparable(settings)
+    if why:
+        lines.append(why)
+    elif study.acceptance is None:
+        lines.append("the study recorded no acceptance per position: no range to compare")
+    elif state.outside:
+        lines.append(f"{len(state.outside)} of {len(ws)} windows outside the study's measured "
+                     "acceptance: re-tune on prompts like this traffic")
+    if settings.profile is None:
+        lines.append("decision: not priced (no --profile): alarms and ranges only")
+    elif state.pricings:
+        last = state.pricings[-1]
+        lines.append("decision at the last window: " + last.line()
+                     + (f" ({last.note})" if last.note else ""))
+    if settings.profile is not None and settings.pricing_bias:
+        lines.append("decision: priced, no switch recommended (the profile misprices this "
+                     "deployment's steps: see the line at the start)")
+    for found, path in state.recommendations:
+        lines.append(f"recommended: {found.line()} -> {path}")
+    return lines

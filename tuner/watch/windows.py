@@ -1,0 +1,149 @@
+"""Scrapes → windows: the counters differenced between scrapes, restart-safe.
+
+A *window* spans consecutive scrapes and closes at the first scrape where it holds at least
+``min_steps`` decode steps (a step is one target forward of the decode phase: generated − accepted
+tokens; with a draft model every step drafts, so steps = drafts). Its figures:
+
+    steps S = Δgenerated − Δaccepted        drafts D, drafted tokens T, accepted A
+    mean accepted length (per step)  L = 1 + A / S      (tokens per target forward: what pays)
+    acceptance per position i        c_i / D            (of the drafts; exact where every draft
+                                                          had full length: T = D · k)
+    time per output token            Δseconds / Δcount of the engine's token timer
+    live batch                       the engine's gauge, averaged over the window's scrapes
+
+A counter below its value at the previous scrape is a restart: the open window is dropped (its
+difference is unknown), a new *segment* starts at that scrape, and the event says so — never a
+negative rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from tuner.engines.metrics import Counters
+
+
+@dataclass(frozen=True)
+class Scrape:
+    at: float                    # unix seconds
+    counters: Counters
+
+
+@dataclass(frozen=True)
+class Window:
+    """Counts between two scrapes of one segment (module docstring)."""
+
+    index: int                   # 0, 1, ... over the whole watch
+    segment: int                 # 0 until the first restart, then 1, ...
+    start: float                 # unix seconds of the opening and closing scrapes
+    end: float
+    steps: int
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    accepted_per_pos: tuple[int, ...]    # [positions] accepted at draft position i (from 0)
+    generated: int
+    tpot_s: float | None         # measured time per output token (None: no token timed)
+    batch: float | None          # the live batch (None: the gauge was not printed)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    @property
+    def mean_length(self) -> float:
+        """L = 1 + accepted / steps: tokens per target forward."""
+        return 1.0 + self.accepted / self.steps if self.steps else 1.0
+
+    @property
+    def step_fractions(self) -> tuple[float, ...]:
+        """p_i = P(a step accepts position i) = c_i / S (i from 0): Σ p_i = L − 1."""
+        return tuple(c / self.steps for c in self.accepted_per_pos) if self.steps else ()
+
+    @property
+    def acceptance_per_pos(self) -> tuple[float, ...]:
+        """c_i / D: the drafts' acceptance at position i."""
+        return tuple(c / self.drafts for c in self.accepted_per_pos) if self.drafts else ()
+
+    @property
+    def drafted_per_step(self) -> float:
+        return self.draft_tokens / self.steps if self.steps else 0.0
+
+    def step_variance(self) -> float:
+        """The variance of accepted tokens per step, from the per-position counts:
+        E[X²] = Σ (2i + 1) p_i with positions i from 0 (P(X > i) = p_i)."""
+        p = self.step_fractions
+        mean = sum(p)
+        return max(sum((2 * i + 1) * q for i, q in enumerate(p)) - mean * mean, 0.0)
+
+    def full_length(self, k: int) -> bool:
+        """Every draft had ``k`` tokens (per-position acceptance exact below k)."""
+        return self.drafts > 0 and self.draft_tokens == self.drafts * k
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A counter went down between two scrapes: the server restarted."""
+
+    at: float
+    segment: int                 # the new segment's number
+    dropped_steps: int           # what the dropped open window held before the restart
+
+
+@dataclass
+class Windower:
+    """Feeds on scrapes, yields closed windows and restarts (module docstring)."""
+
+    min_steps: int
+    batch_is_window_mean: bool = False   # the gauge is a mean since the previous scrape
+    segment: int = 0
+    index: int = 0
+    opened: Scrape | None = None
+    last: Scrape | None = None
+    batches: list[float] = field(default_factory=list)
+
+    def push(self, scrape: Scrape) -> Iterator[Window | Restart]:
+        last, self.last = self.last, scrape
+        if last is not None and scrape.counters.went_down(last.counters):
+            held = 0 if self.opened is None else steps_between(self.opened.counters,
+                                                               last.counters)
+            self.segment += 1
+            self.opened, self.batches = scrape, self.start_batches(scrape)
+            yield Restart(scrape.at, self.segment, held)
+            return
+        if self.opened is None:
+            self.opened, self.batches = scrape, self.start_batches(scrape)
+            return
+        if scrape.counters.batch is not None:
+            self.batches.append(scrape.counters.batch)
+        if steps_between(self.opened.counters, scrape.counters) >= self.min_steps:
+            yield self.close(scrape)
+
+    def start_batches(self, scrape: Scrape) -> list[float]:
+        # a point gauge counts at the opening scrape too; a window mean covers the time before it
+        return [] if self.batch_is_window_mean or scrape.counters.batch is None else \
+            [scrape.counters.batch]
+
+    def close(self, scrape: Scrape) -> Window:
+        a, b = self.opened.counters, scrape.counters
+        positions = max(len(a.accepted_per_pos), len(b.accepted_per_pos))
+        per_pos = tuple((b.accepted_per_pos[i] if i < len(b.accepted_per_pos) else 0)
+                        - (a.accepted_per_pos[i] if i < len(a.accepted_per_pos) else 0)
+                        for i in range(positions))
+        counted = b.token_count - a.token_count
+        window = Window(
+            index=self.index, segment=self.segment, start=self.opened.at, end=scrape.at,
+            steps=steps_between(a, b), drafts=b.drafts - a.drafts,
+            draft_tokens=b.draft_tokens - a.draft_tokens, accepted=b.accepted - a.accepted,
+            accepted_per_pos=per_pos, generated=b.generated - a.generated,
+            tpot_s=(b.token_seconds - a.token_seconds) / counted if counted > 0 else None,
+            batch=sum(self.batches) / len(self.batches) if self.batches else None)
+        self.index += 1
+        self.opened, self.batches = scrape, self.start_batches(scrape)
+        return window
+
+
+def steps_between(a: Counters, b: Counters) -> int:
+    """Decode steps from scrape ``a`` to ``b``: generated − accepted tokens."""
+    return max((b.generated - a.generated) - (b.accepted - a.accepted), 0)
