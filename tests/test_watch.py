@@ -311,6 +311,55 @@ def test_off_where_the_profile_says_off_once_the_gain_beats_the_margin(capsys, t
         "method=speculative engine=llamacpp" in out
 
 
+def test_traffic_at_another_temperature_is_not_compared_with_the_study(capsys, tmp_path):
+    """The study ran at T = 0; live traffic said to sample at T = 0.7: the range check is off
+    and the watch says why; the change test still runs against the deployment's own start."""
+    rc, out, records = watch(capsys, tmp_path, "--replay", str(FIXTURES / "vllm-switch.jsonl"),
+                             "--study", str(VLLM_STUDY), "--min-steps", "100",
+                             "--temperature", "0.7")
+    assert rc == 0, out
+    assert "traffic at T=0.7 against a study at T=0: acceptance is not comparable" in out
+    assert "re-tune hint" not in out
+    assert not any(r.get("outside_study_range") for r in records if r["kind"] == "window")
+    assert [r for r in records if r["kind"] == "alarm"]
+
+
+def test_ctrl_c_ends_a_live_watch_with_its_summary_and_the_run_killed(tmp_path):
+    """SIGINT to a watch of a real llama-server: the summary is printed, the MLflow run ends
+    KILLED, the exit status is 0, and the server (ours, not the watch's) is untouched."""
+    import signal
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from tests.conftest import ENV
+    from tests.helpers.deployed import deployed
+    from tests.helpers.services import require_llama_server, wait_for
+    require_llama_server()
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    recording = tmp_path / "scrapes.jsonl"
+    with deployed(LLAMA_STUDY, tmp_path / "logs") as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.watch", "--url", server.url, "--study",
+             str(LLAMA_STUDY), "--interval", "0.2", "--tracking-uri", uri, "--out",
+             str(tmp_path / "watch"), "--record", str(recording)], cwd=tmp_path, env=ENV,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # three scrapes recorded: the run and the log exist, the loop is scraping
+        wait_for(lambda: recording.is_file() and len(recording.read_text().splitlines()) > 3,
+                 timeout=90, what="three scrapes")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert server.alive()
+    assert proc.returncode == 0, out
+    assert "ended at Ctrl-C" in out and "no window closed" in out, out
+    client = MlflowClient(tracking_uri=uri)
+    [run] = client.search_runs([client.get_experiment_by_name("cnndm").experiment_id])
+    assert run.info.status == "KILLED"
+    [log] = (tmp_path / "watch").glob("*.jsonl")
+    assert json.loads(log.read_text().splitlines()[-1])["kind"] == "summary"
+
+
 # ----------------------------------------------------------------------------------------------
 # Bad input: one line each
 
@@ -387,6 +436,7 @@ def test_a_live_workload_switch_alarms_and_the_decision_is_priced(capsys, tmp_pa
     assert rc == 0 and not load.errors, (out[-3000:], load.errors[:3])
     windows = [r for r in records if r["kind"] == "window"]
     start = first_window_after(windows, load.switched_at["open"])
+    assert start > 4, out[-4000:]             # the reference came from the extractive prompts
     alarms = [r for r in records if r["kind"] == "alarm" and r["window"] >= start]
     assert alarms and alarms[0]["direction"] == "drop", out[-4000:]
     assert alarms[0]["window"] < start + 5, (start, alarms[0], out[-4000:])

@@ -232,6 +232,8 @@ def run(args, study, profile, margin, margin_source, source, raws) -> int:
     status = "FINISHED"
     try:
         state = watch(settings, raws, log, tracked, say)
+        if state.stopped == "Ctrl-C":
+            status = "KILLED"
     except BaseException:
         status = "FAILED"
         raise

@@ -163,7 +163,7 @@ def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: C
     if low_high is not None:
         pool = [x for x in state.windows[-settings.warmup:] if x.segment == w.segment]
         drafts = sum(x.drafts for x in pool)
-        if drafts:
+        if drafts and len(pool) >= settings.warmup:     # as many windows as a reference
             fractions = tuple(sum(x.accepted_per_pos[i] for x in pool
                                   if i < len(x.accepted_per_pos)) / drafts
                               for i in range(max(len(x.accepted_per_pos) for x in pool)))
