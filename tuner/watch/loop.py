@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tuner.config.errors import ConfigError
+from tuner.engines.metrics import MetricsError
 from tuner.watch.decide import Decider, Pricing, Recommendation, price
 from tuner.watch.drift import ChangeTest, Observation, Verdict
 from tuner.watch.source import Raw
@@ -107,22 +109,35 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
     """The loop of the module docstring; returns what it saw (Ctrl-C ends it like the end of a
     recording: the caller prints the summary)."""
     study, metrics = settings.study, settings.study.engine.live_metrics
-    windower = Windower(settings.min_steps, metrics.batch_is_window_mean)
+    windower = Windower(settings.min_steps, metrics.batch_is_window_mean,
+                        not metrics.requests and study.engine.drafts_with_model(list(study.argv)))
     test = ChangeTest(settings.warmup, settings.shift, settings.arl)
     decider = Decider(settings.margin, settings.persist)
     state = WatchState(deployed_k=study.deployed_k)
+    inferred = study.deployed_k is None
     not_comparable = comparable(settings)
     low_high = None if not_comparable or study.acceptance is None else \
         study.acceptance.interval()
     began = time.monotonic()
     try:
         for raw in raws:
-            counters = metrics.read(raw.text)
-            if state.deployed_k is None and counters.accepted_per_pos:
+            counters = None
+            if raw.error:
+                say(f"scrape failed ({raw.error}): the window stays open")
+                log.write("gap", {"at": raw.at, "error": raw.error})
+            else:
+                try:
+                    counters = metrics.read(raw.text)
+                except MetricsError as err:
+                    say(f"scrape skipped ({err})")
+                    log.write("gap", {"at": raw.at, "error": str(err)})
+            if counters is not None and inferred and \
+                    len(counters.accepted_per_pos) > (state.deployed_k or 0):
                 state.deployed_k = len(counters.accepted_per_pos)
                 say(f"the deployed k is not in the study's launch line: k={state.deployed_k} "
-                    "from the positions the server counts (--k sets it)")
-            for event in windower.push(Scrape(raw.at, counters)):
+                    "from the positions the server has counted so far (--k sets it)")
+            events = [] if counters is None else windower.push(Scrape(raw.at, counters))
+            for event in events:
                 if isinstance(event, Restart):
                     state.restarts.append(event)
                     test.restart()
@@ -142,9 +157,14 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
                 state.stopped = f"{settings.max_seconds:g} s"
                 break
         else:
-            state.stopped = state.stopped or "the end of the scrapes"
+            from tuner.watch.source import GIVE_UP_S
+            state.stopped = "the end of the scrapes" if settings.source.startswith("replay") \
+                else f"no answer from the server for {GIVE_UP_S:.0f} s"
     except KeyboardInterrupt:
         state.stopped = "Ctrl-C"
+    except ConfigError as err:          # a malformed line further in a recording
+        say(f"error: {err}")
+        state.stopped = "an unreadable scrape"
     return state
 
 
@@ -167,7 +187,9 @@ def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: C
             fractions = tuple(sum(x.accepted_per_pos[i] for x in pool
                                   if i < len(x.accepted_per_pos)) / drafts
                               for i in range(max(len(x.accepted_per_pos) for x in pool)))
-            low, high = length_interval(fractions, drafts)
+            # drafts of one request are not independent: widened by the reference's √φ
+            spread = test.reference.dispersion if test.reference is not None else 1.0
+            low, high = length_interval(fractions, drafts / spread)
             side = "below" if high < low_high[0] else "above" if low > low_high[1] else ""
             if side:
                 outside = f" [{side} the study's range]"

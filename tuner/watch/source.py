@@ -1,7 +1,7 @@
 """Where scrapes come from: a live server's ``/metrics`` every interval, or a recording of one
 (``--replay``), so every rule downstream runs the same on both.
 
-A recording is JSON Lines, one scrape per line: ``{"at": <unix seconds>, "text": <the /metrics
+A recording is JSON Lines (gzip-compressed where its name ends in ``.gz``), one scrape per line: ``{"at": <unix seconds>, "text": <the /metrics
 text>}``, the text cut to the series the engine's ``LiveMetrics`` reads (``--record``: small
 enough to commit). The first line may be a header ``{"recorded": {...}}`` saying what was
 recorded (server, study, command); replay skips it.
@@ -23,13 +23,15 @@ from tuner.config.errors import ConfigError
 from tuner.engines.metrics import LiveMetrics, MetricsError, unsupported
 
 MIN_INTERVAL_S = 0.1            # never scrape faster than this
-COST_FACTOR = 10                # the interval is at least this many times a scrape's cost
+COST_FACTOR = 3                 # the interval is at least this many times a scrape's cost
 
 
 @dataclass(frozen=True)
 class Raw:
     at: float                    # unix seconds
     text: str
+    error: str = ""              # a live scrape that failed (the server restarting, a network
+                                 # blip): what went wrong; ``text`` is then empty
 
 
 def fetch(url: str, timeout: float = 10.0) -> tuple[int, str]:
@@ -84,24 +86,39 @@ def check_interval(interval: float, cost_s: float) -> None:
                           f"--interval >= {least:.2f} s")
 
 
+GIVE_UP_S = 300.0                # a server that answers no scrape for this long ends the watch
+
+
 def live(url: str, interval: float, metrics: LiveMetrics,
          record: Path | None = None, header: Mapping[str, Any] | None = None,
-         clock: Callable[[], float] = time.time) -> Iterator[Raw]:
+         clock: Callable[[], float] = time.time, give_up_s: float = GIVE_UP_S) -> Iterator[Raw]:
     """A scrape of ``url`` every ``interval`` seconds, on a fixed beat (never drifting by the
-    scrape's own time), until the caller stops; each recorded where ``record`` is given."""
+    scrape's own time), until the caller stops or the server answers nothing for ``give_up_s``
+    (a failed scrape is yielded with its error: a restarting server answers again with lower
+    counters, which the windows read as a restart); each recorded where ``record`` is given."""
     out = None
     if record is not None:
         record.parent.mkdir(parents=True, exist_ok=True)
-        out = record.open("w")
+        out = text_file(record, "w")
         out.write(json.dumps({"recorded": dict(header or {})}) + "\n")
     try:
         beat = time.monotonic()
+        answered = time.monotonic()
         while True:
-            status, text = fetch(url + "/metrics")
+            try:
+                status, text = fetch(url + "/metrics")
+                error = "" if status == 200 else f"HTTP {status}"
+            except ConfigError as err:
+                error = str(err).split(" (", 1)[-1].rstrip(")").split("): ")[0] or "unreachable"
             at = clock()
-            if status != 200:
-                raise ConfigError(f"--url={url!r}: /metrics answered HTTP {status} while "
-                                  "watching (the server stopped exporting metrics)")
+            if error:
+                if time.monotonic() - answered > give_up_s:
+                    return
+                yield Raw(at, "", error)
+                beat += interval
+                time.sleep(max(beat - time.monotonic(), 0.0))
+                continue
+            answered = time.monotonic()
             if out is not None:
                 out.write(json.dumps({"at": round(at, 3), "text": metrics.keep(text)}) + "\n")
                 out.flush()
@@ -115,11 +132,15 @@ def live(url: str, interval: float, metrics: LiveMetrics,
 
 def replay(path: Path) -> Iterator[Raw]:
     """The scrapes of a recording, in order."""
-    with path.open() as lines:
+    with text_file(path, "r") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            entry = json.loads(line)
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                raise ConfigError(f"--replay={str(path)!r}: line {number} is not JSON: allowed "
+                                  "is a file written by --record") from None
             if "recorded" in entry:
                 continue
             if "at" not in entry or "text" not in entry:
@@ -129,9 +150,15 @@ def replay(path: Path) -> Iterator[Raw]:
             yield Raw(float(entry["at"]), str(entry["text"]))
 
 
+def text_file(path: Path, mode: str):
+    """``path`` opened as text, through gzip where its name ends in ``.gz``."""
+    import gzip
+    return gzip.open(path, mode + "t") if path.suffix == ".gz" else path.open(mode)
+
+
 def header_of(path: Path) -> dict[str, Any]:
     """A recording's header (``{}`` where it has none)."""
-    with path.open() as lines:
+    with text_file(path, "r") as lines:
         first = lines.readline()
     try:
         entry = json.loads(first) if first.strip() else {}

@@ -1,15 +1,21 @@
 """Scrapes → windows: the counters differenced between scrapes, restart-safe.
 
 A *window* spans consecutive scrapes and closes at the first scrape where it holds at least
-``min_steps`` decode steps (a step is one target forward of the decode phase: generated − accepted
-tokens; with a draft model every step drafts, so steps = drafts). Its figures:
+``min_steps`` decode steps. A decode step is one target forward after a request's prefill:
 
-    steps S = Δgenerated − Δaccepted        drafts D, drafted tokens T, accepted A
+    S = Δgenerated − Δaccepted − Δrequests     where the engine counts finished requests (each
+                                                request's first token comes from its prefill);
+    S = D                                       where it does not and the deployment drafts with a
+                                                model (every decode step drafts);
+    S = Δgenerated − Δaccepted                  else (each request's first token counted as a
+                                                step: L reads low by about one step per request);
+    never below D. Drafts D, drafted tokens T, accepted A; then
     mean accepted length (per step)  L = 1 + A / S      (tokens per target forward: what pays)
     acceptance per position i        c_i / D            (of the drafts; exact where every draft
                                                           had full length: T = D · k)
     time per output token            Δseconds / Δcount of the engine's token timer
     live batch                       the engine's gauge, averaged over the window's scrapes
+                                     that saw requests (an idle scrape's 0 is not a batch)
 
 A counter below its value at the previous scrape is a restart: the open window is dropped (its
 difference is unknown), a new *segment* starts at that scrape, and the event says so — never a
@@ -97,6 +103,7 @@ class Windower:
 
     min_steps: int
     batch_is_window_mean: bool = False   # the gauge is a mean since the previous scrape
+    steps_are_drafts: bool = False       # no request counter, every decode step drafts
     segment: int = 0
     index: int = 0
     opened: Scrape | None = None
@@ -106,8 +113,8 @@ class Windower:
     def push(self, scrape: Scrape) -> Iterator[Window | Restart]:
         last, self.last = self.last, scrape
         if last is not None and scrape.counters.went_down(last.counters):
-            held = 0 if self.opened is None else steps_between(self.opened.counters,
-                                                               last.counters)
+            held = 0 if self.opened is None else self.steps(self.opened.counters,
+                                                            last.counters)
             self.segment += 1
             self.opened, self.batches = scrape, self.start_batches(scrape)
             yield Restart(scrape.at, self.segment, held)
@@ -115,14 +122,14 @@ class Windower:
         if self.opened is None:
             self.opened, self.batches = scrape, self.start_batches(scrape)
             return
-        if scrape.counters.batch is not None:
+        if scrape.counters.batch:
             self.batches.append(scrape.counters.batch)
-        if steps_between(self.opened.counters, scrape.counters) >= self.min_steps:
+        if self.steps(self.opened.counters, scrape.counters) >= self.min_steps:
             yield self.close(scrape)
 
     def start_batches(self, scrape: Scrape) -> list[float]:
         # a point gauge counts at the opening scrape too; a window mean covers the time before it
-        return [] if self.batch_is_window_mean or scrape.counters.batch is None else \
+        return [] if self.batch_is_window_mean or not scrape.counters.batch else \
             [scrape.counters.batch]
 
     def close(self, scrape: Scrape) -> Window:
@@ -134,7 +141,7 @@ class Windower:
         counted = b.token_count - a.token_count
         window = Window(
             index=self.index, segment=self.segment, start=self.opened.at, end=scrape.at,
-            steps=steps_between(a, b), drafts=b.drafts - a.drafts,
+            steps=self.steps(a, b), drafts=b.drafts - a.drafts,
             draft_tokens=b.draft_tokens - a.draft_tokens, accepted=b.accepted - a.accepted,
             accepted_per_pos=per_pos, generated=b.generated - a.generated,
             tpot_s=(b.token_seconds - a.token_seconds) / counted if counted > 0 else None,
@@ -144,6 +151,14 @@ class Windower:
         return window
 
 
-def steps_between(a: Counters, b: Counters) -> int:
-    """Decode steps from scrape ``a`` to ``b``: generated − accepted tokens."""
-    return max((b.generated - a.generated) - (b.accepted - a.accepted), 0)
+    def steps(self, a: Counters, b: Counters) -> int:
+        """Decode steps from scrape ``a`` to ``b`` (module docstring)."""
+        drafts = b.drafts - a.drafts
+        if a.requests is not None and b.requests is not None:
+            found = (b.generated - a.generated) - (b.accepted - a.accepted) \
+                - (b.requests - a.requests)
+        elif self.steps_are_drafts:
+            found = drafts
+        else:
+            found = (b.generated - a.generated) - (b.accepted - a.accepted)
+        return max(found, drafts, 0)

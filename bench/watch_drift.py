@@ -1,0 +1,115 @@
+"""The watch's change test (``tuner.watch.drift``) on simulated traffic with known change points:
+false alarms per 1,000 steady windows and the delay to a 20 % drop in mean accepted length.
+tests/test_watch.py runs a shorter version (it imports the simulator from here).
+
+    .venv/bin/python bench/watch_drift.py          # ~1 min on 2 cores; writes
+                                                   # bench/results_watch_drift.json
+
+A window holds ``steps`` decode steps of k drafts from ``steps / per_request`` requests; a step
+accepts min(k, ⌊ln U / ln α_r⌋) tokens (P(X ≥ i) = α_r^i), with α_r = α for every request
+(independent steps) or drawn per request from Beta(α κ, (1 − α) κ) (requests differ; κ = 20: a
+spread of about ±0.1 at α = 0.6; κ = 5: about ±0.2). Statistics only: nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from tuner.watch.drift import ChangeTest, Observation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mean_length(alpha: float, k: int) -> float:
+    """1 + Σ_{i=1..k} α^i: the mean accepted length of k drafts accepted position by position
+    with probability α."""
+    return 1.0 + sum(alpha ** i for i in range(1, k + 1))
+
+
+def alpha_for(length: float, k: int) -> float:
+    low, high = 1e-9, 1 - 1e-9
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if mean_length(mid, k) < length else (low, mid)
+    return (low + high) / 2
+
+
+def simulated_window(rng: np.random.Generator, alpha: float, k: int, steps: int,
+                     per_request: int, kappa: float | None) -> Observation:
+    """One window (module docstring) as the change test reads it."""
+    requests = steps // per_request
+    alphas = np.full(requests, alpha) if kappa is None else \
+        rng.beta(alpha * kappa, (1 - alpha) * kappa, requests).clip(1e-9, 1 - 1e-9)
+    accepted = np.minimum(k, np.floor(np.log(rng.random(steps)) /
+                                      np.log(np.repeat(alphas, per_request)))).astype(int)
+    fractions = [(accepted > i).sum() / steps for i in range(k)]
+    variance = max(sum((2 * i + 1) * p for i, p in enumerate(fractions))
+                   - sum(fractions) ** 2, 0.0)
+    return Observation(steps, int(accepted.sum()), variance)
+
+
+def false_alarms_per_1000(alpha: float, kappa: float | None, runs: int, windows: int, seed: int,
+                          k: int = 4, steps: int = 200, per_request: int = 25,
+                          make: Callable[[], ChangeTest] = ChangeTest) -> float:
+    """Alarms per 1,000 steady windows after the warm-up (a test restarts after each)."""
+    rng = np.random.default_rng(seed)
+    alarms = 0
+    for _ in range(runs):
+        test = make()
+        for _ in range(test.warmup + windows):
+            verdict = test.observe(simulated_window(rng, alpha, k, steps, per_request, kappa))
+            alarms += verdict.state == "ALARM"
+    return 1000 * alarms / (runs * windows)
+
+
+def delays(alpha: float, kappa: float | None, runs: int, seed: int, k: int = 4,
+           drop: float = 0.2, steps: int = 200, per_request: int = 25) -> np.ndarray:
+    """Windows from a ``drop`` in mean accepted length to its alarm (1: the first window after
+    the change), 20 windows after the warm-up; 99 where none came within 50."""
+    rng = np.random.default_rng(seed)
+    after = alpha_for((1 - drop) * mean_length(alpha, k), k)
+    out = []
+    for _ in range(runs):
+        test = ChangeTest()
+        change = test.warmup + 20
+        found = 99
+        for w in range(change + 50):
+            verdict = test.observe(simulated_window(rng, alpha if w < change else after, k,
+                                                    steps, per_request, kappa))
+            if verdict.state == "ALARM" and w >= change:
+                found = w - change + 1
+                break
+        out.append(found)
+    return np.array(out)
+
+
+def main() -> None:
+    rows = []
+    for label, kappa, steps in (("independent steps", None, 200), ("kappa 20", 20.0, 200),
+                                ("kappa 5", 5.0, 200), ("kappa 5, 800 steps", 5.0, 800)):
+        for alpha in (0.3, 0.6, 0.85):
+            runs = 80 if steps == 200 else 20
+            alarms = false_alarms_per_1000(alpha, kappa, runs, 1000, seed=1, steps=steps)
+            found = delays(alpha, kappa, 200, seed=2, steps=steps)
+            rows.append({"traffic": label, "alpha": alpha, "steps_per_window": steps,
+                         "steady_runs": runs, "false_alarms_per_1000": alarms,
+                         "found_within_5": float((found <= 5).mean()),
+                         "median_delay": float(np.median(found))})
+            print(f"{label:20s} alpha {alpha}: {alarms:.2f} false alarms / 1,000 windows "
+                  f"({runs} x 1,000), a 20 % drop found within 5 windows in "
+                  f"{100 * rows[-1]['found_within_5']:.0f} % of 200 runs, median "
+                  f"{rows[-1]['median_delay']:.0f}", flush=True)
+    out = ROOT / "bench" / "results_watch_drift.json"
+    out.write_text(json.dumps({"defaults": {"warmup": ChangeTest().warmup,
+                                            "shift": ChangeTest().shift,
+                                            "arl": ChangeTest().arl},
+                               "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
