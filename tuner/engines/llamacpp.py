@@ -29,7 +29,7 @@ from tuner.engines.client import RequestFailed, get_text, send_batch
 from tuner.engines.gguf import model_files
 from tuner.engines.metrics import LiveMetrics
 from tuner.engines.server import EngineServer
-from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf
+from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf, flag_value
 from tuner.engines.serving import ServerEvaluator, seconds
 from tuner.measure.measurement import Measurement
 from tuner.search.space import is_active
@@ -157,15 +157,6 @@ class LlamaCppEngine(ServerEngine):
 
 
 NGRAM_SIZED = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
-
-
-def flag_value(argv: list[str], *names: str) -> str | None:
-    """The value after the last of ``names`` in ``argv`` (None: absent)."""
-    found = None
-    for i, arg in enumerate(argv[:-1]):
-        if arg in names:
-            found = argv[i + 1]
-    return found
 
 
 def with_flag(argv: list[str], flag: str, value: str) -> list[str]:

@@ -227,6 +227,18 @@ def cached_build(engine: str) -> Path | None:
     return Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
 
 
+def flag_value(argv: list[str], *names: str) -> str | None:
+    """The value of the last of ``names`` in ``argv`` (``--flag value`` or ``--flag=value``, the
+    last one given wins, as the engines' parsers read it); None where absent."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg in names and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif "=" in arg and arg.split("=", 1)[0] in names:
+            found = arg.split("=", 1)[1]
+    return found
+
+
 def check_gguf(role: str, spec: Mapping[str, Any]) -> None:
     """A GGUF file starts with the magic bytes GGUF (a cheap check before any server starts)."""
     from tuner.engines.gguf import source_gguf

@@ -38,7 +38,7 @@ from tuner.config.errors import ConfigError
 from tuner.engines.client import RequestFailed, send_batch
 from tuner.engines.folders import draft_folder, target_folder, vllm_head
 from tuner.engines.metrics import LiveMetrics
-from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf
+from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf, flag_value
 from tuner.engines.serving import ServerEvaluator, seconds
 from tuner.measure.hygiene import allowed_cpus
 from tuner.measure.measurement import Measurement
@@ -176,15 +176,15 @@ class VllmEngine(ServerEngine):
 
     def deployed_model(self, argv: list[str]) -> str | None:
         """``--served-model-name`` where given, else the model ``vllm serve`` loads."""
-        named = value_of(argv, "--served-model-name")
+        named = flag_value(argv, "--served-model-name")
         if named is not None:
             return named
-        model = value_of(argv, "--model")
+        model = flag_value(argv, "--model")
         return model if model is not None else (argv[2] if argv[1:2] == ["serve"] and
                                                 len(argv) > 2 else None)
 
     def deployed_config(self, argv: list[str]) -> dict[str, Any] | None:
-        found = value_of(argv, "--speculative-config")
+        found = flag_value(argv, "--speculative-config")
         if found is None:
             return None
         try:
@@ -212,15 +212,6 @@ class VllmEngine(ServerEngine):
         base = {k: v for k, v in config.items() if k != "num_speculative_tokens"}
         return self.schedule_form(schedule, base)
 
-
-def value_of(argv: list[str], flag: str) -> str | None:
-    """The value of ``flag`` (``--flag value`` or ``--flag=value``) in ``argv``."""
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 class VllmEvaluator(ServerEvaluator):
     """The ``vllm serve`` evaluator (see the module docstring)."""

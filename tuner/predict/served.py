@@ -16,8 +16,9 @@ priced at the rows it really fed on average.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tuner.measure.figures import level_key
 
@@ -50,14 +51,19 @@ class LevelAcceptance:
                    sum(m.drafted for m in ms) / steps)
 
 
+def step_s(profile: HardwareProfile, level: int, rows: float) -> float:
+    """T_c(rows): the profile's step time at batch size ``level`` (linear between its batch
+    sizes; ValueError outside them), at its own context."""
+    surface = profile.at_batch(level).target
+    return surface.step_s(surface.contexts[0], rows)
+
+
 def decode_speedup(profile: HardwareProfile, level: int, mean_length: float,
                    drafted_per_step: float) -> float:
     """L · T_c(1) / T_c(d + 1) at batch size ``level`` (ValueError outside the profile's
     batch sizes)."""
-    surface = profile.at_batch(level).target
-    context = surface.contexts[0]
-    return mean_length * surface.step_s(context, 1) / surface.step_s(context,
-                                                                    drafted_per_step + 1.0)
+    return mean_length * step_s(profile, level, 1) / step_s(profile, level,
+                                                            drafted_per_step + 1.0)
 
 
 def trial_predictions(pairs: Sequence[Paired], profile: HardwareProfile) -> dict[str, float]:

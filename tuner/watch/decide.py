@@ -26,11 +26,11 @@ shared machine, a ratio is what transfers).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tuner.predict.schedule import LevelChoice, Schedule, from_winners
+from tuner.predict.served import decode_speedup, step_s
 
 if TYPE_CHECKING:
     from tuner.predict.surface import HardwareProfile
@@ -64,6 +64,11 @@ class Pricing:
     def best(self) -> Priced:
         return max(self.options, key=lambda p: (p.speedup, -p.k))     # ties: the smaller k
 
+    @property
+    def gain(self) -> float:
+        """What the best k is predicted to gain over the deployed one."""
+        return self.best.speedup / self.deployed.speedup - 1.0
+
     def line(self) -> str:
         best = self.best
         shown = "off" if best.k == 0 else f"k={best.k}"
@@ -96,31 +101,29 @@ def step_fractions(window: Window, k: int) -> tuple[list[float], bool]:
 def price(window: Window, profile: HardwareProfile, deployed_k: int) -> Pricing:
     """Every k the profile's rows reach, at the window's live batch (module docstring)."""
     sizes = profile.batch_sizes()
-    live = 1 if window.batch is None else max(round(window.batch), 1)
+    live = window.live_batch or 1
     batch = min(max(live, sizes[0]), sizes[-1])
     note = "" if batch == live else (f"the live batch {live} is outside the profile's batch "
                                      f"sizes {list(sizes)}: priced at {batch}")
     if window.batch is None:
         note = "the live batch is unknown (the gauge was not printed): priced at batch 1"
-    surface = profile.at_batch(batch).target
-    context = surface.contexts[0]
-    one = surface.step_s(context, 1)
-    top = max(surface.rows) - 1
+    rows = max(profile.at_batch(batch).target.rows)
+    top = rows - 1
     full = window.full_length(deployed_k)
     share = window.drafts / window.steps if window.steps else 0.0   # steps that drafted
 
     def priced(k: int, length: float, drafted: float, exact: bool) -> Priced:
-        step = surface.step_s(context, drafted + 1.0)
-        return Priced(k, length * one / step, length, drafted, exact, step / length)
+        return Priced(k, decode_speedup(profile, batch, length, drafted), length, drafted,
+                      exact, step_s(profile, batch, drafted + 1.0) / length)
 
     # the deployed k from its own counts: exact where the profile measured rows that wide
     deployed = priced(deployed_k, window.mean_length, window.drafted_per_step,
-                      window.drafted_per_step + 1.0 <= max(surface.rows))
+                      window.drafted_per_step + 1.0 <= rows)
     if not deployed.exact:
         beyond = (f"the deployed k={deployed_k} drafts beyond the profile's rows "
-                  f"({max(surface.rows)}): its price is extrapolated")
+                  f"({rows}): its price is extrapolated")
         note = f"{note}; {beyond}" if note else beyond
-    options = [Priced(0, 1.0, 1.0, 0.0, True, one)]
+    options = [Priced(0, 1.0, 1.0, 0.0, True, step_s(profile, batch, 1))]
     for k in range(1, max(top, deployed_k) + 1):
         if k == deployed_k:
             options.append(deployed)
@@ -145,9 +148,6 @@ class Decider:
     streak: list[Pricing] = field(default_factory=list)
     said: int | None = None          # the k last recommended
 
-    def gain(self, pricing: Pricing) -> float:
-        return pricing.best.speedup / pricing.deployed.speedup - 1.0
-
     def reset(self) -> None:
         self.streak, self.said = [], None
 
@@ -157,7 +157,7 @@ class Decider:
         if best.k == pricing.deployed.k:
             self.streak, self.said = [], None
             return None
-        if self.gain(pricing) <= self.margin:
+        if pricing.gain <= self.margin:
             self.streak = []
             return None
         if self.streak and self.streak[-1].best.k != best.k:
@@ -166,7 +166,7 @@ class Decider:
         if len(self.streak) < self.persist or best.k == self.said:
             return None
         held, self.streak, self.said = self.streak, [], best.k
-        return Recommendation(best.k, held[-1].deployed.k, tuple(held), self.margin)
+        return Recommendation(best.k, tuple(held), self.margin)
 
 
 @dataclass(frozen=True)
@@ -174,13 +174,16 @@ class Recommendation:
     """Switch from the deployed k to ``k`` (0: speculation off), and the windows it rests on."""
 
     k: int
-    deployed_k: int
     windows: tuple[Pricing, ...]
     margin: float
 
     @property
+    def deployed_k(self) -> int:
+        return self.windows[-1].deployed.k
+
+    @property
     def gains(self) -> list[float]:
-        return [p.best.speedup / p.deployed.speedup - 1.0 for p in self.windows]
+        return [p.gain for p in self.windows]
 
     @property
     def exact(self) -> bool:
@@ -204,6 +207,3 @@ class Recommendation:
                 f"+{100 * high:.0f} % in the decode phase over {len(self.windows)} windows in a "
                 f"row, beyond the margin of {100 * self.margin:.0f} %{est}")
 
-
-def levels_seen(pricings: Sequence[Pricing]) -> list[int]:
-    return sorted({p.batch for p in pricings})

@@ -16,7 +16,7 @@ from tuner.config.errors import ConfigError
 from tuner.engines.metrics import MetricsError
 from tuner.watch.decide import Decider, Pricing, Recommendation, price
 from tuner.watch.drift import ChangeTest, Observation, Verdict
-from tuner.watch.source import Raw
+from tuner.watch.source import Raw, ServerGone
 from tuner.watch.study import length_interval
 from tuner.watch.windows import Restart, Scrape, Window, Windower
 
@@ -52,7 +52,6 @@ class WatchState:
     """What the watch saw (the summary reads it)."""
 
     windows: list[Window] = field(default_factory=list)
-    verdicts: list[Verdict] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
     alarms: list[tuple[Window, Verdict]] = field(default_factory=list)
     pricings: list[Pricing] = field(default_factory=list)
@@ -72,8 +71,7 @@ def comparable(settings: WatchSettings) -> str | None:
             "the deployment with its own start")
 
 
-def window_line(w: Window, v: Verdict, pricing: Pricing | None, k: int | None,
-                outside: str) -> str:
+def window_line(w: Window, v: Verdict, pricing: Pricing | None, outside: str) -> str:
     acc = " ".join(f"{a:.2f}" for a in w.acceptance_per_pos[:8])
     ref = "" if v.reference is None else (f" (ref {v.reference.mean_length:.2f}, "
                                           f"{100 * (v.change or 0):+.0f} %)")
@@ -157,9 +155,9 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
                 state.stopped = f"{settings.max_seconds:g} s"
                 break
         else:
-            from tuner.watch.source import GIVE_UP_S
-            state.stopped = "the end of the scrapes" if settings.source.startswith("replay") \
-                else f"no answer from the server for {GIVE_UP_S:.0f} s"
+            state.stopped = "the end of the scrapes"
+    except ServerGone as err:
+        state.stopped = str(err)
     except KeyboardInterrupt:
         state.stopped = "Ctrl-C"
     except ConfigError as err:          # a malformed line further in a recording
@@ -174,7 +172,6 @@ def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: C
     study = settings.study
     verdict = test.observe(Observation(w.steps, w.accepted, w.step_variance()))
     state.windows.append(w)
-    state.verdicts.append(verdict)
     pricing = None
     if settings.profile is not None and state.deployed_k and w.steps:
         pricing = price(w, settings.profile, state.deployed_k)
@@ -201,7 +198,7 @@ def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: C
                         f"{side} what the study measured ({low_high[0]:.2f}-{low_high[1]:.2f}, "
                         "95 % intervals): the study's prompts do not represent this traffic")
                 state.outside.append(w)
-    say(window_line(w, verdict, pricing, state.deployed_k, outside))
+    say(window_line(w, verdict, pricing, outside))
     body = {"window": w.index, "segment": w.segment, "start": w.start, "end": w.end,
             "steps": w.steps, "drafts": w.drafts, "draft_tokens": w.draft_tokens,
             "accepted": w.accepted, "accepted_per_pos": list(w.accepted_per_pos),
@@ -238,8 +235,8 @@ def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: C
                 + f" at batch {pricing.batch} (~: an estimate)"
                 + (f"; {pricing.note}" if pricing.note else ""))
         say("  re-tune on prompts like this traffic: " + study.retune_command(
-            sorted({round(x.batch) for x in state.windows[-settings.warmup:]
-                    if x.batch is not None and x.batch >= 0.5}), settings.traffic_temperature))
+            sorted({x.live_batch for x in state.windows[-settings.warmup:]
+                    if x.live_batch is not None}), settings.traffic_temperature))
         decider.reset()
         log.write("alarm", {"window": w.index, "direction": verdict.direction,
                             "mean_length": w.mean_length, "reference": ref.mean_length,
@@ -254,12 +251,13 @@ def recommend(settings: WatchSettings, state: WatchState, found: Recommendation,
               log: JsonLog, say: Callable[[str], None]) -> None:
     """Write the candidate schedule in the engine's form and say how to re-tune."""
     study = settings.study
-    form = study.engine.candidate_form(list(study.argv), found.schedule())
+    schedule = found.schedule()
+    form = study.engine.candidate_form(list(study.argv), schedule)
     number = len(state.recommendations) + 1
     path = settings.out_dir / f"{study.name}.candidate-{number}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"study": study.name, "recommendation": found.line(),
-                                "schedule": found.schedule().ranges(),
+                                "schedule": schedule.ranges(),
                                 "engine_form": form, "exact": found.exact}, indent=1) + "\n")
     state.recommendations.append((found, path))
     levels = sorted({p.batch for p in found.windows})

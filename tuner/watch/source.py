@@ -34,16 +34,32 @@ class Raw:
                                  # blip): what went wrong; ``text`` is then empty
 
 
-def fetch(url: str, timeout: float = 10.0) -> tuple[int, str]:
-    """(HTTP status, body) of a GET; ``ConfigError`` where nothing answers."""
+class Unreachable(Exception):
+    """Nothing answered a GET; the reason as the network gave it."""
+
+
+class ServerGone(RuntimeError):
+    """A watched server answered no scrape for ``GIVE_UP_S``: the watch ends (the message is
+    its reason)."""
+
+
+def get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    """(HTTP status, body) of a GET; ``Unreachable`` where nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer:
             return answer.status, answer.read().decode(errors="replace")
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode(errors="replace")
     except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise ConfigError(f"--url={url.rsplit('/', 1)[0]!r} is unreachable ({reason}): allowed "
+        raise Unreachable(str(getattr(err, "reason", err))) from None
+
+
+def fetch(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    """``get`` before watching: one ``ConfigError`` line where nothing answers."""
+    try:
+        return get(url, timeout)
+    except Unreachable as err:
+        raise ConfigError(f"--url={url.rsplit('/', 1)[0]!r} is unreachable ({err}): allowed "
                           "is the base URL of a running engine server, e.g. "
                           "http://127.0.0.1:8080") from None
 
@@ -93,9 +109,10 @@ def live(url: str, interval: float, metrics: LiveMetrics,
          record: Path | None = None, header: Mapping[str, Any] | None = None,
          clock: Callable[[], float] = time.time, give_up_s: float = GIVE_UP_S) -> Iterator[Raw]:
     """A scrape of ``url`` every ``interval`` seconds, on a fixed beat (never drifting by the
-    scrape's own time), until the caller stops or the server answers nothing for ``give_up_s``
-    (a failed scrape is yielded with its error: a restarting server answers again with lower
-    counters, which the windows read as a restart); each recorded where ``record`` is given."""
+    scrape's own time), until the caller stops; ``ServerGone`` once the server answered nothing
+    for ``give_up_s`` (a failed scrape is yielded with its error: a restarting server answers
+    again with lower counters, which the windows read as a restart); each recorded where
+    ``record`` is given."""
     out = None
     if record is not None:
         record.parent.mkdir(parents=True, exist_ok=True)
@@ -106,14 +123,15 @@ def live(url: str, interval: float, metrics: LiveMetrics,
         answered = time.monotonic()
         while True:
             try:
-                status, text = fetch(url + "/metrics")
+                status, text = get(url + "/metrics")
                 error = "" if status == 200 else f"HTTP {status}"
-            except ConfigError as err:
-                error = str(err).split(" (", 1)[-1].rstrip(")").split("): ")[0] or "unreachable"
+            except Unreachable as err:
+                text, error = "", str(err)
             at = clock()
             if error:
                 if time.monotonic() - answered > give_up_s:
-                    return
+                    raise ServerGone(f"no answer from the server for {give_up_s:.0f} s "
+                                     f"({error})")
                 yield Raw(at, "", error)
                 beat += interval
                 time.sleep(max(beat - time.monotonic(), 0.0))

@@ -30,11 +30,6 @@ class StudyAcceptance:
     per_position: tuple[float, ...]      # [k] accepted fraction of the drafts at position i
     drafts: tuple[float, ...]            # [k] drafts counted there
 
-    @property
-    def mean_length(self) -> float:
-        """Per draft: 1 + Σ accepted fractions (every step drafted, as in a draft model)."""
-        return 1.0 + sum(self.per_position)
-
     def interval(self, z: float = 1.96) -> tuple[float, float]:
         """A 95 % interval of the mean length per draft, over the first position's drafts."""
         return length_interval(self.per_position, self.drafts[0] if self.drafts else 0.0, z)
@@ -68,7 +63,6 @@ class WatchedStudy:
     temperature: float | None
     acceptance: StudyAcceptance | None
     calibration_error: float | None      # the study's median |predicted / measured − 1|
-    levels: tuple[int, ...] = ()
     choices: Mapping[str, str] = field(default_factory=dict)   # models=..., budget=...
 
     @property
@@ -144,7 +138,6 @@ def read_study(given: str, k: int | None = None) -> WatchedStudy:
     temperature = sampling.get("temperature")
     calib = ((outcome.get("prediction") or {}).get("calibration") or {})
     error = calib.get("median_abs_error")
-    levels = tuple(int(c) for c in ((best or {}).get("budget") or {}).get("concurrency") or ())
     choices = {}
     for entry in (best or {}).get("defaults") or []:
         for key, value in (entry or {}).items():
@@ -154,7 +147,7 @@ def read_study(given: str, k: int | None = None) -> WatchedStudy:
         best=best or {}, argv=tuple(argv), deployed_k=deployed, k_setting=setting,
         temperature=None if temperature is None else float(temperature),
         acceptance=study_acceptance(outcome), calibration_error=None if error is None
-        else float(error), levels=levels, choices=choices)
+        else float(error), choices=choices)
 
 
 def study_acceptance(outcome: Mapping[str, Any]) -> StudyAcceptance | None:

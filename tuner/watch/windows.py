@@ -73,6 +73,11 @@ class Window:
         return tuple(c / self.drafts for c in self.accepted_per_pos) if self.drafts else ()
 
     @property
+    def live_batch(self) -> int | None:
+        """The live batch as a batch size (rounded, at least 1; None: unknown)."""
+        return None if self.batch is None else max(round(self.batch), 1)
+
+    @property
     def drafted_per_step(self) -> float:
         return self.draft_tokens / self.steps if self.steps else 0.0
 
