@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from decoding.acceptance import AcceptanceCounts
 from tuner.watch.drift import ChangeTest, Observation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,10 +47,11 @@ def simulated_window(rng: np.random.Generator, alpha: float, k: int, steps: int,
         rng.beta(alpha * kappa, (1 - alpha) * kappa, requests).clip(1e-9, 1 - 1e-9)
     accepted = np.minimum(k, np.floor(np.log(rng.random(steps)) /
                                       np.log(np.repeat(alphas, per_request)))).astype(int)
-    fractions = [(accepted > i).sum() / steps for i in range(k)]
-    variance = max(sum((2 * i + 1) * p for i, p in enumerate(fractions))
-                   - sum(fractions) ** 2, 0.0)
-    return Observation(steps, int(accepted.sum()), variance)
+    counts = AcceptanceCounts(steps=steps, drafts=steps, drafted=steps * k,
+                              accepted=int(accepted.sum()),
+                              accepted_per_position=tuple(int((accepted > i).sum())
+                                                          for i in range(k)))
+    return Observation(steps, counts.accepted, counts.step_variance())
 
 
 def false_alarms_per_1000(alpha: float, kappa: float | None, runs: int, windows: int, seed: int,

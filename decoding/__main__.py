@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 from decoding import build_method, encode_prompt, generate, load_pair
+from decoding.acceptance import total
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gsm8k" / "test_200.jsonl"
 HONESTY = ("Note: on a small CPU a 135M target is overhead-bound (verifying 5 tokens costs ~1.8x "
@@ -52,16 +53,15 @@ def main() -> None:
             passes.append(time.perf_counter() - began)
         seconds = sorted(passes)[len(passes) // 2]
         tokens = sum(o.stats.new_tokens for o in outs)
-        steps = sum(o.stats.steps for o in outs)
-        drafted = sum(o.stats.drafted for o in outs)
-        accepted = sum(o.stats.accepted for o in outs)
+        counts = total([o.stats.counts for o in outs])
         same = "reference" if reference is None else \
             f"identical to vanilla: {sum(o.tokens == r for o, r in zip(outs, reference))}/" \
             f"{len(outs)}"
         reference = reference or [o.tokens for o in outs]
-        rate = f"{accepted / drafted:.2f}" if drafted else "-"
-        print(f"{name:<12} {tokens / seconds:6.2f} tok/s   {tokens} tokens in {steps} target "
-              f"forwards (mean accepted {1 + accepted / steps:.2f}, acceptance {rate})   {same}",
+        rate = f"{counts.acceptance_rate:.2f}" if counts.drafted else "-"
+        print(f"{name:<12} {tokens / seconds:6.2f} tok/s   {tokens} tokens in {counts.steps} "
+              f"target forwards (mean accepted {counts.tokens_per_forward:.2f}, acceptance "
+              f"{rate})   {same}",
               flush=True)
     print(f"\nsample output: {outs[0].text!r}\n")
     print(f"tok/s: the median of {max(args.repeats, 1)} passes after one untimed warm-up, one "

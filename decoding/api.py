@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 import decoding
+from decoding.acceptance import AcceptanceCounts
 from decoding.base import DecodingMethod
 from decoding.clock import PhaseClock
 
@@ -85,8 +86,10 @@ FIRST_STEP = "first_step"       # PhaseClock phase: from the call to the first e
 class GenerationStats:
     """Counters of one generation. Terms as in ``decoding.base`` (vLLM's).
 
-    ``mean_accepted_tokens`` follows vLLM/Spec-Bench: 1 + accepted / steps (bonus included, so
-    vanilla scores exactly 1). Collected from Python ints the loop already has: no device sync.
+    ``counts`` is the generation's ``decoding.acceptance.AcceptanceCounts`` (the first step is
+    its prefill), which defines every figure read from these counters; ``mean_accepted_tokens``
+    is its tokens per forward (vLLM/Spec-Bench: 1 + accepted / steps, bonus included, so vanilla
+    scores exactly 1). Collected from Python ints the loop already has: no device sync.
     For token trees ``drafted`` counts verified tree tokens and positions are tree depths:
     ``accepted_per_position[i] / drafted_per_position[i]`` is the acceptance per drafted token at
     depth i; the extras hold ``tree_size``, ``tree_depth`` and ``tree_draws`` summed over steps.
@@ -108,14 +111,27 @@ class GenerationStats:
     # methods that draft at once; the rest of the generation is its decode phase
     first_step_s: float = 0.0
     first_step_tokens: int = 0
+    first_step_accepted: int = 0         # drafted tokens the first step (the prefill) accepted
+    drafts: int = 0                      # steps that verified a draft
+
+    @property
+    def counts(self) -> AcceptanceCounts:
+        """The generation's counts: every step a target forward, the first one its prefill."""
+        return AcceptanceCounts(
+            steps=self.steps, prefills=1 if self.steps else 0, drafts=self.drafts,
+            drafted=self.drafted, accepted=self.accepted,
+            accepted_per_position=self.accepted_per_position,
+            drafted_per_position=self.drafted_per_position,
+            prefill_accepted=self.first_step_accepted)
 
     @property
     def mean_accepted_tokens(self) -> float:
-        return 1.0 + self.accepted / self.steps if self.steps else 0.0
+        """Tokens per target forward, the prefill counted (``AcceptanceCounts``)."""
+        return self.counts.tokens_per_forward
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return self.counts.acceptance_rate
 
     @classmethod
     def from_steps(cls, steps: Sequence[Step], times: dict[str, float]) -> GenerationStats:
@@ -139,7 +155,9 @@ class GenerationStats:
                    accepted_per_position=tuple(accepted_pos), accepted_length_hist=tuple(hist),
                    draft_time_s=times.get("draft", 0.0), verify_time_s=times.get("verify", 0.0),
                    extras=extras, first_step_s=times.get(FIRST_STEP, 0.0),
-                   first_step_tokens=len(steps[0].tokens) if steps else 0)
+                   first_step_tokens=len(steps[0].tokens) if steps else 0,
+                   first_step_accepted=steps[0].accepted if steps else 0,
+                   drafts=sum(1 for s in steps if s.drafted))
 
 
 @dataclass(frozen=True)

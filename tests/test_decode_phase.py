@@ -10,6 +10,7 @@ import pytest
 from decoding import build_method, generate
 from tests.conftest import load_study, run_study, tiny_pair
 from tuner.measure.measurement import Measurement, paired_decode_speedup, paired_speedup
+from decoding.acceptance import AcceptanceCounts
 
 PROMPT = [5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 9, 1]
 
@@ -25,8 +26,8 @@ def test_the_first_step_is_timed_apart_from_the_rest():
 
 
 def measurement(wall_s: float, prompt_s: float | None, tokens: int = 10, **kw) -> Measurement:
-    return Measurement("p", "c", tuple(range(tokens)), "", wall_s, tokens, 0, 0, 0.0, 0.0, (),
-                       (), prompt_s=prompt_s,
+    return Measurement("p", "c", tuple(range(tokens)), "", wall_s,
+                       AcceptanceCounts(steps=tokens, prefills=1), 0.0, 0.0, prompt_s=prompt_s,
                        decode_s=None if prompt_s is None else wall_s - prompt_s,
                        decode_tokens=tokens - 1, **kw)
 

@@ -13,14 +13,15 @@ import pytest
 from tuner.measure.evaluator import Paired
 from tuner.measure.levels import level_summary, throughput, tpot_ms
 from tuner.measure.measurement import Measurement, paired_decode_speedup
+from decoding.acceptance import AcceptanceCounts
 
 
 def run(tokens, wall_s, level=1, batch_wall_s=None, speedup=None, decode_s=None, steps=1,
         drafted=0, accepted=0):
     return Measurement(prompt_id="p", category="", tokens=tuple(range(tokens)), text="",
-                       wall_s=wall_s, steps=steps, drafted=drafted, accepted=accepted,
-                       draft_time_s=0.0, verify_time_s=0.0, accepted_per_position=(),
-                       drafted_per_position=(), speedup=speedup, concurrency=level,
+                       wall_s=wall_s, counts=AcceptanceCounts(steps=steps, prefills=1,
+                                                              drafted=drafted, accepted=accepted),
+                       draft_time_s=0.0, verify_time_s=0.0, speedup=speedup, concurrency=level,
                        batch_wall_s=batch_wall_s, decode_s=decode_s,
                        decode_tokens=tokens - 1 if decode_s is not None else None)
 
@@ -54,11 +55,13 @@ def test_the_level_summary_equals_the_hand_computed_numbers():
         "tpot_ms@c1": 1e3 * 1.5 / 30, "vanilla_tpot_ms@c1": 1e3 * 4.5 / 30,
         "decode_speedup@c1": math.sqrt((1.8 / 0.5) * (2.7 / 1.0)),   # same tokens after the first
         "acceptance_rate@c1": 15 / 20, "mean_accepted_tokens@c1": 1 + 15 / 13,
+        "decode_tokens_per_step@c1": 1 + 15 / 11,     # each request's prefill forward left out
         "tokens_per_s@c4": 40 / 4.0, "vanilla_tokens_per_s@c4": 40 / 8.0,
         "throughput_ratio@c4": 2.0, "speedup@c4": 2.0,
         "tpot_ms@c4": 1e3 * 4.0 / 40, "vanilla_tpot_ms@c4": 1e3 * 8.0 / 40,
         "decode_speedup@c4": 2.0 / 1.0,
         "acceptance_rate@c4": 24 / 32, "mean_accepted_tokens@c4": 1 + 24 / 16,
+        "decode_tokens_per_step@c4": 1 + 24 / 12,
         "throughput_ratio": math.sqrt(10.0 / 6.0 * 2.0),
     }
     assert out.keys() == expected.keys()

@@ -19,6 +19,7 @@ from tests.conftest import compose_cfg, load_study
 from tuner.measure.measurement import Measurement
 from tuner.measure.timing import time_generation
 from tuner.measure.quality import QualityBound, compare, mean_log_prob, perplexity
+from decoding.acceptance import AcceptanceCounts
 
 # mjsd on the tiny pair (target seed 0, unrelated draft seed 1), greedy, a 2-point grid over τ
 TINY_MJSD = ["method=mjsd", "sampling=greedy", "models=tiny", "task.n_prompts=2",
@@ -141,7 +142,7 @@ def test_energy_against_vanilla_is_per_token_and_needs_nvml():
     from tuner.measure.paired import energy_versus as _energy_versus
 
     def m(tokens, joules):
-        return Measurement("p", "", (1,) * tokens, "", 1.0, 1, 0, 0, 0.0, 0.0, (), (),
+        return Measurement("p", "", (1,) * tokens, "", 1.0, AcceptanceCounts(steps=1), 0.0, 0.0,
                            energy_j=joules)
 
     assert _energy_versus({"energy_j_per_token": 0.5}, [m(4, 4.0), m(6, 6.0)]) == {

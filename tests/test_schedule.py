@@ -25,6 +25,7 @@ from tuner.predict.forms import (
     vllm_speculative_config,
 )
 from tuner.predict.schedule import from_winners, plan
+from decoding.acceptance import AcceptanceCounts
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = [1, 2, 4, 8, 16, 32]
@@ -359,8 +360,9 @@ def engine_profile():
 def measured(level: int, tokens: int, accepted: int, drafted: int):
     from tuner.measure.evaluator import Paired
     from tuner.measure.measurement import Measurement
-    m = Measurement("p", "c", tuple(range(tokens)), "", 1.0, tokens - accepted, drafted, accepted,
-                    0.0, 0.0, (), (), concurrency=level)
+    m = Measurement("p", "c", tuple(range(tokens)), "", 1.0,
+                    AcceptanceCounts(steps=tokens - accepted, prefills=1, drafted=drafted,
+                                     accepted=accepted), 0.0, 0.0, concurrency=level)
     return Paired(0, m, m, True)
 
 

@@ -25,6 +25,7 @@ from tests.conftest import ENV, SIDE_BY_SIDE, compose_cfg, load_study, run_study
 from tests.helpers.services import sigint_default
 from tuner.config.errors import ConfigError, StudyMismatch
 from tuner.study.trials import failure_reason
+from decoding.acceptance import AcceptanceCounts
 
 TINY = ["models=tiny", "task.n_prompts=2", "task.n_held_out=1", "task.max_new_tokens=6",
         "warmup_prompts=1", *SIDE_BY_SIDE]
@@ -157,8 +158,10 @@ def test_an_unchanged_engine_config_keeps_its_recorded_fingerprint(tmp_path):
     assert short_hash(kept) == RECORDED_LLAMACPP_WITHOUT_HARDWARE
 
 
-# recorded with the code of 86647a6 (engines configured in tuner/config/engines.py)
-RECORDED_LLAMACPP_WITHOUT_HARDWARE = "9240717e"
+# recorded with the code of 86647a6 (engines configured in tuner/config/engines.py) as
+# "9240717e"; re-recorded when engine.baseline (matched) joined the engine's settings: a study
+# made before measured against the plain llama-server and is not resumed against the matched one
+RECORDED_LLAMACPP_WITHOUT_HARDWARE = "ea0154ea"
 
 
 def test_resume_force_continues_a_changed_study(tmp_path):
@@ -215,8 +218,9 @@ def test_a_slowdown_half_way_does_not_bias_the_choice_with_per_trial_baselines(t
 
 def test_speedup_is_per_generated_token():
     from tuner.measure.measurement import Measurement, paired_speedup
-    vanilla = Measurement("p", "", (1,) * 10, "", 1.0, 10, 0, 0, 0.0, 0.0, (), ())
-    shorter = Measurement("p", "", (2,) * 4, "", 0.5, 2, 4, 2, 0.0, 0.0, (), ())
+    vanilla = Measurement("p", "", (1,) * 10, "", 1.0, AcceptanceCounts(steps=10), 0.0, 0.0)
+    shorter = Measurement("p", "", (2,) * 4, "", 0.5,
+                          AcceptanceCounts(steps=2, drafted=4, accepted=2), 0.0, 0.0)
     # the method stopped after 4 tokens in half the time: 0.125 s/token vs 0.1 -> slower
     assert paired_speedup(vanilla, shorter) == pytest.approx(0.8)
 

@@ -22,6 +22,7 @@ from tuner.search.space import distributions, grid_size, suggest, validate_param
 from tuner.study.trials import failure_reason
 
 from tests.conftest import CONF, ENV, FAST, ROOT, compose_cfg, load_study, run_study
+from decoding.acceptance import AcceptanceCounts
 
 pytestmark = pytest.mark.usefixtures("in_tmp")
 
@@ -208,7 +209,7 @@ def test_wilcoxon_pruning_stops_a_clearly_worse_trial():
 
 
 def _measurement(tokens):
-    return Measurement("p0", "", tuple(tokens), "", 1.0, 1, 0, 0, 0.0, 0.0, (), ())
+    return Measurement("p0", "", tuple(tokens), "", 1.0, AcceptanceCounts(steps=1), 0.0, 0.0)
 
 
 def test_lossless_check_fp32_divergence_fails_naming_prompt_and_position():
@@ -498,7 +499,10 @@ def test_summary_reports_speed_per_category():
     from tuner.measure.measurement import summarize
 
     def m(category, wall, speedup):
-        return Measurement("p", category, (1, 2, 3, 4), "", wall, 2, 2, 1, 0.0, 0.0, (1,), (2,),
+        return Measurement("p", category, (1, 2, 3, 4), "", wall,
+                           AcceptanceCounts(steps=2, prefills=1, drafts=2, drafted=2, accepted=1,
+                                            accepted_per_position=(1,),
+                                            drafted_per_position=(2,)), 0.0, 0.0,
                            speedup=speedup)
 
     summary = summarize([m("qa", 1.0, 2.0), m("qa", 1.0, 0.5), m("rag", 2.0, 1.5)], None,

@@ -29,6 +29,7 @@ from tests.conftest import ROOT
 from tuner.engines.metrics import Counters
 from tuner.watch.drift import ChangeTest, Reference
 from tuner.watch.windows import Restart, Scrape, Window, Windower
+from decoding.acceptance import AcceptanceCounts
 
 FIXTURES = ROOT / "tests" / "fixtures" / "watch"
 
@@ -102,7 +103,9 @@ def test_positions_beyond_the_counted_ones_continue_geometrically_and_are_estima
     """p_i counted for 2 positions (0.6, 0.3 of the steps): k = 1, 2 from the counts; k = 4
     continues with the ratio 0.5 (0.15, 0.075) and is not counted."""
     from tuner.watch.decide import step_fractions
-    window = Window(0, 0, 0.0, 1.0, 100, 100, 200, 90, (60, 30), 190, None, 2.0)
+    window = Window(0, 0, 0.0, 1.0, AcceptanceCounts(steps=100, drafts=100, drafted=200,
+                                                     accepted=90, accepted_per_position=(60, 30)),
+                    190, None, 2.0)
     assert step_fractions(window, 2) == ([0.6, 0.3], True)
     fractions, counted = step_fractions(window, 4)
     assert fractions == pytest.approx([0.6, 0.3, 0.15, 0.075]) and not counted
@@ -133,8 +136,10 @@ def test_the_per_step_variance_is_that_of_the_accepted_counts():
     rng = np.random.default_rng(0)
     x = np.minimum(4, np.floor(np.log(rng.random(5000)) / np.log(0.7))).astype(int)
     per_pos = tuple(int((x > i).sum()) for i in range(4))
-    window = Window(0, 0, 0.0, 1.0, 5000, 5000, 20000, int(x.sum()), per_pos, 5000 + int(x.sum()),
-                    None, None)
+    window = Window(0, 0, 0.0, 1.0, AcceptanceCounts(steps=5000, drafts=5000, drafted=20000,
+                                                     accepted=int(x.sum()),
+                                                     accepted_per_position=per_pos),
+                    5000 + int(x.sum()), None, None)
     assert window.step_variance() == pytest.approx(float(x.var()), rel=1e-9)
     assert window.mean_length == pytest.approx(1 + x.mean())
 

@@ -34,6 +34,7 @@ from tuner.search.pruners import PairedPruner
 from tuner.study.callbacks import Callbacks
 from tuner.study.cost import SearchCost, record_seconds
 from tuner.study.finish import confirm, held_out_record, measure
+from tuner.study.guard import guard
 from tuner.study.finish import finish as finish_study
 from tuner.study.objective import Objective
 from tuner.study.optimize import optimize
@@ -119,6 +120,7 @@ def work(settings: StudySettings, study: optuna.Study, points: Points, evaluator
     if refused is not None and settings.profile is not None:
         say(f"{refused}: this study does not use it (checked against trial 0 earlier)")
         evaluator.refuse_profile(refused)
+    guard(settings, study, evaluator, say)
     restore(points.plan, study)
     plan = points.plan
     cost.announce(evaluator.vanilla_price(settings.profile) if refused is None else None)

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 import torch
 import transformers
 
+from decoding.acceptance import AcceptanceCounts
 from decoding.compiled import CompiledTarget
 from decoding.eagle_weights import head_source
 from tuner.config.build import build_method, load_models
 from tuner.config.validate import check_generation_fits, check_head_fits
+from tuner.measure.bounds import DEFAULT_SLACK
 from tuner.measure.energy import EnergyMeter, EnergyReading
 from tuner.measure.evaluator import (
     BaselineStore,
@@ -77,6 +79,8 @@ class HFEvaluator:
         self.warned_about: set[Any] = set()   # what a prediction's one-line notice has said
         self.profile = settings.profile       # search.profile, until it fails its check
         self.untimed_runs = 0                 # untimed, traced generations made (per prompt)
+        self.bound_slack = DEFAULT_SLACK      # tuner.measure.bounds (an A/A control may widen it)
+        self.rate_requests: dict = {}         # no request rates in process (servers keep them)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -161,6 +165,19 @@ class HFEvaluator:
         stored, fresh = (None, True) if store is None else self._stored_baseline(store)
         self.predicting = (method, params)
         yield from measure_pairs(self, method, prompts, parity, stored, fresh)
+
+    def control(self, params: Mapping[str, Any], prompts: Sequence[tuple[int, Prompt]],
+                parity: int, levels: Sequence[int] | None = None,
+                rates: bool = True) -> Iterator[Paired]:
+        """The A/A control after ``params``' method: the method runs once on every prompt
+        (untimed: its history, caches, allocator state and models in play), then vanilla is
+        measured against a second vanilla by the paired protocol (one request at a time: no
+        levels or rates here)."""
+        method = self.build(self.settings.method, params)
+        for _, prompt in prompts:
+            self.timer(method, self.ids[prompt.id], self.settings.budget["max_new_tokens"],
+                       self.settings.device)
+        yield from measure_pairs(self, self.build(VANILLA, {}), prompts, parity)
 
     # -- the backend (tuner.measure.paired.Backend) ------------------------------------------------
 
@@ -530,11 +547,8 @@ class HFEvaluator:
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)   # after the window
         st, reading = out.stats, self.meter.reading
         return Measurement(prompt_id=prompt.id, category=prompt.category, tokens=out.tokens,
-                           text=text, wall_s=wall, steps=st.steps, drafted=st.drafted,
-                           accepted=st.accepted, draft_time_s=st.draft_time_s,
-                           verify_time_s=st.verify_time_s,
-                           accepted_per_position=st.accepted_per_position,
-                           drafted_per_position=st.drafted_per_position,
+                           text=text, wall_s=wall, counts=st.counts,
+                           draft_time_s=st.draft_time_s, verify_time_s=st.verify_time_s,
                            truncated=len(out.tokens) >= s.budget["max_new_tokens"],
                            energy_j=reading.joules if reading and reading.available else None,
                            prompt_s=st.first_step_s, decode_s=wall - st.first_step_s,
@@ -567,9 +581,8 @@ class HFEvaluator:
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         first = record.get("prompt_s")          # absent in a study stored before it was kept
         return Measurement(prompt_id=prompt.id, category=prompt.category, tokens=tokens,
-                           text=text, wall_s=record["wall_s"], steps=0, drafted=0, accepted=0,
-                           draft_time_s=0.0, verify_time_s=0.0, accepted_per_position=(),
-                           drafted_per_position=(), energy_j=record.get("energy_j"),
+                           text=text, wall_s=record["wall_s"], counts=AcceptanceCounts(),
+                           draft_time_s=0.0, verify_time_s=0.0, energy_j=record.get("energy_j"),
                            prompt_s=first,
                            decode_s=None if first is None else record["wall_s"] - first,
                            decode_tokens=record.get("decode_tokens"))

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from decoding.acceptance import AcceptanceCounts
 from tuner.config.errors import ConfigError
 from tuner.engines.client import RequestFailed, get_text, send_batch
 from tuner.engines.gguf import model_files
@@ -157,6 +158,44 @@ class LlamaCppEngine(ServerEngine):
 
 
 NGRAM_SIZED = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
+# the flag of each speculative type's longest draft and its default (common/common.h at 0c1e570;
+# ngram-cache drafts at most 8, fixed): llama-server reserves outputs for that many + 1 tokens
+# per slot (common_speculative_n_max), and so sizes its compute graph
+LONGEST_DRAFT = {"draft-simple": ("--spec-draft-n-max", 3),
+                 "ngram-simple": ("--spec-ngram-simple-size-m", 48),
+                 "ngram-map-k": ("--spec-ngram-map-k-size-m", 48),
+                 "ngram-map-k4v": ("--spec-ngram-map-k4v-size-m", 48),
+                 "ngram-mod": ("--spec-ngram-mod-n-max", 64), "ngram-cache": (None, 8)}
+DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+NEVER_HITS = 65535    # ngram-map-k4v proposes a draft after this many hits of its key; it counts
+                      # at most 16,380 (COMMON_NGRAM_MAX_VALUE_COUNT): it never drafts
+
+
+def spec_types(flags: Sequence[str]) -> list[str]:
+    """The speculative types ``--spec-type`` names (comma-separated), in order."""
+    value = flag_value(list(flags), "--spec-type")
+    return [] if not value else [t.strip() for t in value.split(",") if t.strip()]
+
+
+def longest_draft(flags: Sequence[str]) -> int:
+    """The most tokens these speculative flags may draft per step (0: no speculation), as
+    llama-server computes it to size its outputs (``LONGEST_DRAFT``)."""
+    longest = 0
+    for kind in spec_types(flags):
+        flag, default = LONGEST_DRAFT.get(kind, (None, 0))
+        value = flag_value(list(flags), flag) if flag else None
+        longest = max(longest, int(value) if value is not None else default)
+    return longest
+
+
+def never_drafting(longest: int) -> list[str]:
+    """Flags of a speculation that reserves outputs for ``longest`` drafted tokens and never
+    drafts (``NEVER_HITS``): the server's graph as with drafting, each step one token."""
+    if longest <= 0:
+        return []
+    return ["--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-size-n", "1",
+            "--spec-ngram-map-k4v-size-m", str(longest),
+            "--spec-ngram-map-k4v-min-hits", str(NEVER_HITS)]
 
 
 def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
@@ -214,12 +253,17 @@ class LlamaCppEvaluator(ServerEvaluator):
                 "-c", str(int(self.engine["ctx_per_slot"]) * self.slots),
                 "-t", str(self.threads), "-tb", str(self.threads), "--metrics", "--no-webui",
                 *[str(a) for a in self.engine.get("extra_args") or []]]
-        if flags and self.draft is not None:
+        if self.draft is not None and any(t in DRAFT_MODEL_TYPES for t in spec_types(flags)):
             argv += ["-md", str(self.draft.path)]
         return argv + flags
 
     def spec(self, params: Mapping[str, Any]) -> list[str]:
         return self.flags(params)
+
+    def drafting_off(self, spec: Sequence[str] | None) -> list[str]:
+        """The server of ``spec`` that never drafts: the same output reservation (its longest
+        draft + 1 tokens per slot), no draft model (module docstring)."""
+        return never_drafting(longest_draft(spec or []))
 
     def flags(self, params: Mapping[str, Any]) -> list[str]:
         """The speculative flags of ``params``: fixed ones, then each active knob's flag."""
@@ -270,30 +314,28 @@ class LlamaCppEvaluator(ServerEvaluator):
             bool(chunk.get("stop"))
 
     def measurement(self, prompt: Prompt, body: Mapping[str, Any], wall_s: float, level: int,
-                    batch_wall_s: float, counted: tuple | None) -> Measurement:
+                    batch_wall_s: float, counted: AcceptanceCounts | None) -> Measurement:
         t = body.get("timings") or {}
         tokens = tuple(int(x) for x in body.get("tokens") or [])
         accepted = int(t.get("draft_n_accepted") or 0)
-        accepted_pos, drafted_pos = (), ()
-        if counted is not None and counted[1] > 0:          # c = 1: this request's counters
-            accepted_pos = counted[0]
-            drafted_pos = (counted[1],) * len(accepted_pos)
+        accepted_pos, drafts = (), 0
+        if counted is not None and counted.drafts > 0:      # c = 1: this request's counters
+            accepted_pos, drafts = counted.accepted_per_position, counted.drafts
+        counts = AcceptanceCounts(steps=max(len(tokens) - accepted, 1), prefills=1,
+                                  drafts=drafts, drafted=int(t.get("draft_n") or 0),
+                                  accepted=accepted, accepted_per_position=accepted_pos)
         return Measurement(prompt_id=prompt.id, category=prompt.category, tokens=tokens,
-                           text=str(body.get("content", "")), wall_s=wall_s,
-                           steps=max(len(tokens) - accepted, 1),
-                           drafted=int(t.get("draft_n") or 0), accepted=accepted,
+                           text=str(body.get("content", "")), wall_s=wall_s, counts=counts,
                            draft_time_s=0.0, verify_time_s=0.0,
-                           accepted_per_position=accepted_pos, drafted_per_position=drafted_pos,
                            truncated=len(tokens) >= self.settings.budget["max_new_tokens"],
                            concurrency=level, batch_wall_s=batch_wall_s,
                            prompt_s=seconds(t.get("prompt_ms")),
                            decode_s=seconds(t.get("predicted_ms")),
                            decode_tokens=max(len(tokens) - 1, 0))   # after the first token
 
-    def counters(self, server: EngineServer) -> tuple[tuple[int, ...], int]:
-        """(accepted tokens per draft position, drafts) so far, from ``/metrics``."""
-        counted = LIVE_METRICS.read(get_text(server.url + "/metrics"))
-        return counted.accepted_per_pos, counted.drafts
+    def counters(self, server: EngineServer) -> AcceptanceCounts:
+        """The server's counts so far, from ``/metrics``."""
+        return LIVE_METRICS.read(get_text(server.url + "/metrics")).acceptance()
 
     def logprobs(self, prompt: Prompt, prefix: Sequence[int],
                  tokens: Sequence[int]) -> dict[int, float]:

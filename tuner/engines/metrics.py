@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from decoding.acceptance import AcceptanceCounts
+
 # servers recognised by their metric prefix that the watch cannot read, and why
 UNSUPPORTED = {"sglang:": "SGLang's /metrics has only gauges of accepted length "
                           "(sglang:spec_accept_length, sglang:spec_accept_rate), no counters to "
@@ -155,6 +157,14 @@ class Counters:
     token_count: float
     batch: float | None
     requests: int | None = None            # finished requests (None: not exported)
+
+    def acceptance(self) -> AcceptanceCounts:
+        """The counts since the server started: every generated token not accepted from a draft
+        a forward; the finished requests their prefills (none where they are not counted)."""
+        return AcceptanceCounts(steps=max(self.generated - self.accepted, 0),
+                                prefills=self.requests or 0, drafts=self.drafts,
+                                drafted=self.draft_tokens, accepted=self.accepted,
+                                accepted_per_position=self.accepted_per_pos)
 
     def went_down(self, earlier: Counters) -> bool:
         """A counter below its earlier value: the server restarted in between."""

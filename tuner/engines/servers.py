@@ -28,6 +28,7 @@ from tuner.engines.base import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 GGUF_KINDS = ("gguf_file", "gguf_package")
+BASELINES = ("matched", "plain")     # engine.baseline (tuner.engines.serving)
 
 
 class ServerEngine(Engine):
@@ -66,6 +67,10 @@ class ServerEngine(Engine):
                 raise ConfigError(f"engine.methods.{choice}.{where}.{unknown[0]} is not a knob "
                                   f"of engine={self.name}: allowed are {sorted(known)}")
         self.check_extra_args(engine.get("extra_args"))
+        if engine.get("baseline", "matched") not in BASELINES:
+            raise ConfigError(f"engine.baseline={engine.get('baseline')!r} is invalid: allowed "
+                              f"are {list(BASELINES)} (matched: the method server's line with "
+                              "drafting made impossible; plain: no speculative flags)")
         self.binary(engine)
         self.check_models(plain(cfg.models), mapping, plain(cfg.method).get("params") or {})
 

@@ -1,9 +1,15 @@
 """``ServerEvaluator``: the backend every engine server shares (llama.cpp, vLLM).
 
 Two servers on loopback, started from the same engine and model files: the *baseline* (no
-speculation, started once) and the *method* server (the trial's speculative settings; a trial
-whose settings differ from the running method server restarts it, and the restart time is
-recorded). Both have one slot per request of the largest concurrency level.
+drafting) and the *method* server (the trial's speculative settings; a trial whose settings
+differ from the running method server restarts it, and the restart time is recorded). Both have
+one slot per request of the largest concurrency level. The baseline is the method server's
+launch line with drafting made impossible (``drafting_off``), so that drafting is the only
+difference between the sides: llama-server sizes its compute graph for the longest draft, and
+the prompt's prefill ran up to 20 % faster or slower with that size alone (docs/engines.md,
+"the baseline"); an engine without such a form runs its plain server (``drafting_off`` None).
+The baseline restarts when that form changes. ``control`` measures the baseline against a
+second server launched exactly so (an A/A control: ``tuner.measure.control``).
 
 The paired protocol (warm-up, batches per level, alternating order, the contention guard, the
 lossless check with its one near-tie rule, ``assess``) is ``tuner.measure.paired``'s; this
@@ -31,12 +37,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from decoding.acceptance import AcceptanceCounts
 from decoding.models import load_tokenizer
 from tuner.config.errors import ConfigError
 from tuner.config.validate import check_generation_fits
 from tuner.engines.client import send_batch
 from tuner.engines.server import EngineError, EngineServer
 from tuner.engines.stream import send_schedule
+from tuner.measure.bounds import DEFAULT_SLACK, ImpossibleMeasurement, rate_beyond
 from tuner.measure.evaluator import BaselineStore, Evaluation, MeasureSettings, Paired
 from tuner.measure.hygiene import allowed_cpus, configure_threads, sample_other_load
 from tuner.measure.lossless import Gap, ulp
@@ -83,6 +91,7 @@ class ServerEvaluator:
         self.prompts = {p.id: p for p in settings.tuning + settings.held_out}
         self.log_dir = Path(settings.work_dir) / "engine"
         self.baseline: EngineServer | None = None
+        self.baseline_spec: Spec = None       # the running baseline's settings (None: plain)
         self.method_server: EngineServer | None = None
         self.method_spec: Spec = None
         self.restarts: list[float] = []
@@ -90,8 +99,10 @@ class ServerEvaluator:
         self.baseline_name = f"{self.display}'s own non-speculative output"
         self.quality_cache: dict[tuple, dict] = {}
         self.rated: dict[str, float] = {}    # the last measure's request-rate figures
+        self.rate_requests: dict = {}         # ... and each rate's streamed requests (control)
         self.said_beyond = False              # search.profile: extrapolation said once
         self.profile = settings.profile       # search.profile, until it fails its check
+        self.bound_slack = DEFAULT_SLACK      # tuner.measure.bounds (an A/A control may widen it)
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -107,6 +118,11 @@ class ServerEvaluator:
         """The engine's speculative settings for ``params``."""
         raise NotImplementedError
 
+    def drafting_off(self, spec: Spec) -> Spec:
+        """``spec``'s server with drafting made impossible and all else alike (None: the plain
+        server; engines that can keep the rest, llama.cpp, override it)."""
+        return None
+
     def server_env(self) -> dict[str, str] | None:
         """The servers' environment (None: the tuner's own)."""
         return None
@@ -116,7 +132,7 @@ class ServerEvaluator:
         raise NotImplementedError
 
     def measurement(self, prompt: Prompt, body: Mapping[str, Any], wall_s: float, level: int,
-                    batch_wall_s: float, counted: tuple | None) -> Measurement:
+                    batch_wall_s: float, counted: AcceptanceCounts | None) -> Measurement:
         """A server's answer as a ``Measurement`` (``counted``: ``counters`` delta or None)."""
         raise NotImplementedError
 
@@ -131,8 +147,9 @@ class ServerEvaluator:
         stream (``Engine.streams``) define it."""
         raise NotImplementedError
 
-    def counters(self, server: EngineServer) -> tuple | None:
-        """Acceptance counters read around a request at concurrency 1 (None: not read)."""
+    def counters(self, server: EngineServer) -> AcceptanceCounts | None:
+        """The server's acceptance counters, read around a request at concurrency 1 (None: not
+        read)."""
         return None
 
     def logprobs(self, prompt: Prompt, prefix: Sequence[int],
@@ -216,6 +233,22 @@ class ServerEvaluator:
         self.restarts.append(self.method_server.startup_s)
         return self.method_server
 
+    def _baseline_beside(self, spec: Spec) -> EngineServer:
+        """The baseline for a method server of ``spec``: ``drafting_off(spec)``, restarted where
+        the running one was launched otherwise (``engine.baseline=plain``: the plain server
+        always, as before the A/A control found the prefill gap)."""
+        wanted = None if spec is None or self.engine.get("baseline", "matched") == "plain" \
+            else self.drafting_off(spec)
+        if self.baseline is not None and self.baseline_spec == wanted and \
+                self.baseline.alive():
+            return self.baseline
+        if self.baseline is not None:
+            self.baseline.stop()
+        self.baseline_spec = wanted
+        self.baseline = self._server(wanted, "baseline")
+        self.baseline.start()
+        return self.baseline
+
     # -- the deployable answer -------------------------------------------------------------------
 
     def launch_line(self, params: Mapping[str, Any], port: int = 8000) -> str:
@@ -243,12 +276,55 @@ class ServerEvaluator:
                 parity: int, store: BaselineStore | None = None) -> Iterator[Paired]:
         """The paired protocol with the method server of ``params`` (a server engine always
         measures its baseline beside it: ``baseline=per_trial``)."""
-        server = self._method_server(self.spec(params))
-        self.rated = {}
-        yield from measure_pairs(self, server, prompts, parity)
-        in_order = [p for _, p in sorted(prompts, key=lambda pair: pair[0])]   # not shuffled:
-        self.rated = measure_rates(self, server, in_order, self.settings.traffic,  # every trial
-                                   self.settings.seed, parity, self.say)           # the same
+        spec = self.spec(params)
+        self._baseline_beside(spec)
+        server = self._method_server(spec)
+        yield from self._pairs_and_rates(server, prompts, parity)
+
+    def control(self, params: Mapping[str, Any], prompts: Sequence[tuple[int, Prompt]],
+                parity: int, levels: Sequence[int] | None = None,
+                rates: bool = True) -> Iterator[Paired]:
+        """The A/A control of ``params``' path: the baseline as ``measure`` runs it beside that
+        method server, against a second server launched with the method's line and drafting off
+        (``drafting_off``; the plain server where the engine has no such form), by the same
+        protocol (levels, rates, settle, order); ``levels``: these only, ``rates``: False
+        leaves the request rates out (the guard before a study's first trial)."""
+        spec = self.spec(params)
+        self._baseline_beside(spec)
+        server = self._method_server(self.drafting_off(spec) if spec else spec)
+        yield from self._pairs_and_rates(server, prompts, parity, levels, rates)
+
+    def _pairs_and_rates(self, server: EngineServer, prompts: Sequence[tuple[int, Prompt]],
+                         parity: int, levels: Sequence[int] | None = None,
+                         rates: bool = True) -> Iterator[Paired]:
+        """The pairs at every level, then the request rates (the same prompts in order, not
+        shuffled: every trial the same), their ratios held to the largest tokens per decode step
+        the pairs counted (``tuner.measure.bounds.rate_beyond``: measured again once, then
+        ``ImpossibleMeasurement``)."""
+        self.rated, self.rate_requests = {}, {}
+        lengths = []
+        for pair in measure_pairs(self, server, prompts, parity, levels=levels):
+            lengths.append(pair.method.counts.tokens_per_decode_step)
+            yield pair
+        if not self.settings.traffic.rates or not rates:
+            return
+        in_order = [p for _, p in sorted(prompts, key=lambda pair: pair[0])]
+        longest = max(lengths, default=1.0)
+        for attempt in range(2):
+            self.rate_requests = {}
+            rated = measure_rates(self, server, in_order, self.settings.traffic,
+                                  self.settings.seed, parity + attempt, self.say,
+                                  self.rate_requests)
+            found = rate_beyond(rated, longest, self.bound_slack)
+            if not found:
+                self.rated = rated
+                return
+            if not attempt:
+                self.say(f"impossible: {found[0]}; measuring the request rates again")
+        raise ImpossibleMeasurement(f"impossible measurement at a request rate, twice: "
+                                    f"{found[0]}; every step costs at least one target "
+                                    "forward, so the machine was disturbed or the two sides "
+                                    "do not run alike (python -m tuner.control)")
 
     def warm_up(self, method: EngineServer, baseline: bool) -> None:
         for srv, is_method in ((self.baseline, False), (method, True)):
@@ -275,11 +351,7 @@ class ServerEvaluator:
         before = self.counters(server) if method and level == 1 else None
         replies, wall = send_batch(server.url + self.endpoint,
                                    [self.payload(p, method) for _, p in batch])
-        counted = None
-        if before is not None:
-            after = self.counters(server)
-            counted = (tuple(a - b for a, b in zip(after[0], pad(before[0], len(after[0])))),
-                       after[1] - before[1])
+        counted = None if before is None else self.counters(server).minus(before)
         return [self.measurement(prompt, r.body, r.wall_s, level, wall, counted)
                 for (_, prompt), r in zip(batch, replies)]
 
@@ -318,7 +390,7 @@ class ServerEvaluator:
         for k in (0, *ks):
             wanted = length.get(k, 1.0) if isinstance(length, Mapping) else length
             asked = None if k == 0 or wanted is None else min(float(wanted), k + 1.0)
-            server = self.baseline if k == 0 else self._method_server(
+            server = self._baseline_beside(None) if k == 0 else self._method_server(
                 self.spec(self.drafted_params(k)) if asked is None else
                 self.synthetic_spec(k, asked))
             send_batch(server.url + self.endpoint, [self.payload(prompts[0], k > 0)])
@@ -416,10 +488,6 @@ class ServerEvaluator:
     def vanilla_price(self, profile: Any) -> None:
         """Not priced before the first trial (the estimate comes from that trial)."""
         return None
-
-
-def pad(values: Sequence[int], length: int) -> tuple[int, ...]:
-    return tuple(values) + (0,) * (length - len(values))
 
 
 def seconds(ms: Any) -> float | None:

@@ -34,6 +34,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from decoding.acceptance import AcceptanceCounts
 from tuner.config.errors import ConfigError
 from tuner.engines.client import RequestFailed, send_batch
 from tuner.engines.folders import draft_folder, target_folder, vllm_head
@@ -269,9 +270,12 @@ class VllmEvaluator(ServerEvaluator):
             argv += ["--speculative-config", spec, "--per-request-spec-decode-metrics", "summary"]
         return argv
 
-    def spec(self, params: Mapping[str, Any]) -> str:
+    def spec(self, params: Mapping[str, Any]) -> str | None:
         """The ``--speculative-config`` JSON of ``params``: fixed entries, the draft or head,
-        then each active knob (keys sorted: the same settings give the same text)."""
+        then each active knob (keys sorted: the same settings give the same text); None for
+        method=vanilla (no entry: the plain server)."""
+        if not self.mapping["flags"] and not self.mapping["knobs"]:
+            return None
         config: dict[str, Any] = dict(self.mapping["flags"])
         drafter = self.head or self.draft           # the model that drafts (one at most)
         if drafter is not None:
@@ -389,7 +393,7 @@ class VllmEvaluator(ServerEvaluator):
         return ids, None if total is None else int(total), False
 
     def measurement(self, prompt: Prompt, body: Mapping[str, Any], wall_s: float, level: int,
-                    batch_wall_s: float, counted: tuple | None) -> Measurement:
+                    batch_wall_s: float, counted: AcceptanceCounts | None) -> Measurement:
         choice = body["choices"][0]
         tokens = tuple(int(x) for x in choice.get("token_ids") or [])
         metrics = body.get("metrics") or {}
@@ -404,12 +408,13 @@ class VllmEvaluator(ServerEvaluator):
             else ()
         first_ms, decode_ms = metrics.get("time_to_first_token_ms"), \
             metrics.get("generation_time_ms")
+        counts = AcceptanceCounts(steps=max(len(tokens) - accepted, 1), prefills=1,
+                                  drafts=steps, drafted=drafted, accepted=accepted,
+                                  accepted_per_position=accepted_pos if drafted_pos else (),
+                                  drafted_per_position=drafted_pos)
         return Measurement(prompt_id=prompt.id, category=prompt.category, tokens=tokens,
-                           text=str(choice.get("text", "")), wall_s=wall_s,
-                           steps=max(len(tokens) - accepted, 1), drafted=drafted,
-                           accepted=accepted, draft_time_s=0.0, verify_time_s=0.0,
-                           accepted_per_position=accepted_pos if drafted_pos else (),
-                           drafted_per_position=drafted_pos,
+                           text=str(choice.get("text", "")), wall_s=wall_s, counts=counts,
+                           draft_time_s=0.0, verify_time_s=0.0,
                            truncated=choice.get("finish_reason") == "length",
                            concurrency=level, batch_wall_s=batch_wall_s,
                            prompt_s=seconds(first_ms), decode_s=seconds(decode_ms),

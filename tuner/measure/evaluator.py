@@ -162,6 +162,16 @@ class Evaluator(Protocol):
                 None: the baseline is measured beside the method on every prompt.
         """
 
+    def control(self, params: Mapping[str, Any], prompts: Sequence[tuple[int, Prompt]],
+                parity: int, levels: Sequence[int] | None = None,
+                rates: bool = True) -> Iterator[Paired]:
+        """The A/A control of ``params``' measuring path (``tuner.measure.control``): the
+        baseline as ``measure`` runs it, against a sibling of equal cost in the method's place
+        (in process: a second vanilla after the method ran; a server engine: a second server
+        launched with the method's line and drafting off), by the same protocol; ``levels``:
+        these concurrency levels only; ``rates``: False leaves the request rates out. The
+        rates' streamed requests are kept in ``rate_requests`` for the control to pair."""
+
     def assess(self, pairs: Sequence[Paired]) -> Evaluation:
         """Summarise ``pairs`` (quality and perplexity are scored here, outside timing)."""
 

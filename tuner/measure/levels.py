@@ -12,7 +12,9 @@ measured on the same batches at the same level:
   * ``tpot_ms@c<c>`` / ``vanilla_tpot_ms@c<c>``: the server's own decode time per output token
     (over all output tokens, as recorded since engines came; ``decode_speedup`` divides by the
     tokens after the first);
-  * ``acceptance_rate@c<c>`` and ``mean_accepted_tokens@c<c>`` (1 + accepted / target steps).
+  * ``acceptance_rate@c<c>``, ``mean_accepted_tokens@c<c>`` (tokens per target forward, the
+    prefill counted) and ``decode_tokens_per_step@c<c>`` (per decode step: what bounds the decode
+    phase), from the level's ``decoding.acceptance.AcceptanceCounts``.
 ``throughput_ratio`` (no level) is the geometric mean of the levels' throughput ratios: one number
 for "faster under the loads you serve".
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from decoding.acceptance import total
 from tuner.measure.evaluator import Paired
 from tuner.measure.figures import level_key
 from tuner.measure.measurement import Measurement, geometric_mean
@@ -35,16 +38,16 @@ def level_summary(pairs: Sequence[Paired]) -> dict[str, float]:
         ms, refs = [p.method for p in group], [p.baseline for p in group]
         method_tps, base_tps = throughput(ms), throughput(refs)
         ratios.append(method_tps / base_tps)
-        drafted, accepted = sum(m.drafted for m in ms), sum(m.accepted for m in ms)
+        counts = total([m.counts for m in ms])
         figures = {"tokens_per_s": method_tps, "vanilla_tokens_per_s": base_tps,
                    "throughput_ratio": method_tps / base_tps,
                    "speedup": geometric_mean([m.speedup for m in ms]),
                    "tpot_ms": tpot_ms(ms), "vanilla_tpot_ms": tpot_ms(refs)}
         out.update({level_key(name, c): value for name, value in figures.items()})
         out.update(decode_speedup(ms, c))
-        out.update({level_key("acceptance_rate", c): accepted / drafted if drafted else 0.0,
-                    level_key("mean_accepted_tokens", c):
-                        1.0 + accepted / sum(m.steps for m in ms)})
+        out.update({level_key("acceptance_rate", c): counts.acceptance_rate,
+                    level_key("mean_accepted_tokens", c): counts.tokens_per_forward,
+                    level_key("decode_tokens_per_step", c): counts.tokens_per_decode_step})
     out["throughput_ratio"] = geometric_mean(ratios)
     return out
 

@@ -1,9 +1,13 @@
 """One ``Measurement`` per prompt and their summary (the numbers logged per trial).
 
 Speedups are paired: vanilla and the method run on the same prompt minutes apart
-(``paired_speedup``). Terms follow vLLM: ``mean_accepted_tokens`` = 1 + accepted / target forwards
-(bonus included, vanilla = 1); ``acceptance_rate`` = accepted / drafted; ``block_efficiency`` = new
-tokens / target forwards (Ouroboros App. C).
+(``paired_speedup``). Each measurement's speculation counters are one
+``decoding.acceptance.AcceptanceCounts`` (``counts``: every target forward a step, its prefill
+one of them), which defines every figure read from them. Terms follow vLLM:
+``mean_accepted_tokens`` = tokens per forward, 1 + accepted / target forwards with the prefill
+counted (bonus included, vanilla = 1); ``decode_tokens_per_step`` = the same over the decode steps
+alone (what bounds a decode-phase speedup: ``tuner.measure.bounds``); ``acceptance_rate`` =
+accepted / drafted; ``block_efficiency`` = new tokens / target forwards (Ouroboros App. C).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from decoding.acceptance import AcceptanceCounts, total
 from tuner.measure.energy import EnergyReading
 from tuner.measure.timing import peak_memory_bytes
 
@@ -28,13 +33,9 @@ class Measurement:
     tokens: tuple[int, ...]             # [new_tokens]
     text: str
     wall_s: float                       # synchronised around the generation (decoding excluded)
-    steps: int                          # target forwards
-    drafted: int
-    accepted: int
+    counts: AcceptanceCounts            # target forwards (the prefill one of them), drafts, ...
     draft_time_s: float
     verify_time_s: float
-    accepted_per_position: tuple[int, ...]
-    drafted_per_position: tuple[int, ...]
     speedup: float | None = None        # paired: vanilla's s/token over this run's s/token
     matches_vanilla: bool | None = None  # temperature 0 only
     near_tie: bool = False              # bf16/fp16 divergence explained by a near-tie
@@ -63,6 +64,19 @@ class Measurement:
     @property
     def new_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def steps(self) -> int:
+        """Target forwards, the prefill included."""
+        return self.counts.steps
+
+    @property
+    def drafted(self) -> int:
+        return self.counts.drafted
+
+    @property
+    def accepted(self) -> int:
+        return self.counts.accepted
 
     @property
     def tokens_per_s(self) -> float:
@@ -108,11 +122,12 @@ def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
     """The numbers logged per trial; ``speedup`` is the paired geometric mean."""
     tokens = sum(m.new_tokens for m in ms)
     wall = sum(m.wall_s for m in ms)
-    steps = sum(m.steps for m in ms)
-    drafted, accepted = sum(m.drafted for m in ms), sum(m.accepted for m in ms)
+    counts = total([m.counts for m in ms])
     out = {"tokens_per_s": tokens / wall, "new_tokens": float(tokens), "wall_s": wall,
-           "mean_accepted_tokens": 1.0 + accepted / steps, "block_efficiency": tokens / steps,
-           "acceptance_rate": accepted / drafted if drafted else 0.0,
+           "mean_accepted_tokens": counts.tokens_per_forward,
+           "decode_tokens_per_step": counts.tokens_per_decode_step,
+           "block_efficiency": tokens / counts.steps if counts.steps else 1.0,
+           "acceptance_rate": counts.acceptance_rate,
            "draft_time_s": sum(m.draft_time_s for m in ms),
            "verify_time_s": sum(m.verify_time_s for m in ms),
            "peak_memory_bytes": float(peak_memory_bytes(device)), "prompts": float(len(ms))}
@@ -140,12 +155,9 @@ def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
     if loads:
         out["other_load_max"] = max(loads)
         out["contended_prompts"] = float(sum(m.contended for m in ms))
-    width = max((len(m.drafted_per_position) for m in ms), default=0)
-    for i in range(width):     # zero-padded so the MLflow UI sorts them in order
-        d = sum(m.drafted_per_position[i] for m in ms if i < len(m.drafted_per_position))
-        a = sum(m.accepted_per_position[i] for m in ms if i < len(m.accepted_per_position))
-        out[f"acceptance_pos_{i + 1:02d}"] = a / d if d else 0.0
-        out[f"drafted_pos_{i + 1:02d}"] = float(d)       # the drafts that rate rests on
+    for i, rate in enumerate(counts.position_rates()):   # zero-padded: the MLflow UI sorts
+        out[f"acceptance_pos_{i + 1:02d}"] = rate
+        out[f"drafted_pos_{i + 1:02d}"] = float(counts.position_drafted(i))   # what it rests on
     if energy is not None and energy.available and energy.joules is not None:
         out["energy_j"] = energy.joules
         out["energy_j_per_token"] = energy.joules / tokens

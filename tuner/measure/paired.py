@@ -13,7 +13,9 @@ that becomes a fair comparison:
      batch count and the caller's ``parity`` (the baseline goes first on the k-th batch when
      ``(parity + k) % 2 == 0``), each side after the CPUs settled again;
   4. per request: the paired speedup (``paired_speedup``), end to end and of the decode phase
-     alone (``paired_decode_speedup``: the prefill left out), and, at temperature 0 for a lossless
+     alone (``paired_decode_speedup``: the prefill left out), checked against its physical bound
+     (``tuner.measure.bounds``: beyond it, the batch is measured again, both sides; beyond it
+     again, ``ImpossibleMeasurement`` fails the trial), and, at temperature 0 for a lossless
      method, the lossless check with the one near-tie rule (``tuner.measure.lossless.judge``;
      the backend supplies only how to read a logit gap, ``Backend.gap``); at several requests
      in flight a divergence where the baseline's own output changes when the batch is sent again
@@ -29,6 +31,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
+from tuner.measure.bounds import ImpossibleMeasurement, beyond
 from tuner.measure.evaluator import Evaluation, MeasureSettings, Paired
 from tuner.measure.levels import level_summary
 from tuner.measure.lossless import Gap, first_difference, judge
@@ -53,6 +56,8 @@ class Backend(Protocol):
     guard: ContentionGuard
     baseline_name: str          # how messages name the baseline ("vanilla", "llama.cpp's own ...")
     quality_cache: dict         # (prompt ids, baseline tokens) -> the baseline's task quality
+    say: Callable[[str], None]  # progress lines (a batch measured again)
+    bound_slack: float          # the physical bound's slack beyond L (tuner.measure.bounds)
 
     def warm_up(self, method: Any, baseline: bool) -> None:
         """Untimed runs of ``method`` (and of the baseline when ``baseline``)."""
@@ -87,31 +92,63 @@ def batches(prompts: Batch, level: int) -> list[list[tuple[int, Prompt]]]:
 
 def measure_pairs(backend: Backend, method: Any, prompts: Batch, parity: int,
                   stored: Mapping[str, Measurement] | None = None,
-                  fresh: bool | None = None) -> Iterator[Paired]:
+                  fresh: bool | None = None,
+                  levels: Sequence[int] | None = None) -> Iterator[Paired]:
     """Steps 1–4 of the module docstring for ``method`` on ``prompts`` at every level of
-    ``backend.settings.concurrency``; ``stored``: the study's baseline per prompt id
-    (``baseline=per_study``), so only the method runs; ``fresh``: whether that baseline was
-    measured in this call (default: only when none is stored)."""
+    ``backend.settings.concurrency`` (``levels``: these of them only); ``stored``: the study's
+    baseline per prompt id (``baseline=per_study``), so only the method runs; ``fresh``: whether
+    that baseline was measured in this call (default: only when none is stored)."""
     fresh = stored is None if fresh is None else fresh
     backend.warm_up(method, baseline=stored is None)
+    slack = backend.bound_slack
     k = 0
     for level_index, level in enumerate(backend.settings.concurrency):
+        if levels is not None and level not in levels:
+            continue
         for batch in batches(prompts, level):
             k += 1
-            backend.settle()
-            load = backend.guard.check()
-            if stored is not None:
-                refs, got = [stored[p.id] for _, p in batch], backend.run(method, batch, level)
-            else:
-                refs, got = _both_sides(backend, method, batch, level, (parity + k) % 2 == 0)
+            refs, got = _within_bounds(backend, method, batch, level, parity + k, stored, slack)
             again = Rerun(backend, batch, level)
             for slot, ((index, prompt), ref, m) in enumerate(zip(batch, refs, got)):
-                m = replace(m, speedup=paired_speedup(ref, m),
-                            decode_speedup=paired_decode_speedup(ref, m),
-                            other_load=load.other_busy, contended=load.contended,
-                            waited_s=load.waited_s)
                 checked = check(backend, m, ref, prompt, partial(again.tokens, slot))
                 yield Paired(level_index * LEVEL_STRIDE + index, checked, ref, fresh)
+
+
+def _within_bounds(backend: Backend, method: Any, batch: Batch, level: int, turn: int,
+                   stored: Mapping[str, Measurement] | None, slack: float
+                   ) -> tuple[list[Measurement], list[Measurement]]:
+    """One batch's (baseline, method) answers with their paired figures, measured again (the
+    other side first) where one reads beyond its physical bound; ``ImpossibleMeasurement`` where
+    it does so twice (``tuner.measure.bounds``)."""
+    refs, got = _paired_batch(backend, method, batch, level, turn % 2 == 0, stored)
+    found = beyond(got, slack)
+    if not found:
+        return refs, got
+    backend.say(f"impossible: {found[0].line()}; measuring this batch again")
+    refs, got = _paired_batch(backend, method, batch, level, turn % 2 == 1, stored)
+    again = beyond(got, slack)
+    if again:
+        raise ImpossibleMeasurement(
+            f"impossible measurement, twice: {again[0].line()} (first {found[0].line()}); every "
+            "step costs at least one target forward, so the machine was disturbed or the two "
+            "sides do not run alike (an A/A control: python -m tuner.control)")
+    return refs, got
+
+
+def _paired_batch(backend: Backend, method: Any, batch: Batch, level: int,
+                  baseline_first: bool, stored: Mapping[str, Measurement] | None
+                  ) -> tuple[list[Measurement], list[Measurement]]:
+    """One batch measured (the CPUs settled, the machine checked) and its paired figures."""
+    backend.settle()
+    load = backend.guard.check()
+    if stored is not None:
+        refs, got = [stored[p.id] for _, p in batch], backend.run(method, batch, level)
+    else:
+        refs, got = _both_sides(backend, method, batch, level, baseline_first)
+    return refs, [replace(m, speedup=paired_speedup(ref, m),
+                          decode_speedup=paired_decode_speedup(ref, m),
+                          other_load=load.other_busy, contended=load.contended,
+                          waited_s=load.waited_s) for ref, m in zip(refs, got)]
 
 
 def _both_sides(backend: Backend, method: Any, batch: Batch, level: int, baseline_first: bool

@@ -71,9 +71,12 @@ def schedule(rate: float, place: int, count: int, seed: int) -> tuple[float, ...
 
 def measure_rates(backend: RateBackend, method: Any, prompts: Sequence[Prompt],
                   traffic: Traffic, seed: int, parity: int,
-                  say: Callable[[str], None] = lambda line: None) -> dict[str, float]:
+                  say: Callable[[str], None] = lambda line: None,
+                  requests: dict[float, tuple[list[StreamedRequest], list[StreamedRequest]]]
+                  | None = None) -> dict[str, float]:
     """Steps 1–3 of the module docstring for every rate; the trial's per-rate figures (a line
-    per rate to ``say``)."""
+    per rate to ``say``). ``requests``: where given, each rate's streamed requests are kept in
+    it, (the method's, the baseline's), for the A/A control to pair them one by one."""
     out: dict[str, float] = {}
     if not traffic.rates:
         return out
@@ -83,10 +86,13 @@ def measure_rates(backend: RateBackend, method: Any, prompts: Sequence[Prompt],
         offsets = schedule(rate, place, count, seed)
         sides = [None, method] if (parity + place) % 2 == 0 else [method, None]
         got: dict[bool, dict[str, float]] = {}
+        streamed: dict[bool, list[StreamedRequest]] = {}
         for side in sides:
             backend.settle()
-            requests = backend.stream(side, cycled, offsets, side is not None)
-            got[side is not None] = rate_summary(requests, slo or {})
+            streamed[side is not None] = backend.stream(side, cycled, offsets, side is not None)
+            got[side is not None] = rate_summary(streamed[side is not None], slo or {})
+        if requests is not None:
+            requests[rate] = (streamed[True], streamed[False])
         out.update(rate_figures(rate, got[True], got[False], bool(slo)))
         say(rate_line(rate, count, got[True], got[False], bool(slo)))
     return out

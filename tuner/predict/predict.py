@@ -22,6 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from decoding.acceptance import AcceptanceCounts
 from tuner.measure.measurement import geometric_mean
 
 if TYPE_CHECKING:
@@ -101,25 +102,24 @@ def predict(generations: Sequence[tuple[int, Sequence[ReplayedStep]] | TracedGen
     loop = overhead.get("draft_loop", overhead.get("loop", 0.0)) if uses_draft else \
         overhead.get("loop", 0.0)
     draft = profile.draft if uses_draft else None
-    ratios, accepted, steps, source = [], 0, 0, "replay"
+    ratios, counts, source = [], AcceptanceCounts(), "replay"
     for generation in generations:
         if isinstance(generation, TracedGeneration):
             source = "untimed"
             prompt_len, new_tokens = generation.prompt_len, generation.new_tokens
             method_s = traced_seconds(generation, profile.target, draft, loop)
-            accepted += generation.accepted
-            steps += generation.steps
+            counts += AcceptanceCounts(steps=generation.steps, accepted=generation.accepted)
         else:
             prompt_len, replayed = generation
             new_tokens = sum(s.committed for s in replayed)
             method_s = forward_seconds(replayed, profile.target, draft, loop)
-            accepted += sum(s.accepted for s in replayed)
-            steps += len(replayed)
+            counts += AcceptanceCounts(steps=len(replayed),
+                                       accepted=sum(s.accepted for s in replayed))
         vanilla_s = vanilla_forward_seconds(profile.target, prompt_len, new_tokens,
                                             overhead.get("vanilla", 0.0))
         ratios.append(vanilla_s / method_s)
     speedup = geometric_mean(ratios)
-    return Prediction(speedup, 1.0 + accepted / steps if steps else 0.0, source, tuple(ratios))
+    return Prediction(speedup, counts.tokens_per_forward, source, tuple(ratios))
 
 
 def calibration(pairs: Sequence[tuple[float, float]], names: Sequence[str] | None = None,

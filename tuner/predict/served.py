@@ -3,9 +3,10 @@ own cost surface (``tuner.predict.synthetic``: a step's whole time at each level
 drafted tokens) and an acceptance: the trial's own counts (then the comparison with the trial's
 measurement checks the cost side only), or another trial's, or another level's.
 
-At level c, over the requests measured there:
-    decode steps  = Σ (generated − 1 − accepted)            (the first token is the prefill's)
-    mean length L = Σ (generated − 1) / decode steps        (accepted drafts + the target's token)
+At level c, over the requests measured there (their ``decoding.acceptance.AcceptanceCounts``
+summed; the first token of each request is its prefill's):
+    decode steps  = Σ (generated − 1 − accepted)
+    mean length L = tokens per decode step, 1 + Σ accepted / decode steps
     drafted d     = Σ drafted / decode steps                (per verification step)
     predicted decode-phase speedup = L · T_c(1) / T_c(d + 1)
 with T_c(rows) the profile's step time at batch size c (linear between its batch sizes) at its
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from decoding.acceptance import total
 from tuner.measure.figures import level_key
 
 if TYPE_CHECKING:
@@ -44,11 +46,10 @@ class LevelAcceptance:
     @classmethod
     def of(cls, level: int, ms: Sequence[Measurement]) -> LevelAcceptance | None:
         """From the method's measurements at ``level``; None without a decode step."""
-        steps = sum(max(len(m.tokens) - 1 - m.accepted, 0) for m in ms)
-        if not steps:
+        counts = total([m.counts for m in ms])
+        if not counts.decode_steps:
             return None
-        return cls(level, sum(max(len(m.tokens) - 1, 0) for m in ms) / steps,
-                   sum(m.drafted for m in ms) / steps)
+        return cls(level, counts.tokens_per_decode_step, counts.drafted_per_decode_step)
 
 
 def step_s(profile: HardwareProfile, level: int, rows: float) -> float:

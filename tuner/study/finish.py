@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.config.errors import MeasurementRefused
+from tuner.measure.bounds import ImpossibleMeasurement
 from tuner.measure.figures import parse
 from tuner.measure.quality import feasible
 from tuner.search.objectives import objective_values
@@ -122,7 +124,12 @@ def _finish(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
                            "to resume")
     params = trial_params(settings, winner)
     confirming = time.perf_counter()
-    confirmed = confirm(settings, evaluator, params, say)
+    try:
+        confirmed = confirm(settings, evaluator, params, say)
+    except ImpossibleMeasurement as err:
+        raise MeasurementRefused(f"the held-out confirmation of trial #{winner.number}: {err}; "
+                                 "its trials are kept: re-run the same command on a quiet "
+                                 "machine to finish") from None
     record_seconds(study, "held_out_s", time.perf_counter() - confirming)
     outcome = conclude(settings, study, evaluator, winner, confirmed, say)
     publish(outcome)
@@ -149,11 +156,16 @@ def choose_winner(settings: StudySettings, study: optuna.Study, evaluator: Evalu
         if key not in study.user_attrs:
             say(f"trial {trial.number} was measured while the machine was busy: re-measuring "
                 "it on the tuning prompts before it can win")
-            evaluation = measure(settings, evaluator, trial_params(settings, trial),
-                                 settings.tuning)
-            study.set_user_attr(key, objective_values(evaluation.summary,
-                                                      settings.objectives)[0])
-        value[trial.number] = settings.sign * study.user_attrs[key]
+            try:
+                evaluation = measure(settings, evaluator, trial_params(settings, trial),
+                                     settings.tuning)
+                study.set_user_attr(key, objective_values(evaluation.summary,
+                                                          settings.objectives)[0])
+            except ImpossibleMeasurement as err:      # it cannot win on that measurement
+                say(f"trial {trial.number} cannot win: {err}")
+                study.set_user_attr(key, None)
+        again = study.user_attrs[key]
+        value[trial.number] = float("-inf") if again is None else settings.sign * again
     return tie(settings, sorted(candidates, key=lambda t: -value[t.number]), value)
 
 

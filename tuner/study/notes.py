@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 
 from tuner.engines.base import Engine
 from tuner.search.plans import point_key
+from tuner.study.guard import CONTROL, OVERRIDE, SKIPPED
 from tuner.study.holding import held_point
 from tuner.study.ranking import RACE_STOPPED, RANKING
 from tuner.study.record import TrialRecord
@@ -19,6 +20,23 @@ if TYPE_CHECKING:
     import optuna
 
     from tuner.study.settings import StudySettings
+
+
+def control_notes(study: optuna.Study) -> list[str]:
+    """What the A/A guard before the first trial read (``tuner.study.guard``)."""
+    attrs = study.user_attrs
+    if attrs.get(SKIPPED):
+        return ["A/A control skipped (control.guard=false): this path was not checked against "
+                "itself"]
+    report = attrs.get(CONTROL)
+    if not report:
+        return []
+    shown = ", ".join(f"{r['figure']} {r['ratio']:.3f}x ({r['low']:.3f}-{r['high']:.3f})"
+                      for r in report["rows"])
+    if attrs.get(OVERRIDE):
+        return [f"A/A control BEYOND its bound, measured anyway (control.override=true): "
+                f"{attrs[OVERRIDE]}"]
+    return [f"A/A control before the first trial, within its bound: {shown}"]
 
 
 def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping[str, float],
@@ -34,6 +52,7 @@ def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping
     if settings.device.type == "cpu":
         out.append("CPU run: a wide verification forward costs several single-token forwards "
                    "here; speedups on a GPU differ")
+    out += control_notes(study)
     trials = study.get_trials(deepcopy=False)
     failed = [t for t in trials if t.state == TrialState.FAIL and counts(study, t)]
     if failed:

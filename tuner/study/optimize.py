@@ -7,7 +7,8 @@ workers and per-prompt pruning stay in our hands. A trial ends in one of Optuna'
   * PRUNED when the pruner stopped it (``Pruned``; never the winner);
   * FAIL with its reason in the ``error`` user attribute and its kind in ``error_kind``:
     ``config`` (the method refused the parameters: costs no budget once the config is fixed),
-    ``lossless`` (a lossless method diverged from vanilla: a bug), ``interrupted`` (Ctrl-C /
+    ``lossless`` (a lossless method diverged from vanilla: a bug), ``impossible`` (a batch read
+    beyond its physical bound twice: ``tuner.measure.bounds``), ``interrupted`` (Ctrl-C /
     SIGTERM: the point is evaluated again on resume) or ``error`` (anything else, e.g. OOM).
 
 A failing trial never stops the loop; an interrupt fails the running trial and propagates.
@@ -26,6 +27,7 @@ import torch
 from optuna.trial import TrialState
 
 from tuner.config.identity import hardware
+from tuner.measure.bounds import ImpossibleMeasurement
 from tuner.measure.evaluator import ParametersRefused
 from tuner.measure.lossless import LosslessViolation
 from tuner.study import liveness
@@ -105,6 +107,8 @@ def run_trial(settings: StudySettings, study: optuna.Study, claim: Claim, object
         fail(study, trial, callbacks, str(err), "config")
     except LosslessViolation as err:
         fail(study, trial, callbacks, f"{type(err).__name__}: {err}", "lossless")
+    except ImpossibleMeasurement as err:
+        fail(study, trial, callbacks, str(err), "impossible")
     except (Exception, torch.OutOfMemoryError) as err:   # noqa: BLE001 - never kill the study
         fail(study, trial, callbacks, f"{type(err).__name__}: {err}", "error")
     else:

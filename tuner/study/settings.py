@@ -9,7 +9,7 @@ and the replay use it too, without touching any storage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -78,6 +78,10 @@ class StudySettings(MethodView):
     traffic: Traffic = Traffic()       # budget.request_rate, requests_per_rate, search.slo
     profile: Any = None                # search.profile loaded (tuner.predict.surface) or None
     predict_for: Any = None            # search.predict_for loaded: another machine's profile
+    control: Mapping[str, bool] = field(default_factory=lambda: {"guard": True,
+                                                                 "override": False})
+    #                                    the A/A control's guard (tuner.study.guard); not in the
+    #                                    fingerprint: it decides whether to measure, not how
 
     # -- derived ---------------------------------------------------------------------------------
 
@@ -218,7 +222,21 @@ class StudySettings(MethodView):
             tracking=plain(cfg.tracking), phase=str(cfg.get("phase", "all")),
             resume=str(cfg.resume), config_yaml=resolved_yaml(cfg), notices=notices,
             min_held_out_prompts=int(cfg.get("min_held_out_prompts", 3)), traffic=traffic,
-            profile=profile, predict_for=predict_for)
+            profile=profile, predict_for=predict_for, control=control_settings(cfg))
+
+
+def control_settings(cfg: DictConfig) -> dict[str, bool]:
+    """``control.guard`` and ``control.override``, each a boolean (one line otherwise)."""
+    given = plain(cfg.get("control")) or {}
+    out = {"guard": True, "override": False}
+    for key, value in given.items():
+        if key not in out:
+            raise ConfigError(f"control.{key} is not a setting: allowed are control.guard, "
+                              "control.override")
+        if not isinstance(value, bool):
+            raise ConfigError(f"control.{key}={value!r} is invalid: allowed are true, false")
+        out[key] = value
+    return out
 
 
 def resolve_budget(cfg: DictConfig, on_gpu: bool) -> tuple[dict[str, int], tuple[str, ...]]:

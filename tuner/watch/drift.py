@@ -46,6 +46,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from decoding.acceptance import AcceptanceCounts
+
 WARMUP = 12          # windows of a segment that make its reference
 SHIFT = 0.2          # the relative change in mean accepted length the test is tuned to
 ARL = 4000.0         # windows between false alarms, at least, under the model (both sides)
@@ -131,7 +133,7 @@ class ChangeTest:
         self.warm, self.reference, self.drop, self.rise = [], None, 0.0, 0.0
 
     def observe(self, obs: Observation) -> Verdict:
-        length = 1.0 + obs.accepted / obs.steps
+        length = AcceptanceCounts(steps=obs.steps, accepted=obs.accepted).tokens_per_decode_step
         if self.reference is None:
             self.warm.append(obs)
             if len(self.warm) >= self.warmup:

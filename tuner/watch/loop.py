@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from decoding.acceptance import total
 from tuner.config.errors import ConfigError
 from tuner.engines.metrics import MetricsError
 from tuner.watch.decide import Decider, Pricing, Recommendation, price
@@ -179,11 +180,10 @@ def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: C
     outside = ""
     if low_high is not None:
         pool = [x for x in state.windows[-settings.warmup:] if x.segment == w.segment]
-        drafts = sum(x.drafts for x in pool)
+        pooled = total([x.counts for x in pool])
+        drafts = pooled.drafts
         if drafts and len(pool) >= settings.warmup:     # as many windows as a reference
-            fractions = tuple(sum(x.accepted_per_pos[i] for x in pool
-                                  if i < len(x.accepted_per_pos)) / drafts
-                              for i in range(max(len(x.accepted_per_pos) for x in pool)))
+            fractions = pooled.draft_fractions()
             # drafts of one request are not independent: widened by the reference's √φ
             spread = test.reference.dispersion if test.reference is not None else 1.0
             low, high = length_interval(fractions, drafts / spread)
@@ -280,10 +280,10 @@ def summary(settings: WatchSettings, state: WatchState) -> list[str]:
                      f"{settings.min_steps} decode steps between scrapes): nothing to judge")
         return lines
     span = ws[-1].end - ws[0].start
-    steps = sum(w.steps for w in ws)
-    accepted = sum(w.accepted for w in ws)
-    lines.append(f"windows {len(ws)} over {span:.0f} s, {steps} decode steps, mean accepted "
-                 f"length {1 + accepted / steps:.2f}; segments {len(state.restarts) + 1} "
+    counts = total([w.counts for w in ws])
+    lines.append(f"windows {len(ws)} over {span:.0f} s, {counts.decode_steps} decode steps, "
+                 f"mean accepted length {counts.tokens_per_decode_step:.2f}; segments "
+                 f"{len(state.restarts) + 1} "
                  f"(server restarts: {len(state.restarts)})")
     if state.alarms:
         for w, v in state.alarms:

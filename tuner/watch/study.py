@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from decoding.acceptance import variance_of
 from tuner.config.errors import ConfigError
 from tuner.engines import ENGINES, engine_named
 from tuner.engines.servers import ServerEngine
@@ -39,12 +40,11 @@ def length_interval(fractions: tuple[float, ...], drafts: float,
                     z: float = 1.96) -> tuple[float, float]:
     """A normal interval of the mean accepted length per draft, 1 + Σ a_i, from the accepted
     fractions a_i per position over ``drafts`` drafts: the per-draft variance is
-    Σ (2i + 1) a_i − (Σ a_i)² (positions from 0: P(X > i) = a_i)."""
+    ``decoding.acceptance.variance_of`` (positions from 0: P(X > i) = a_i)."""
     mean = sum(fractions)
     if not drafts:
         return 1.0 + mean, 1.0 + mean
-    second = sum((2 * i + 1) * a for i, a in enumerate(fractions))
-    half = z * math.sqrt(max(second - mean * mean, 0.0) / drafts)
+    half = z * math.sqrt(variance_of(fractions) / drafts)
     return 1.0 + mean - half, 1.0 + mean + half
 
 

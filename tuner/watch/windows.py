@@ -25,8 +25,9 @@ negative rate.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from decoding.acceptance import AcceptanceCounts
 from tuner.engines.metrics import Counters
 
 
@@ -38,17 +39,15 @@ class Scrape:
 
 @dataclass(frozen=True)
 class Window:
-    """Counts between two scrapes of one segment (module docstring)."""
+    """Counts between two scrapes of one segment (module docstring). ``counts``: the window's
+    ``AcceptanceCounts``, whose decode steps are S (its prefills: the finished requests where the
+    engine counts them); every figure below is read from it."""
 
     index: int                   # 0, 1, ... over the whole watch
     segment: int                 # 0 until the first restart, then 1, ...
     start: float                 # unix seconds of the opening and closing scrapes
     end: float
-    steps: int
-    drafts: int
-    draft_tokens: int
-    accepted: int
-    accepted_per_pos: tuple[int, ...]    # [positions] accepted at draft position i (from 0)
+    counts: AcceptanceCounts     # drafts D, drafted T, accepted A, per position c_i, steps
     generated: int
     tpot_s: float | None         # measured time per output token (None: no token timed)
     batch: float | None          # the live batch (None: the gauge was not printed)
@@ -58,19 +57,41 @@ class Window:
         return self.end - self.start
 
     @property
+    def steps(self) -> int:
+        """S: decode steps (module docstring)."""
+        return self.counts.decode_steps
+
+    @property
+    def drafts(self) -> int:
+        return self.counts.drafts
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.counts.drafted
+
+    @property
+    def accepted(self) -> int:
+        return self.counts.accepted
+
+    @property
+    def accepted_per_pos(self) -> tuple[int, ...]:
+        """[positions] accepted at draft position i (from 0)."""
+        return self.counts.accepted_per_position
+
+    @property
     def mean_length(self) -> float:
-        """L = 1 + accepted / steps: tokens per target forward."""
-        return 1.0 + self.accepted / self.steps if self.steps else 1.0
+        """L = 1 + accepted / S: tokens per decode step."""
+        return self.counts.tokens_per_decode_step
 
     @property
     def step_fractions(self) -> tuple[float, ...]:
         """p_i = P(a step accepts position i) = c_i / S (i from 0): Σ p_i = L − 1."""
-        return tuple(c / self.steps for c in self.accepted_per_pos) if self.steps else ()
+        return self.counts.step_fractions()
 
     @property
     def acceptance_per_pos(self) -> tuple[float, ...]:
         """c_i / D: the drafts' acceptance at position i."""
-        return tuple(c / self.drafts for c in self.accepted_per_pos) if self.drafts else ()
+        return self.counts.draft_fractions()
 
     @property
     def live_batch(self) -> int | None:
@@ -79,18 +100,15 @@ class Window:
 
     @property
     def drafted_per_step(self) -> float:
-        return self.draft_tokens / self.steps if self.steps else 0.0
+        return self.counts.drafted_per_decode_step
 
     def step_variance(self) -> float:
-        """The variance of accepted tokens per step, from the per-position counts:
-        E[X²] = Σ (2i + 1) p_i with positions i from 0 (P(X > i) = p_i)."""
-        p = self.step_fractions
-        mean = sum(p)
-        return max(sum((2 * i + 1) * q for i, q in enumerate(p)) - mean * mean, 0.0)
+        """The variance of accepted tokens per step (``AcceptanceCounts.step_variance``)."""
+        return self.counts.step_variance()
 
     def full_length(self, k: int) -> bool:
         """Every draft had ``k`` tokens (per-position acceptance exact below k)."""
-        return self.drafts > 0 and self.draft_tokens == self.drafts * k
+        return self.counts.full_length(k)
 
 
 @dataclass(frozen=True)
@@ -139,31 +157,28 @@ class Windower:
 
     def close(self, scrape: Scrape) -> Window:
         a, b = self.opened.counters, scrape.counters
-        positions = max(len(a.accepted_per_pos), len(b.accepted_per_pos))
-        per_pos = tuple((b.accepted_per_pos[i] if i < len(b.accepted_per_pos) else 0)
-                        - (a.accepted_per_pos[i] if i < len(a.accepted_per_pos) else 0)
-                        for i in range(positions))
         counted = b.token_count - a.token_count
         window = Window(
             index=self.index, segment=self.segment, start=self.opened.at, end=scrape.at,
-            steps=self.steps(a, b), drafts=b.drafts - a.drafts,
-            draft_tokens=b.draft_tokens - a.draft_tokens, accepted=b.accepted - a.accepted,
-            accepted_per_pos=per_pos, generated=b.generated - a.generated,
+            counts=self.counts(a, b), generated=b.generated - a.generated,
             tpot_s=(b.token_seconds - a.token_seconds) / counted if counted > 0 else None,
             batch=sum(self.batches) / len(self.batches) if self.batches else None)
         self.index += 1
         self.opened, self.batches = scrape, self.start_batches(scrape)
         return window
 
+    def counts(self, a: Counters, b: Counters) -> AcceptanceCounts:
+        """The counts from scrape ``a`` to ``b``, their decode steps S as the module docstring
+        says (the prefills: the finished requests where the engine counts them, else none)."""
+        got = b.acceptance().minus(a.acceptance())
+        if a.requests is None or b.requests is None:
+            # no request counter: every forward a decode step, or the drafts where a draft
+            # model drafts every decode step
+            got = replace(got, steps=got.drafts if self.steps_are_drafts else got.steps,
+                          prefills=0)
+        steps = max(got.decode_steps, got.drafts, 0)
+        return replace(got, steps=steps + got.prefills)
 
     def steps(self, a: Counters, b: Counters) -> int:
         """Decode steps from scrape ``a`` to ``b`` (module docstring)."""
-        drafts = b.drafts - a.drafts
-        if a.requests is not None and b.requests is not None:
-            found = (b.generated - a.generated) - (b.accepted - a.accepted) \
-                - (b.requests - a.requests)
-        elif self.steps_are_drafts:
-            found = drafts
-        else:
-            found = (b.generated - a.generated) - (b.accepted - a.accepted)
-        return max(found, drafts, 0)
+        return self.counts(a, b).decode_steps
