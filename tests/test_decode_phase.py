@@ -100,6 +100,7 @@ def confirmed(e2e: float, decode: float, prompts: int = 5) -> dict[str, float]:
             "held_out_speedup_max": e2e + 0.05, "held_out_decode_speedup": decode,
             "held_out_decode_speedup_min": decode - 0.1,
             "held_out_decode_speedup_max": decode + 0.1, "held_out_prompts": prompts,
+            "held_out_speedup_lcb": e2e - 0.04, "held_out_decode_speedup_lcb": decode - 0.08,
             "held_out_tokens_per_s": 10.0, "held_out_vanilla_tokens_per_s": 10.5,
             "held_out_mean_accepted_tokens": 2.0}
 
@@ -122,11 +123,17 @@ def test_the_verdict_reads_the_speedup_the_winner_was_chosen_by():
     best = {"trial": 1, "value": 1.3, "trials": 2}
     budget = {"n_prompts": 2, "n_held_out": 5, "max_new_tokens": 32}
     for objective, marked in (("decode_speedup", "held-out decode-phase speedup"),
-                              ("speedup", "held-out speedup vs vanilla")):
-        rows = dict(summary_rows("s", {}, best, held, {"decode_speedup": 1.3, "speedup": 0.97},
-                                 budget, [], objective=objective))
+                              ("speedup", "held-out end-to-end speedup")):
+        listed = summary_rows("s", {}, best, held, {"decode_speedup": 1.3, "speedup": 0.97},
+                              budget, [], objective=objective)
+        rows = dict(listed)
         reads = [k for k, v in rows.items() if "the verdict below reads this" in str(v)]
         assert reads == [marked], objective
+        first = next(k for k, _ in listed if k.startswith("held-out"))
+        assert first == marked, objective           # the verdict's figure first, ...
+        beside = "held-out end to end (beside it)" if objective == "decode_speedup" else \
+            "held-out decode-phase speedup"
+        assert beside in rows, objective            # ... the other beside it, labelled
 
 
 def test_an_older_engine_study_made_by_speedup_says_how_to_resume_it():

@@ -14,6 +14,7 @@ from tuner.measure.evaluator import Paired
 from tuner.measure.levels import level_summary, throughput, tpot_ms
 from tuner.measure.measurement import Measurement, paired_decode_speedup
 from decoding.acceptance import AcceptanceCounts
+from tuner.measure.control import lower_bound
 
 
 def run(tokens, wall_s, level=1, batch_wall_s=None, speedup=None, decode_s=None, steps=1,
@@ -63,6 +64,12 @@ def test_the_level_summary_equals_the_hand_computed_numbers():
         "acceptance_rate@c4": 24 / 32, "mean_accepted_tokens@c4": 1 + 24 / 16,
         "decode_tokens_per_step@c4": 1 + 24 / 12,
         "throughput_ratio": math.sqrt(10.0 / 6.0 * 2.0),
+        # one-sided 95 % lower bounds: over the requests, and over the batches for throughput
+        "speedup_lcb@c1": lower_bound([2.0, 1.5]),
+        "decode_speedup_lcb@c1": lower_bound([1.8 / 0.5, 2.7 / 1.0]),
+        "throughput_ratio_lcb@c1": lower_bound([(10 / 1.0) / (10 / 2.0), (20 / 2.0) / (20 / 3.0)]),
+        "speedup_lcb@c4": 2.0, "decode_speedup_lcb@c4": 2.0,
+        "throughput_ratio_lcb@c4": 0.0,          # one batch: no bound
     }
     assert out.keys() == expected.keys()
     for key, value in expected.items():

@@ -92,28 +92,120 @@ def levels_study(ratios: dict[int, dict[int, float]]) -> optuna.Study:
     return study
 
 
-def test_each_level_is_decided_once_and_the_advice_names_the_on_levels(monkeypatch):
+def engine_settings(levels, rates=(), objective="throughput_ratio", method="prompt_lookup"):
     from types import SimpleNamespace
 
     from tuner.measure.rates import Traffic
-    settings = SimpleNamespace(space={"size_n": {"type": "int", "low": 1, "high": 12}},
-                               default={"size_n": 2}, concurrency=(1, 4, 8),
-                               engine_object=SimpleNamespace(max_concurrency=64),
-                               traffic=Traffic((), 8, None), objectives=["throughput_ratio"],
-                               min_held_out_prompts=3)
+    return SimpleNamespace(space={"size_n": {"type": "int", "low": 1, "high": 12}},
+                           default={"size_n": 2}, concurrency=tuple(levels),
+                           engine_object=SimpleNamespace(max_concurrency=64,
+                                                         default_objective="decode_speedup"),
+                           traffic=Traffic(tuple(rates), 8, {"tpot_ms": 50} if rates else None),
+                           objectives=[objective], min_held_out_prompts=3,
+                           method_choice=method)
+
+
+def test_each_level_is_decided_once_and_the_advice_has_one_answer_per_level(monkeypatch):
+    settings = engine_settings((1, 4, 8))
     study = levels_study({1: {1: 0.9, 4: 1.3, 8: 1.2}, 2: {1: 0.95, 4: 1.1, 8: 1.25}})
     confirmed = {"held_out_speedup": 0.9, "held_out_prompts": 5,
                  "held_out_throughput_ratio@c1": 0.9, "held_out_throughput_ratio@c4": 1.2,
-                 "held_out_throughput_ratio@c8": 0.97}
+                 "held_out_throughput_ratio_lcb@c4": 1.1,
+                 "held_out_throughput_ratio@c8": 0.97, "held_out_throughput_ratio_lcb@c8": 0.9}
     counted: list[int] = []
     real = decide.level_decision
     monkeypatch.setattr(decide, "level_decision",
-                        lambda s, st, c, level: counted.append(level) or real(s, st, c, level))
+                        lambda s, st, c, level, *a: counted.append(level) or
+                        real(s, st, c, level, *a))
     levels, rates = decide.decisions(settings, study, confirmed)
     assert counted == [1, 4, 8] and rates == ()
     states = {d.at: d.state for d in levels}
     assert states == {"1": State.OFF, "4": State.ON, "8": State.OFF}
     assert dict(levels[1].deployed) == {"size_n": 1} and levels[0].deployed is None
     advice = decide.recommendation(settings, confirmed, levels, rates)
-    assert "vanilla decoding" in advice and "except where the lines above say ON " \
-        "(concurrency 4)" in advice
+    assert advice == ("at concurrency 1: use vanilla decoding; at concurrency 4: deploy trial #0 "
+                      "(1.200x vanilla held out; the deploy lines below); at concurrency 8: use "
+                      "vanilla decoding")
+
+
+# every combination of ON / OFF / NOT_CONFIRMED over one to three levels and a rate: the text and
+# outcome.json must say the same, place by place, and never both "use vanilla" and ON
+PLANTED = {  # state -> (tuning figure, held-out figure or None, its lower bound)
+    State.ON: (1.3, 1.2, 1.1), State.OFF: (1.3, 0.95, 0.9), State.NOT_CONFIRMED: (1.3, None, None)}
+RATE_PLANTED = {  # state -> (tuning goodput, held-out goodput or None), vanilla's always 1.0
+    State.ON: (1.5, 1.6), State.OFF: (1.5, 1.0), State.NOT_CONFIRMED: (1.5, None)}
+
+
+def planted(level_states, rate_state):
+    """A one-trial study and a held-out record that give each level (and the rate) its state."""
+    attrs, confirmed = {}, {"held_out_prompts": 3, "held_out_speedup": 1.0,
+                            "held_out_speedup_min": 1.0, "held_out_speedup_max": 1.0}
+    for level, state in level_states.items():
+        tuning, held, low = PLANTED[state]
+        attrs[f"decode_speedup@c{level}"] = tuning
+        if held is not None:
+            confirmed[f"held_out_decode_speedup@c{level}"] = held
+            confirmed[f"held_out_decode_speedup_lcb@c{level}"] = low
+    if rate_state is not None:
+        tuning, held = RATE_PLANTED[rate_state]
+        attrs.update({"goodput@r2": tuning, "vanilla_goodput@r2": 1.0})
+        if held is not None:
+            confirmed.update({"held_out_goodput@r2": held, "held_out_vanilla_goodput@r2": 1.0})
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(
+        params={"size_n": 3}, distributions={"size_n": IntDistribution(1, 12)}, value=1.3,
+        user_attrs=attrs))
+    return study, confirmed
+
+
+def combinations():
+    import itertools
+    states = list(State)
+    for count in (1, 2, 3):
+        for combo in itertools.product(states, repeat=count):
+            for rate in (None, *states):
+                yield dict(zip((1, 4, 16)[:count], combo)), rate
+
+
+def test_every_combination_of_decisions_reads_the_same_in_the_text_and_outcome_json():
+    import json
+    checked = 0
+    for level_states, rate_state in combinations():
+        settings = engine_settings(tuple(level_states), (2.0,) if rate_state else (),
+                                   objective="decode_speedup")
+        study, confirmed = planted(level_states, rate_state)
+        levels, rates = decide.decisions(settings, study, confirmed, winner=0)
+        advice = decide.recommendation(settings, confirmed, levels, rates)
+        outcome = StudyOutcome("s", "prompt_lookup", "cnndm", "decode_speedup", {}, None,
+                               confirmed, levels=levels, rates=rates,
+                               deploy={"per_level": {int(d.at): d.deployed for d in levels}},
+                               recommendation=advice)
+        body = json.loads(json.dumps(outcome.to_json()))
+        text = dict(render.rows(outcome))
+        wanted = {**{f"concurrency {lv}": st for lv, st in level_states.items()},
+                  **({"request rate 2/s": rate_state} if rate_state else {})}
+        assert {d["kind"] + d["at"]: d["state"] for d in body["decisions"]} == \
+            {("level" + k.split()[1] if k.startswith("concurrency") else "rate2"): v.value
+             for k, v in wanted.items()}, (level_states, rate_state)
+        assert body["recommendation"] == advice
+        all_off = all(st is State.OFF for st in wanted.values())
+        for label, state in wanted.items():
+            line = text[label]
+            assert ("speculation ON" in line) == (state is State.ON), (label, line)
+            assert ("speculation OFF" in line) == (state is State.OFF), (label, line)
+            assert ("not confirmed" in line) == (state is State.NOT_CONFIRMED), (label, line)
+            clause = next((c for c in advice.split("; ") if c.startswith(f"at {label}:")), None)
+            if all_off:
+                assert advice.startswith("use vanilla decoding") and "deploy" not in advice
+                continue
+            assert clause is not None, (label, advice)
+            assert ("deploy trial #0" in clause) == (state is State.ON), clause
+            assert ("use vanilla decoding" in clause) == (state is State.OFF), clause
+            assert ("until held-out prompts confirm" in clause) == \
+                (state is State.NOT_CONFIRMED), clause
+        for d in body["decisions"]:
+            deployed = body["deploy"]["per_level"].get(d["at"]) if d["kind"] == "level" else \
+                d["deployed"]
+            assert (deployed is None) == (d["state"] == "OFF"), d
+        checked += 1
+    assert checked == (3 + 9 + 27) * 4

@@ -61,7 +61,8 @@ def test_quality_record_and_bound():
 
 @pytest.fixture
 def rigged(monkeypatch):
-    """τ = 0 looks 10x faster but accepts the unrelated draft's tokens: perplexity 20 where
+    """τ = 0 looks twice as fast (within its physical bound: it accepts most drafts) but accepts
+    the unrelated draft's tokens: perplexity 20 where
     vanilla's greedy output (and every τ > 0 output, identical at T = 0) has 10."""
     import tuner.engines.inprocess as run_module
     vanilla_outputs: dict[tuple, tuple] = {}
@@ -75,7 +76,7 @@ def rigged(monkeypatch):
 
     def timer(method, ids, max_new_tokens, device):
         out, wall = time_generation(method, ids, max_new_tokens, device)
-        return out, wall * (0.1 if getattr(method, "tau", None) == 0.0 else 1.0)
+        return out, wall * (0.5 if getattr(method, "tau", None) == 0.0 else 1.0)
 
     monkeypatch.setattr(run_module, "mean_log_prob", fake_log_prob)
     return timer

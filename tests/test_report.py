@@ -11,14 +11,15 @@ import threading
 import pytest
 
 from tuner.study.finish import finish_lock
-from tuner.study.verdict import recommendation, relative, with_exceptions
+from tuner.study.verdict import recommendation, relative, self_control
 from tuner.tracking.trackers import trials_csv, trials_markdown
 
 
-def held_out(speed, prompts, low=None, high=None, **extra):
+def held_out(speed, prompts, low=None, high=None, lcb=None, **extra):
     return {"held_out_speedup": speed, "held_out_prompts": prompts,
             "held_out_speedup_min": speed if low is None else low,
-            "held_out_speedup_max": speed if high is None else high, **extra}
+            "held_out_speedup_max": speed if high is None else high,
+            "held_out_speedup_lcb": speed if lcb is None else lcb, **extra}
 
 
 def test_a_win_on_too_few_prompts_is_not_recommended():
@@ -28,31 +29,36 @@ def test_a_win_on_too_few_prompts_is_not_recommended():
 
 
 def test_a_win_on_enough_prompts_is_recommended_with_its_spread():
-    text = recommendation(held_out(1.25, 3, 1.10, 1.40), min_held_out=3)
+    text = recommendation(held_out(1.25, 3, 1.10, 1.40, lcb=1.05), min_held_out=3)
     assert text.startswith("use the best parameters: 1.25x vanilla (25 % faster than vanilla)")
-    assert "on 3 held-out prompts, min 1.10x, max 1.40x" in text
+    assert "on 3 held-out prompts, min 1.10x, max 1.40x, 95 % lower bound 1.05x" in text
+
+
+def test_a_win_inside_the_noise_is_not_recommended():
+    """1.02x on three prompts whose lower bound is below 1 (the A/A finding of vanilla against
+    itself: 1.007, 1.077, 0.953): keep vanilla; an A/A control's bias raises the bar."""
+    from tuner.measure.control import lower_bound
+    values = [1.007, 1.077, 0.953]
+    lcb = lower_bound(values)
+    assert lcb < 1.0
+    text = recommendation(held_out(1.015, 3, 0.953, 1.077, lcb=lcb), min_held_out=3)
+    assert text.startswith("not beyond the noise") and "keep vanilla decoding" in text
+    assert "use the best parameters" not in text
+    beyond = recommendation(held_out(1.2, 3, lcb=1.04), min_held_out=3, margin=0.05)
+    assert beyond.startswith("not beyond the noise") and "bias 5.0 %" in beyond
+    assert recommendation(held_out(1.2, 3, lcb=1.06), 3, margin=0.05).startswith("use the best")
+
+
+def test_vanilla_against_itself_is_never_recommended():
+    text = self_control(held_out(1.04, 6, lcb=1.01))
+    assert text.startswith("use vanilla decoding: this study measured vanilla against itself")
+    assert "1.040x" in text and "never a gain" in text and "use the best" not in text
 
 
 def test_a_loss_says_how_much_slower():
     text = recommendation(held_out(0.84, 5), min_held_out=3)
     assert "16 % slower than vanilla" in text and "use vanilla decoding" in text
     assert relative(1.0) == "as fast as vanilla"
-
-
-def test_a_vanilla_recommendation_names_the_levels_and_rates_that_say_on():
-    """The overall verdict (vanilla) and a rate's own line (ON) answer different questions: the
-    recommendation says so instead of reading as a contradiction; a win or no ON line is left
-    alone."""
-    text = with_exceptions(recommendation(held_out(0.97, 5), 3), ["request rate 4/s"])
-    assert "use vanilla decoding" in text and text.endswith(
-        "except where the lines above say ON (request rate 4/s): there, the setting that line "
-        "names")
-    few = recommendation(held_out(1.4, 1), 3)           # "keep vanilla decoding": too few
-    assert "except where" in with_exceptions(few, ["concurrency 4"])
-    win = recommendation(held_out(1.25, 3), 3)
-    assert with_exceptions(win, ["concurrency 4"]) == win
-    assert with_exceptions(recommendation(held_out(0.9, 5), 3), []) == \
-        recommendation(held_out(0.9, 5), 3)
 
 
 def test_no_held_out_prompts_means_unconfirmed():
@@ -143,46 +149,58 @@ SPACE = {"spec_type": {"type": "categorical", "choices": ["ngram-simple", "ngram
                          "active_when": {"spec_type": ["ngram-mod"]}}}
 
 
-def levels_study(*trials):
-    """A study of engine trials: (params, {level: tuning throughput ratio}) each."""
+def levels_study(*trials, figure="decode_speedup"):
+    """A study of engine trials: (params, {level: the tuning ``figure`` there}) each."""
     import optuna
     from optuna.distributions import CategoricalDistribution, IntDistribution
     study = optuna.create_study(direction="maximize")
     dists = {"spec_type": CategoricalDistribution(["ngram-simple", "ngram-mod"]),
              "size_n": IntDistribution(1, 12), "mod_n_match": IntDistribution(1, 24)}
-    for params, ratios in trials:
+    for params, ratios, *extra in trials:
         study.add_trial(optuna.trial.create_trial(
             params=params, distributions=dists, value=max(ratios.values()),
-            user_attrs={f"throughput_ratio@c{level}": r for level, r in ratios.items()}))
+            user_attrs={**{f"{figure}@c{level}": r for level, r in ratios.items()},
+                        **(extra[0] if extra else {})}))
     return study
 
 
-def level_settings(levels=(1, 4)):
+def level_settings(levels=(1, 4), objective="decode_speedup"):
     from types import SimpleNamespace
     return SimpleNamespace(space=SPACE, default={"spec_type": "ngram-simple", "size_n": 12,
                                                  "mod_n_match": 24},
-                           concurrency=tuple(levels),
-                           engine_object=SimpleNamespace(max_concurrency=64))
+                           concurrency=tuple(levels), objectives=(objective,),
+                           min_held_out_prompts=3, method_choice="prompt_lookup",
+                           engine_object=SimpleNamespace(max_concurrency=64,
+                                                         default_objective="decode_speedup"))
+
+
+def held_at(level, ratio, lcb, figure="decode_speedup", prompts=3):
+    return {f"held_out_{figure}@c{level}": ratio, f"held_out_{figure}_lcb@c{level}": lcb,
+            "held_out_prompts": prompts}
 
 
 SIMPLE = {"spec_type": "ngram-simple", "size_n": 3, "mod_n_match": 24}
 
 
-@pytest.mark.parametrize("held,on", [(1.2, True), (0.84, False), (None, None)])
-def test_a_level_is_on_only_where_the_held_out_run_was_faster(held, on):
-    """Tuning says faster at concurrency 1; the line and the schedule follow the held-out run:
-    ON (>1), OFF (<=1, said so), or not confirmed (no held-out prompts)."""
+@pytest.mark.parametrize("held,on", [((1.2, 1.1), True), ((0.84, 0.8), False),
+                                     ((1.05, 0.97), False), (None, None)])
+def test_a_level_is_on_only_where_the_held_out_run_beat_vanilla_beyond_the_noise(held, on):
+    """Tuning says faster at concurrency 1; the line and the schedule follow the held-out run
+    by the study's objective (the decode phase): ON where its lower bound is above 1, OFF
+    otherwise (1.05x with a lower bound of 0.97 is noise: said so), or not confirmed (no
+    held-out prompts)."""
     from tuner.study.decide import level_decision
     from tuner.study.outcome import State
     study = levels_study((SIMPLE, {1: 1.3, 4: 0.9}))
-    confirmed = {} if held is None else {"held_out_throughput_ratio@c1": held,
-                                         "held_out_throughput_ratio@c4": 0.8}
+    confirmed = {} if held is None else {**held_at(1, *held), **held_at(4, 0.8, 0.7)}
     one, four = (level_decision(level_settings(), study, confirmed, level) for level in (1, 4))
     line = one.reason
+    assert "decode-phase speedup 1.300x" in line and "throughput" not in line
     if on:
         assert "speculation ON" in line and one.deployed == SIMPLE and one.state is State.ON
+        assert "95 % lower bound 1.100x" in line
     elif on is False:
-        assert "speculation ON" not in line and "vanilla was faster on the held-out" in line
+        assert "speculation ON" not in line and "not beyond the noise" in line
         assert one.deployed is None and one.state is State.OFF
     else:
         assert "not confirmed (no held-out prompts" in line and "speculation ON" not in line
@@ -215,7 +233,8 @@ def test_a_rate_is_on_only_where_the_held_out_goodput_was_higher(held, on):
                                traffic=Traffic((0.5, 4.0), 8, {"tpot_ms": 50}))
     assert rates_of(settings) == ["0.5", "4"]
     confirmed = {} if held is None else {"held_out_goodput@r4": held[0],
-                                         "held_out_vanilla_goodput@r4": held[1]}
+                                         "held_out_vanilla_goodput@r4": held[1],
+                                         "held_out_prompts": 3}
     decision = rate_decision(settings, study, confirmed, "4")
     params, line = decision.deployed, decision.reason
     assert "goodput (SLO tpot_ms <= 50) 1.50 vs vanilla 1.00 req/s" in line
@@ -223,7 +242,7 @@ def test_a_rate_is_on_only_where_the_held_out_goodput_was_higher(held, on):
         assert line.endswith("speculation ON: trial #2 {'spec_type': 'ngram-simple', "
                              "'size_n': 3}") and params == SIMPLE
     elif on is False:
-        assert "speculation OFF at this rate (better on the tuning prompts only" in line
+        assert "speculation OFF at this rate (faster on the tuning prompts only" in line
         assert params is None
     else:
         assert "not confirmed (no held-out prompts at this rate)" in line and params == SIMPLE
@@ -232,14 +251,32 @@ def test_a_rate_is_on_only_where_the_held_out_goodput_was_higher(held, on):
     assert params is None and "OFF at this rate (vanilla met the SLO as often)" in line
 
 
+def test_a_level_is_decided_by_the_objective_and_names_the_studys_winner():
+    """The objective's figure at the level decides (never throughput beside it); where the
+    study measured one level, its winner is the level's one winner."""
+    from tuner.study.decide import level_decision
+    mod = {"spec_type": "ngram-mod", "size_n": 12, "mod_n_match": 4}
+    study = levels_study((SIMPLE, {1: 1.10}, {"throughput_ratio@c1": 1.9}),   # throughput
+                         (mod, {1: 1.12}, {"throughput_ratio@c1": 1.0}))     # favours #0
+    confirmed = held_at(1, 1.1, 1.05)
+    several = level_decision(level_settings(), study, confirmed, 1)
+    assert several.trial == 1 and "decode-phase speedup 1.120x" in several.reason
+    alone = level_decision(level_settings((1,)), study, confirmed, 1, winner=0)
+    assert alone.trial == 0 and "(trial #0)" in alone.reason
+    by_throughput = level_decision(level_settings(objective="throughput_ratio"),
+                                   levels_study((SIMPLE, {1: 1.9}), (mod, {1: 1.0}),
+                                                figure="throughput_ratio"),
+                                   held_at(1, 1.5, 1.2, "throughput_ratio"), 1)
+    assert by_throughput.trial == 0 and "throughput 1.900x" in by_throughput.reason
+
+
 def test_a_level_line_shows_only_the_parameters_that_act():
     """ngram-simple's size_n is shown, ngram-mod's mod_n_match (not acting there) is not."""
     from tuner.search.space import active_params
     from tuner.study.decide import level_decision
     study = levels_study((SIMPLE, {1: 1.3, 4: 1.2}))
-    line = level_decision(level_settings(), study, {"held_out_throughput_ratio@c1": 1.1,
-                                                    "held_out_throughput_ratio@c4": 1.05},
-                          1).reason
+    line = level_decision(level_settings(), study, {**held_at(1, 1.1, 1.05),
+                                                    **held_at(4, 1.05, 1.01)}, 1).reason
     assert "'size_n': 3" in line and "mod_n_match" not in line
     assert active_params({"spec_type": "ngram-mod", "size_n": 12, "mod_n_match": 4, "x": 1},
                          SPACE) == {"spec_type": "ngram-mod", "mod_n_match": 4, "x": 1}

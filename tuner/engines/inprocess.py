@@ -25,7 +25,6 @@ from decoding.compiled import CompiledTarget
 from decoding.eagle_weights import head_source
 from tuner.config.build import build_method, load_models
 from tuner.config.validate import check_generation_fits, check_head_fits
-from tuner.measure.bounds import DEFAULT_SLACK
 from tuner.measure.energy import EnergyMeter, EnergyReading
 from tuner.measure.evaluator import (
     BaselineStore,
@@ -79,7 +78,7 @@ class HFEvaluator:
         self.warned_about: set[Any] = set()   # what a prediction's one-line notice has said
         self.profile = settings.profile       # search.profile, until it fails its check
         self.untimed_runs = 0                 # untimed, traced generations made (per prompt)
-        self.bound_slack = DEFAULT_SLACK      # tuner.measure.bounds (an A/A control may widen it)
+        self.bound_slack = settings.bound_slack   # tuner.measure.bounds
         self.rate_requests: dict = {}         # no request rates in process (servers keep them)
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from tuner.config.validate import check_generation_fits
 from tuner.engines.client import send_batch
 from tuner.engines.server import EngineError, EngineServer
 from tuner.engines.stream import send_schedule
-from tuner.measure.bounds import DEFAULT_SLACK, ImpossibleMeasurement, rate_beyond
+from tuner.measure.bounds import ImpossibleMeasurement, rate_beyond
 from tuner.measure.evaluator import BaselineStore, Evaluation, MeasureSettings, Paired
 from tuner.measure.hygiene import allowed_cpus, configure_threads, sample_other_load
 from tuner.measure.lossless import Gap, ulp
@@ -102,7 +102,8 @@ class ServerEvaluator:
         self.rate_requests: dict = {}         # ... and each rate's streamed requests (control)
         self.said_beyond = False              # search.profile: extrapolation said once
         self.profile = settings.profile       # search.profile, until it fails its check
-        self.bound_slack = DEFAULT_SLACK      # tuner.measure.bounds (an A/A control may widen it)
+        self.bound_slack = settings.bound_slack   # tuner.measure.bounds (an A/A control may
+        #                                           widen it)
 
     # -- hooks -----------------------------------------------------------------------------------
 

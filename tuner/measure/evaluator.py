@@ -96,6 +96,7 @@ class MeasureSettings(MethodView):
     traffic: Traffic = Traffic()       # request rates (engine servers; tuner.measure.rates)
     profile: Any = None                # search.profile, loaded (tuner.predict.surface), or None
     predict_for: Any = None            # search.predict_for: another machine's profile, or None
+    bound_slack: float = 0.25          # tuner.measure.bounds: the physical bound's slack
 
     def contention_guard(self) -> ContentionGuard:
         """The ``contention=`` policy every backend applies before each measured pair."""

@@ -7,6 +7,9 @@ measured on the same batches at the same level:
     last answer), and ``vanilla_tokens_per_s@c<c>``; ``throughput_ratio@c<c>`` their ratio;
   * ``speedup@c<c>``: the geometric mean of the requests' paired speedups (per-request latency per
     token, the number one user of that server feels);
+  * ``<figure>_lcb@c<c>``: the one-sided 95 % lower confidence bound of ``speedup``,
+    ``decode_speedup`` (over the requests) and ``throughput_ratio`` (over the batches), which the
+    level's decision reads (``tuner.study.decide``);
   * ``decode_speedup@c<c>``: the same of the decode phase alone (the server's own decode time
     per token after the first; the prefill left out);
   * ``tpot_ms@c<c>`` / ``vanilla_tpot_ms@c<c>``: the server's own decode time per output token
@@ -24,6 +27,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from decoding.acceptance import total
+from tuner.measure.control import lower_bound
 from tuner.measure.evaluator import Paired
 from tuner.measure.figures import level_key
 from tuner.measure.measurement import Measurement, geometric_mean
@@ -43,6 +47,8 @@ def level_summary(pairs: Sequence[Paired]) -> dict[str, float]:
                    "throughput_ratio": method_tps / base_tps,
                    "speedup": geometric_mean([m.speedup for m in ms]),
                    "tpot_ms": tpot_ms(ms), "vanilla_tpot_ms": tpot_ms(refs)}
+        figures["speedup_lcb"] = lower_bound([m.speedup for m in ms])
+        figures["throughput_ratio_lcb"] = lower_bound(batch_ratios(group, c))
         out.update({level_key(name, c): value for name, value in figures.items()})
         out.update(decode_speedup(ms, c))
         out.update({level_key("acceptance_rate", c): counts.acceptance_rate,
@@ -80,6 +86,18 @@ def tpot_ms(ms: Sequence[Measurement]) -> float:
 
 def decode_speedup(ms: Sequence[Measurement], level: int) -> dict[str, float]:
     """``decode_speedup@c<level>``: the geometric mean of the requests' paired decode-phase
-    speedups (none where the server reported no decode time)."""
+    speedups (none where the server reported no decode time), and its lower bound."""
     values = [m.decode_speedup for m in ms if m.decode_speedup is not None]
-    return {level_key("decode_speedup", level): geometric_mean(values)} if values else {}
+    return {level_key("decode_speedup", level): geometric_mean(values),
+            level_key("decode_speedup_lcb", level): lower_bound(values)} if values else {}
+
+
+def batch_ratios(group: Sequence[Paired], level: int) -> list[float]:
+    """Per batch of ``level`` requests (in the order measured), the method's throughput over
+    the baseline's on it."""
+    out = []
+    for start in range(0, len(group), level):
+        batch = group[start:start + level]
+        ms, refs = [p.method for p in batch], [p.baseline for p in batch]
+        out.append(throughput(ms) / throughput(refs))
+    return out

@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from decoding.acceptance import AcceptanceCounts, total
+from tuner.measure.control import lower_bound
 from tuner.measure.energy import EnergyReading
 from tuner.measure.timing import peak_memory_bytes
 
@@ -119,7 +120,8 @@ def geometric_mean(values: Sequence[float]) -> float:
 
 def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
               device: torch.device) -> dict[str, float]:
-    """The numbers logged per trial; ``speedup`` is the paired geometric mean."""
+    """The numbers logged per trial; ``speedup`` is the paired geometric mean, ``*_lcb`` its
+    one-sided 95 % lower confidence bound (``tuner.measure.control.lower_bound``)."""
     tokens = sum(m.new_tokens for m in ms)
     wall = sum(m.wall_s for m in ms)
     counts = total([m.counts for m in ms])
@@ -136,10 +138,12 @@ def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
         out["speedup"] = geometric_mean(speedups)
         out["speedup_min"], out["speedup_max"] = min(speedups), max(speedups)
         out["speedup_log_std"] = statistics.pstdev([math.log(s) for s in speedups])
+        out["speedup_lcb"] = lower_bound(speedups)
     decode = [m.decode_speedup for m in ms if m.decode_speedup is not None]
     if decode:
         out["decode_speedup"] = geometric_mean(decode)
         out["decode_speedup_min"], out["decode_speedup_max"] = min(decode), max(decode)
+        out["decode_speedup_lcb"] = lower_bound(decode)
     firsts = [m.prompt_s for m in ms if m.prompt_s is not None]
     if firsts:
         out["ttft_ms"] = 1e3 * statistics.fmean(firsts)

@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial
 from tuner.predict.predict import summary_line
 from tuner.search.space import active_params
 from tuner.study import decide
+from tuner.study.guard import CONTROL, OVERRIDE
 from tuner.study.level_plan import level_schedule
 from tuner.study.level_plan import rows as level_plan_rows
 from tuner.study.notes import compare_previous, study_notes, time_line, trials_table
@@ -38,7 +39,8 @@ def conclude(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     params = trial_params(settings, winner)
     best = {"trial": winner.number, "value": winner.values[0], "trials": len(completed(study)),
             "run_id": winner.user_attrs.get("mlflow_run_id")}
-    levels, rates = decide.decisions(settings, study, confirmed)
+    margin = control_margin(study)
+    levels, rates = decide.decisions(settings, study, confirmed, winner.number, margin)
     prediction, forms = predictions(settings, study, evaluator, params, say)
     deploy = deploy_answer(settings, evaluator, params, levels, rates, forms)
     record = TrialRecord.read(winner)
@@ -56,7 +58,7 @@ def conclude(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
         winner=Winner(winner.number, float(winner.values[0]), best["trials"], best["run_id"],
                       params, active_params(params, settings.space), figures),
         confirmed=confirmed, levels=levels, rates=rates, deploy=deploy, prediction=prediction,
-        recommendation=decide.recommendation(settings, confirmed, levels, rates),
+        recommendation=decide.recommendation(settings, confirmed, levels, rates, margin),
         notes=(*([since] if since else []), *notes), acceptance=acceptance(confirmed),
         budget=dict(settings.budget), energy_reason=described.get("energy", ""),
         quality_bound=settings.bound.describe() if settings.bound.active or
@@ -65,6 +67,17 @@ def conclude(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
         trials=tuple(trials_table(settings, study)),
         metrics=study_metrics(settings, study, prediction), replay=replay,
         replay_header=header, best_path=folder / f"{settings.name}.yaml")
+
+
+def control_margin(study: optuna.Study) -> float:
+    """What a held-out ratio must beat vanilla by beyond its lower bound: the A/A control's
+    bias where the study measured anyway although the control read beyond its bound
+    (``control.override``); within its bound the control's deviation is noise, which the lower
+    bound already holds (0)."""
+    report = study.user_attrs.get(CONTROL)
+    if not report or report.get("within") or not study.user_attrs.get(OVERRIDE):
+        return 0.0
+    return max(abs(row["ratio"] - 1.0) for row in report["rows"])
 
 
 def predictions(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,

@@ -1,19 +1,35 @@
-"""The finish step's decisions, each made once from the study's data (``tuner.study.outcome``).
+"""The finish step's decisions, each made once from the study's data (``tuner.study.outcome``),
+all by the study's one objective.
 
-Per concurrency level (engine servers) and per request rate, one rule: speculation is ON where
-the best tuning trial there beat vanilla *and* the held-out confirmation (which measures the
-overall winner) beat vanilla there; NOT_CONFIRMED without held-out figures there; OFF where one
-of them lost. The recommendation is the held-out verdict (``tuner.study.verdict
-.recommendation``), the rate's own decision where a rate objective chose the winner, and names
-the levels and rates whose decision is ON where it says to stay with vanilla.
+Per concurrency level (engine servers) the figure is the objective's at that level
+(``level_figure``: ``decode_speedup@c<level>`` for an engine's default objective, the end-to-end
+``speedup`` or ``throughput_ratio`` where the user chose them): never a second metric. Per request
+rate it is the rate's counterpart (goodput under ``search.slo``, else TPOT for the decode phase,
+end-to-end latency for the end-to-end objective). A level has one winner: the study's winner
+where the study measured one level (its figure there is the objective), else the best trial by
+the figure at that level. The rule, for each:
+
+* OFF where that trial did not beat vanilla on the tuning prompts;
+* NOT_CONFIRMED without held-out figures there, or on fewer than ``min_held_out_prompts``;
+* OFF where the held-out winner broke the quality bound, or did not beat vanilla beyond the
+  noise: its held-out ratio there must exceed 1 + the A/A control's bias (``margin``) with its
+  one-sided 95 % lower confidence bound (``*_lcb``: ``tuner.measure.control.lower_bound``), or,
+  where no bound can be computed (a rate's percentiles, one prompt), by ``STATED_MARGIN``;
+* ON otherwise.
+
+The recommendation (``recommendation``) is read from these decisions where the study has any
+(engines): one clause per level and rate, so it can never say both "use vanilla" and ON for the
+same place; in process it is ``tuner.study.verdict.recommendation`` by the same rule. A study of
+``method=vanilla`` is an A/A control of its path: it never recommends vanilla over itself.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.measure.figures import level_key, parse, rate_key, rate_text
+from tuner.measure.figures import level_key, rate_key, rate_text, split_level
 from tuner.search.space import active_params
 from tuner.study import verdict
 from tuner.study.outcome import Decision, State
@@ -25,53 +41,117 @@ if TYPE_CHECKING:
 
     from tuner.study.settings import StudySettings
 
+LEVEL_FIGURES = {"speedup": "end-to-end speedup", "decode_speedup": "decode-phase speedup",
+                 "throughput_ratio": "throughput"}
+STATED_MARGIN = 0.03        # beyond vanilla where no confidence bound exists (a rate's p50)
 
-def decisions(settings: StudySettings, study: optuna.Study, confirmed: Mapping[str, float]
+
+@dataclass(frozen=True)
+class Judged:
+    """Whether a held-out figure beats vanilla beyond the noise, and the words for it."""
+
+    beats: bool | None           # None: no held-out figure
+    text: str
+
+
+def judge_held_out(confirmed: Mapping[str, Any], name: str, level: int | None,
+                   margin: float) -> Judged:
+    """The held-out ``name`` (at ``level``) against vanilla by the module docstring's rule."""
+    def key(figure: str) -> str:
+        return level_key(figure, level) if level is not None else figure
+    point = confirmed.get(key(f"held_out_{name}"))
+    if point is None:
+        return Judged(None, "n/a")
+    low = confirmed.get(key(f"held_out_{name}_lcb"))
+    prompts = int(confirmed.get("held_out_prompts", 0))
+    if low is not None and low > 0:
+        return Judged(low > 1.0 + margin, f"{point:.3f}x (95 % lower bound {low:.3f}x, "
+                                          f"{prompts} prompts)")
+    return Judged(point > 1.0 + max(margin, STATED_MARGIN),
+                  f"{point:.3f}x ({prompts} prompts, no lower bound: beyond "
+                  f"{1 + max(margin, STATED_MARGIN):.2f}x needed)")
+
+
+def level_figure(settings: StudySettings) -> str:
+    """The objective's figure at a level (module docstring)."""
+    name = split_level(settings.objectives[0])[0]
+    return name if name in LEVEL_FIGURES else settings.engine_object.default_objective
+
+
+def decisions(settings: StudySettings, study: optuna.Study, confirmed: Mapping[str, float],
+              winner: int | None = None, margin: float = 0.0
               ) -> tuple[tuple[Decision, ...], tuple[Decision, ...]]:
-    """(per level, per measured rate): each decided once."""
+    """(per level, per measured rate): each decided once; ``winner``: the study's winner (the
+    one level's winner where the study measured one), ``margin``: the A/A control's bias."""
     levels: list[Decision] = []
     if settings.engine_object.max_concurrency > 1:
         levels = [d for level in settings.concurrency
-                  if (d := level_decision(settings, study, confirmed, level)) is not None]
+                  if (d := level_decision(settings, study, confirmed, level, winner, margin))
+                  is not None]
     rates = [d for rate in rates_of(settings)
-             if (d := rate_decision(settings, study, confirmed, rate)) is not None]
+             if (d := rate_decision(settings, study, confirmed, rate, margin)) is not None]
     return tuple(levels), tuple(rates)
 
 
 def decide(kind: str, at: str, line: str, tuning: float, held: float | None,
-           tuning_better: bool, held_better: bool | None, trial: int,
-           params: dict[str, Any], chosen: str, tuning_lost: str, held_lost: str) -> Decision:
-    """The module docstring's rule, and the line that says it."""
+           tuning_better: bool, judged: Judged, trial: int, params: dict[str, Any],
+           chosen: str, tuning_lost: str, gate: str | None = None) -> Decision:
+    """The module docstring's rule, and the line that says it; ``gate``: why the held-out
+    figure cannot confirm (quality, too few prompts) where it cannot."""
     where = "level" if kind == "level" else "rate"
     if not tuning_better:
         state, text = State.OFF, f"speculation OFF at this {where} ({tuning_lost})"
-    elif held_better is None:
+    elif judged.beats is None:
         state, text = State.NOT_CONFIRMED, (f"not confirmed (no held-out prompts at this "
                                             f"{where}): tuning favours {chosen}")
-    elif not held_better:
-        state, text = State.OFF, f"speculation OFF at this {where} ({held_lost})"
+    elif gate == "few":
+        state, text = State.NOT_CONFIRMED, (f"not confirmed (fewer held-out prompts than "
+                                            f"min_held_out_prompts): tuning favours {chosen}")
+    elif gate == "quality":
+        state, text = State.OFF, (f"speculation OFF at this {where} (the winner broke the "
+                                  "quality bound on the held-out prompts)")
+    elif not judged.beats:
+        state, text = State.OFF, (f"speculation OFF at this {where} (faster on the tuning "
+                                  "prompts only: not beyond the noise on the held-out ones)")
     else:
         state, text = State.ON, f"speculation ON: {chosen}"
     return Decision(kind, at, state, params, trial, tuning, held, line + text)
 
 
+def gate_of(settings: StudySettings, confirmed: Mapping[str, float]) -> str | None:
+    """Why held-out figures cannot confirm anything (None: they can)."""
+    if not confirmed:
+        return None
+    if confirmed.get("held_out_feasible") == 0.0:
+        return "quality"
+    if int(confirmed.get("held_out_prompts", 0)) < settings.min_held_out_prompts:
+        return "few"
+    return None
+
+
 def level_decision(settings: StudySettings, study: optuna.Study,
-                   confirmed: Mapping[str, float], level: int) -> Decision | None:
-    """Concurrency ``level``'s decision by throughput over vanilla; None where no trial
+                   confirmed: Mapping[str, float], level: int, winner: int | None = None,
+                   margin: float = 0.0) -> Decision | None:
+    """Concurrency ``level``'s decision by the objective's figure there; None where no trial
     measured the level."""
-    top = level_best(study, "throughput_ratio", level)
+    name = level_figure(settings)
+    done = {t.number: t for t in completed(study)}
+    top = done.get(winner) if winner is not None and len(settings.concurrency) == 1 else None
+    if top is None or TrialRecord.read(top).at_level(name, level) is None:
+        top = level_best(study, name, level)
     if top is None:
         return None
-    ratio = TrialRecord.read(top).at_level("throughput_ratio", level)
-    held = confirmed.get(level_key("held_out_throughput_ratio", level))
+    ratio = TrialRecord.read(top).at_level(name, level)
+    judged = judge_held_out(confirmed, name, level, margin)
+    held = confirmed.get(level_key(f"held_out_{name}", level))
     params = trial_params(settings, top)
     shown = active_params(params, settings.space)
-    line = (f"best tuning throughput {ratio:.3f}x vanilla (trial #{top.number}); the winner on "
-            f"held-out prompts {'n/a' if held is None else f'{held:.3f}x'}; ")
-    return decide("level", str(level), line, ratio, held, ratio > 1.0,
-                  None if held is None else held > 1.0, top.number, params,
-                  f"trial #{top.number} {shown}", "vanilla is faster",
-                  "faster on the tuning prompts only; vanilla was faster on the held-out ones")
+    label = LEVEL_FIGURES[name]
+    line = (f"best tuning {label} {ratio:.3f}x vanilla (trial #{top.number}); the winner on "
+            f"held-out prompts {judged.text}; ")
+    return decide("level", str(level), line, ratio, held, ratio > 1.0, judged, top.number,
+                  params, f"trial #{top.number} {shown}", "vanilla is faster",
+                  gate_of(settings, confirmed))
 
 
 def level_best(study: optuna.Study, name: str, level: int) -> optuna.trial.FrozenTrial | None:
@@ -87,36 +167,50 @@ def rates_of(settings: StudySettings) -> list[str]:
     return [rate_text(rate) for rate in settings.traffic.rates]
 
 
-def rate_gain(figures: Mapping[str, float], rate: str, slo: bool,
+def rate_figure(settings: StudySettings) -> tuple[str, str, str, int, bool]:
+    """(figure, label, unit, digits, higher is better) a rate is decided by: goodput under an
+    SLO; else the objective's counterpart (end-to-end latency for ``speedup``, TPOT for the
+    decode phase)."""
+    if settings.traffic.slo:
+        bounds = ", ".join(f"{k} <= {v:g}" for k, v in settings.traffic.slo.items())
+        return "goodput", f"goodput (SLO {bounds})", "req/s", 2, True
+    if level_figure(settings) == "speedup":
+        return "e2e_ms_p50", "end-to-end latency p50", "ms", 0, False
+    return "tpot_ms_p50", "TPOT p50", "ms", 1, False
+
+
+def rate_gain(figures: Mapping[str, float], rate: str, figure: str, higher: bool,
               prefix: str = "") -> float | None:
-    """How much better than vanilla at ``rate``: with an SLO, goodput minus vanilla's
-    (requests/s that met it); without, vanilla's TPOT p50 over the method's, minus 1. None
-    where the rate was not measured."""
-    if slo:
-        got, ref = (figures.get(rate_key(f"{prefix}{side}goodput", rate))
-                    for side in ("", "vanilla_"))
-        gain = None if got is None or ref is None else got - ref
-    else:
-        ratio = figures.get(rate_key(f"{prefix}tpot_ratio", rate))
-        gain = None if ratio is None else ratio - 1.0
-    return gain if gain is not None and math.isfinite(gain) else None
+    """How much better than vanilla at ``rate``, relatively: the method's ``figure`` over
+    vanilla's, minus 1 (inverted where lower is better). None where the rate was not
+    measured; +inf where vanilla scored 0 goodput and the method did not."""
+    got, ref = (figures.get(rate_key(f"{prefix}{side}{figure}", rate))
+                for side in ("", "vanilla_"))
+    if got is None or ref is None or not (math.isfinite(got) and math.isfinite(ref)):
+        return None
+    if higher:
+        return got / ref - 1.0 if ref > 0 else (math.inf if got > 0 else 0.0)
+    return ref / got - 1.0 if got > 0 else None
 
 
 def rate_decision(settings: StudySettings, study: optuna.Study,
-                  confirmed: Mapping[str, float], rate: str) -> Decision | None:
-    """Request rate ``rate``'s decision: by goodput under ``search.slo``, else by TPOT; None
-    where no trial measured it."""
-    slo = bool(settings.traffic.slo)
+                  confirmed: Mapping[str, float], rate: str,
+                  margin: float = 0.0) -> Decision | None:
+    """Request rate ``rate``'s decision (``rate_figure``); None where no trial measured it."""
+    figure, label, unit, digits, higher = rate_figure(settings)
     done = completed(study)
-    gains = {t.number: rate_gain(TrialRecord.read(t).figures, rate, slo) for t in done}
+    gains = {t.number: rate_gain(TrialRecord.read(t).figures, rate, figure, higher)
+             for t in done}
     measured = [t for t in done if gains[t.number] is not None]
     if not measured:
         return None
     top = max(measured, key=lambda t: gains[t.number])
     figures = TrialRecord.read(top).figures
-    held = rate_gain(confirmed, rate, slo, "held_out_")
+    held = rate_gain(confirmed, rate, figure, higher, "held_out_")
     params = trial_params(settings, top)
     shown = active_params(params, settings.space)
+    needed = max(margin, STATED_MARGIN)
+    judged = Judged(None if held is None else held > needed, "")
 
     def pair(prefix: str, name: str, label: str, unit: str, digits: int) -> str:
         source = confirmed if prefix else figures
@@ -125,46 +219,51 @@ def rate_decision(settings: StudySettings, study: optuna.Study,
         return f"{label} n/a" if got is None or ref is None else \
             f"{label} {got:.{digits}f} vs vanilla {ref:.{digits}f} {unit}"
 
-    bounds = ", ".join(f"{k} <= {v:g}" for k, v in (settings.traffic.slo or {}).items())
-    what = ("goodput", f"goodput (SLO {bounds})", "req/s", 2) if slo else \
-        ("tpot_ms_p50", "TPOT p50", "ms", 1)
-    line = (f"best tuning {pair('', *what)} (trial #{top.number}); the winner on held-out "
-            f"prompts {pair('held_out_', *what)}, "
+    line = (f"best tuning {pair('', figure, label, unit, digits)} (trial #{top.number}); the "
+            f"winner on held-out prompts {pair('held_out_', figure, label, unit, digits)} "
+            f"(beyond vanilla by {100 * needed:.0f} % needed: no lower bound at a rate), "
             f"{pair('held_out_', 'tpot_ms_p90', 'TPOT p90', 'ms', 1)}, "
             f"{pair('held_out_', 'ttft_ms_p90', 'TTFT p90', 'ms', 0)}; ")
-    return decide("rate", rate, line, gains[top.number], held, gains[top.number] > 0,
-                  None if held is None else held > 0, top.number, params,
-                  f"trial #{top.number} {shown}",
-                  f"vanilla {'met the SLO as often' if slo else 'is as fast or faster'}",
-                  "better on the tuning prompts only; not on the held-out ones")
+    lost = ("vanilla met the SLO as often" if figure == "goodput" else
+            "vanilla is as fast or faster")
+    return decide("rate", rate, line, gains[top.number], held, gains[top.number] > 0, judged,
+                  top.number, params, f"trial #{top.number} {shown}", lost,
+                  gate_of(settings, confirmed))
 
 
 def recommendation(settings: StudySettings, confirmed: Mapping[str, float],
-                   levels: tuple[Decision, ...], rates: tuple[Decision, ...]) -> str:
-    """The study's one recommendation (module docstring), from the decisions above."""
-    advice = rate_advice(settings, confirmed, rates) or verdict.recommendation(
-        confirmed, settings.min_held_out_prompts, settings.objectives[0])
-    on_at = [d.label for d in levels + rates if d.state is State.ON]
-    return verdict.with_exceptions(advice, on_at)
+                   levels: tuple[Decision, ...], rates: tuple[Decision, ...],
+                   margin: float = 0.0) -> str:
+    """The study's one recommendation (module docstring)."""
+    if settings.method_choice == "vanilla":
+        return verdict.self_control(confirmed, settings.objectives[0])
+    if levels or rates:
+        return from_decisions(levels + rates, bool(confirmed))
+    return verdict.recommendation(confirmed, settings.min_held_out_prompts,
+                                  settings.objectives[0], margin)
 
 
-def rate_advice(settings: StudySettings, confirmed: Mapping[str, float],
-                rates: tuple[Decision, ...]) -> str | None:
-    """The recommendation of a study chosen by a request-rate objective (``goodput@r4``), from
-    that rate's own decision, so the two agree; None (the usual recommendation) for any other
-    objective, without held-out figures, or where the usual gates speak first (the winner broke
-    the quality bound, or too few held-out prompts)."""
-    objective = settings.objectives[0]
-    key = parse(objective)
-    rate = None if key is None or key.rate is None else rate_text(key.rate)
-    if rate is None or not confirmed or confirmed.get("held_out_feasible") == 0.0 or \
-            int(confirmed.get("held_out_prompts", 0)) < settings.min_held_out_prompts:
-        return None
-    decision = next((d for d in rates if d.at == rate), None)
-    if decision is None:
-        return None
-    verdict = {State.OFF: "use vanilla decoding",
-               State.ON: "use the setting this line names (deploy.per_rate in the best YAML)",
-               State.NOT_CONFIRMED: "keep vanilla decoding until held-out prompts confirm the "
-                                    "setting it names"}[decision.state]
-    return f"at {rate} requests/s (the objective {objective}): {verdict}; {decision.reason}"
+def from_decisions(decided: tuple[Decision, ...], confirmed: bool) -> str:
+    """One clause per level and rate, each its decision's own answer."""
+    if not confirmed:
+        return "no held-out prompts: the winner is unconfirmed (task.n_held_out=0)"
+    if all(d.state is State.OFF for d in decided):
+        return ("use vanilla decoding: no level or rate beat it beyond the noise ("
+                + "; ".join(f"{d.label}: {reason_of(d)}" for d in decided) + ")")
+
+    def clause(d: Decision) -> str:
+        if d.state is State.ON:
+            return (f"at {d.label}: deploy trial #{d.trial} ({d.held_out:.3f}x vanilla held "
+                    "out; the deploy lines below)" if d.held_out is not None else
+                    f"at {d.label}: deploy trial #{d.trial} (the deploy lines below)")
+        if d.state is State.NOT_CONFIRMED:
+            return (f"at {d.label}: keep vanilla decoding until held-out prompts confirm "
+                    f"trial #{d.trial}")
+        return f"at {d.label}: use vanilla decoding"
+    return "; ".join(clause(d) for d in decided)
+
+
+def reason_of(d: Decision) -> str:
+    """The parenthesised reason of an OFF line."""
+    text = d.reason.rsplit("speculation OFF at this ", 1)[-1]
+    return text[text.find("(") + 1:text.rfind(")")] if "(" in text else text

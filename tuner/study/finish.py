@@ -202,11 +202,12 @@ def held_out_record(settings: StudySettings, evaluation: Evaluation) -> dict[str
            "speedup_max": s["speedup_max"], "tokens_per_s": s["tokens_per_s"],
            "vanilla_tokens_per_s": s["vanilla_tokens_per_s"],
            "mean_accepted_tokens": s["mean_accepted_tokens"], "prompts": s["prompts"],
+           "decode_tokens_per_step": s["decode_tokens_per_step"],
            "truncated_fraction": s["truncated_fraction"]}
     if "matches_vanilla" in s:
         out["matches_vanilla"] = s["matches_vanilla"]
-    out.update({k: s[k] for k in ("decode_speedup", "decode_speedup_min", "decode_speedup_max")
-                if k in s})
+    out.update({k: s[k] for k in ("decode_speedup", "decode_speedup_min", "decode_speedup_max",
+                                  "speedup_lcb", "decode_speedup_lcb") if k in s})
     quality = {k: v for k, v in s.items() if k.startswith(QUALITY_PREFIXES) or
                k in PERPLEXITY_KEYS}
     out.update(quality)

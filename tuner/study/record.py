@@ -19,7 +19,7 @@ from tuner.measure.figures import level_key, parse
 # and per-rate numbers (tuner.measure.figures: tuner.measure.levels, tuner.measure.rates) are kept
 # too: the schedule and the per-level and per-rate decisions read them
 FIGURES = ("speedup", "decode_speedup", "ttft_ms", "tokens_per_s", "mean_accepted_tokens",
-           "acceptance_rate",
+           "decode_tokens_per_step", "speedup_lcb", "decode_speedup_lcb", "acceptance_rate",
            "vanilla_drift_ratio", "perplexity", "vanilla_perplexity", "perplexity_ratio",
            "quality_drop", "energy_j_per_token", "vanilla_energy_j_per_token", "energy_ratio",
            "contended_prompts", "other_load_max", "throughput_ratio", "engine_restart_s",

@@ -24,6 +24,7 @@ from tuner.config.methods import method_choice
 from tuner.config.validate import check_journal, plain
 from tuner.engines import engine_config, engine_named, validated
 from tuner.engines.base import Engine
+from tuner.measure.bounds import DEFAULT_SLACK
 from tuner.measure.energy import EnergyMeter
 from tuner.measure.evaluator import MeasureSettings, MethodView
 from tuner.measure.hygiene import DEFAULT_WINDOW_S
@@ -78,6 +79,7 @@ class StudySettings(MethodView):
     traffic: Traffic = Traffic()       # budget.request_rate, requests_per_rate, search.slo
     profile: Any = None                # search.profile loaded (tuner.predict.surface) or None
     predict_for: Any = None            # search.predict_for loaded: another machine's profile
+    bound_slack: float = 0.25          # tuner.measure.bounds: the physical bound's slack
     control: Mapping[str, bool] = field(default_factory=lambda: {"guard": True,
                                                                  "override": False})
     #                                    the A/A control's guard (tuner.study.guard); not in the
@@ -222,7 +224,18 @@ class StudySettings(MethodView):
             tracking=plain(cfg.tracking), phase=str(cfg.get("phase", "all")),
             resume=str(cfg.resume), config_yaml=resolved_yaml(cfg), notices=notices,
             min_held_out_prompts=int(cfg.get("min_held_out_prompts", 3)), traffic=traffic,
-            profile=profile, predict_for=predict_for, control=control_settings(cfg))
+            profile=profile, predict_for=predict_for, control=control_settings(cfg),
+            bound_slack=bound_slack(cfg))
+
+
+def bound_slack(cfg: DictConfig) -> float:
+    """``bound_slack``: a number > 0 (one line otherwise)."""
+    value = cfg.get("bound_slack", DEFAULT_SLACK)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"bound_slack={value!r} is invalid: allowed is a number > 0 (the "
+                          "fraction a paired speedup may exceed its tokens per decode step by "
+                          "before it is measured again; default 0.25)")
+    return float(value)
 
 
 def control_settings(cfg: DictConfig) -> dict[str, bool]:

@@ -1,7 +1,11 @@
 """The study's verdict on its winner, from the held-out confirmation: what to do, and only as much
 as the held-out evidence supports (``recommendation``), judged by the held-out speedup of the
-kind the winner was chosen by (``verdict_key``); ``with_exceptions`` names the levels and rates
-decided ON where the verdict says to stay with vanilla (``tuner.study.decide``)."""
+kind the winner was chosen by (``verdict_key``). A setting is recommended only where its
+held-out speedup beats vanilla beyond the noise: its one-sided 95 % lower confidence bound
+(``held_out_<key>_lcb``, ``tuner.measure.control.lower_bound``) above 1 plus the A/A control's
+bias (``margin``). ``self_control``: a study of vanilla against itself, which never recommends
+vanilla over itself. Engine studies recommend from their per-level decisions
+(``tuner.study.decide``)."""
 
 from __future__ import annotations
 
@@ -49,9 +53,10 @@ def relative(ratio: float) -> str:
 
 
 def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3,
-                   objective: str = "speedup") -> str:
+                   objective: str = "speedup", margin: float = 0.0) -> str:
     """What to do, and only as much as the held-out evidence supports; judged by the held-out
-    speedup of the kind the winner was chosen by (``verdict_key``), named in the text."""
+    speedup of the kind the winner was chosen by (``verdict_key``), named in the text, beyond
+    the noise (module docstring)."""
     if not confirmed:
         return "no held-out prompts: the winner is unconfirmed (task.n_held_out=0)"
     key = verdict_key(objective, confirmed)
@@ -73,19 +78,33 @@ def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3,
         return (f"the winner ran {speed:.2f}x vanilla{phase} on held-out "
                 f"prompts but broke the quality bound there ({quality_line(held)}): prefer "
                 "vanilla decoding unless that loss is acceptable")
+    lcb = confirmed.get(f"held_out_{key}_lcb")
+    if lcb is None or lcb <= 1.0 + margin:
+        bound = "no lower bound (one prompt)" if lcb is None else \
+            f"its 95 % lower confidence bound is {lcb:.2f}x"
+        beyond = f" and the A/A control's bias {100 * margin:.1f} %" if margin else ""
+        return (f"not beyond the noise: the winner ran {speed:.2f}x vanilla{phase} on "
+                f"{prompts} held-out prompts (min {low:.2f}x, max {high:.2f}x), but {bound}, "
+                f"not above 1.00{beyond}: keep vanilla decoding, or confirm on more prompts "
+                "(task.n_held_out, then +best=<study> to replay)")
     lossy = ""
     if "held_out_perplexity_ratio" in confirmed:
         lossy = (f" (lossy: perplexity {confirmed['held_out_perplexity_ratio']:.3f}x vanilla's"
                  + (f", quality drop {confirmed['held_out_quality_drop']:+.3f}"
                     if "held_out_quality_drop" in confirmed else "") + ")")
     return (f"use the best parameters: {speed:.2f}x vanilla{phase} ({relative(speed)}) on "
-            f"{prompts} held-out prompts, min {low:.2f}x, max {high:.2f}x{lossy}")
+            f"{prompts} held-out prompts, min {low:.2f}x, max {high:.2f}x, 95 % lower bound "
+            f"{lcb:.2f}x{lossy}")
 
 
-def with_exceptions(advice: str, on_at: list[str]) -> str:
-    """A recommendation to stay with vanilla that names the levels / rates whose own lines say
-    ON, so the summary never reads as two answers."""
-    if not on_at or "vanilla decoding" not in advice:
-        return advice
-    return (f"{advice}; except where the lines above say ON ({', '.join(on_at)}): there, the "
-            "setting that line names")
+def self_control(confirmed: Mapping[str, float], objective: str = "speedup") -> str:
+    """A study of method=vanilla: vanilla against itself, an A/A control of its path."""
+    if not confirmed:
+        return ("use vanilla decoding: this study measured vanilla against itself (an A/A "
+                "control of this path; no held-out prompts)")
+    key = verdict_key(objective, confirmed)
+    speed = confirmed[f"held_out_{key}"]
+    lcb = confirmed.get(f"held_out_{key}_lcb")
+    shown = "" if lcb is None else f", 95 % lower bound {lcb:.3f}x"
+    return (f"use vanilla decoding: this study measured vanilla against itself (an A/A control "
+            f"of this path): held out {speed:.3f}x{shown}, the path's own noise, never a gain")
