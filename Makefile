@@ -62,7 +62,7 @@ bench: setup
 
 # The GPU kit (docs/gpu.md): `make gpu-kit` on a CPU machine with the registry (wheels for the GPU
 # image's Python into .gpu_kit/); `make gpu-check PART=cost` on the GPU machine (no setup, no network:
-# the image's python3 and the kit). PART: cost methods lossless compiled study all; CPU=--cpu for the
+# the image's python3 and the kit). PART: cost methods aa lossless compiled study all; CPU=--cpu for the
 # harness on a CPU.
 OUT ?= gpu-results
 PART ?= all

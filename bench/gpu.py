@@ -19,6 +19,12 @@ Sections:
     vanilla, tokens per target forward, output = vanilla's, and J/token from NVML's energy counter.
     Random weights make acceptance a property of this construction, not of a trained pair: read the
     per-forward costs and the loop overhead from it, not the speed-ups a real pair would get.
+    The order turns by one method per prompt, and each method warms up on a run as long as the
+    timed ones (vanilla first on every prompt after an 8-token warm-up read 44.0 ms per token on
+    an H200 where the loops part read 29.8: ``aa`` tells which suspect it was).
+  * ``aa``: vanilla against itself in the methods harness (a second vanilla among the methods),
+    as the harness ran on the H200 and with each suspect removed in turn: the order, the
+    warm-up's length, the energy meter, the other methods resident. 1.00 where it is fair.
 bf16 losslessness (where outputs first differ, and by how much) is bench/near_ties.py (any device).
 """
 
@@ -131,26 +137,38 @@ METHODS_7B = [
 ]
 
 
-def timed_runs(pair: ModelPair, configs, prompts, max_new_tokens: int, label: str) -> list[dict]:
+def timed_runs(pair: ModelPair, configs, prompts, max_new_tokens: int, label: str,
+               rotate: bool = True, meter_on: bool = True,
+               warmup_tokens: int | None = None) -> list[dict]:
+    """Every configuration on every prompt after the first (the warm-up's), side by side.
+    ``rotate``: the order turns by one configuration per prompt (else vanilla is always first);
+    ``meter_on``: each run inside an NVML energy meter; ``warmup_tokens``: the warm-up's length
+    (None: the runs' own ``max_new_tokens``)."""
     methods = []
     for name, method_name, kw in configs:
         method = build_method(method_name, pair, **kw)
-        generate(method, prompts[0], 8)                       # warm-up (kernels, allocator)
+        generate(method, prompts[0], warmup_tokens or max_new_tokens)   # kernels, allocator
         methods.append((name, method))
     totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0, "draft": 0, "same": 0, "joules": 0.0}
               for name, _ in methods}
     device = next(pair.target.parameters()).device
-    for prompt in prompts[1:]:
-        reference = None
-        for name, method in methods:
-            meter = EnergyMeter(device)
+    for number, prompt in enumerate(prompts[1:]):
+        reference = generate(methods[0][1], prompt, max_new_tokens).tokens \
+            if rotate and number % len(methods) else None      # vanilla's tokens (untimed)
+        turn = number % len(methods) if rotate else 0
+        for name, method in methods[turn:] + methods[:turn]:
+            meter = EnergyMeter(device) if meter_on else None
             synchronize(device)
             began = time.perf_counter()
-            with meter:
-                out = generate(method, prompt, max_new_tokens)   # tokens land on the host: synced
+            if meter is None:
+                out = generate(method, prompt, max_new_tokens)
+            else:
+                with meter:
+                    out = generate(method, prompt, max_new_tokens)   # tokens on the host: synced
             row = totals[name]
             row["seconds"] += time.perf_counter() - began
-            row["joules"] += (meter.reading.joules or 0.0) if meter.available else float("nan")
+            row["joules"] += (meter.reading.joules or 0.0) if meter is not None and \
+                meter.available else float("nan")
             row["tokens"] += out.stats.new_tokens
             row["steps"] += out.stats.steps
             row["draft"] += out.stats.draft_forwards
@@ -313,9 +331,43 @@ def section_methods(pair: ModelPair, prompts: int, max_new_tokens: int) -> list[
     return timed_runs(pair, METHODS_7B, ids, max_new_tokens, pair.target_name.split()[0])
 
 
+TWIN = ("vanilla (twin)", "vanilla", {})
+# the methods harness as the H200 run of 2026-11-28 measured it (vanilla first on every prompt, an
+# 8-token warm-up, the meter on), then each suspect removed in turn
+AA_SETUPS = (("as it ran: every method resident, vanilla first, 8-token warm-up, meter on",
+              METHODS_7B + [TWIN], {"rotate": False, "warmup_tokens": 8}),
+             ("order rotated per prompt", METHODS_7B + [TWIN], {"warmup_tokens": 8}),
+             ("warm-up as long as the runs", METHODS_7B + [TWIN], {"rotate": False}),
+             ("no energy meter", METHODS_7B + [TWIN],
+              {"rotate": False, "warmup_tokens": 8, "meter_on": False}),
+             ("no other method resident", [METHODS_7B[0], TWIN],
+              {"rotate": False, "warmup_tokens": 8}),
+             ("the fixed harness: rotated, full warm-up, meter on", METHODS_7B + [TWIN], {}))
+
+
+def section_aa(pair: ModelPair, prompts: int, max_new_tokens: int) -> list[dict]:
+    """Vanilla against itself in the methods harness (a second vanilla, ``TWIN``, among the
+    methods): 1.00 where the harness is fair. Each setup removes one suspect of the inflated
+    vanilla (44.0 ms per token there against 29.8 in the loops part on an H200): the order (the
+    method that ran before), a short warm-up, the meter, the resident methods."""
+    ids = random_prompts(prompts + 1, 64, pair.target.config.vocab_size)
+    rows = []
+    for label, configs, options in AA_SETUPS:
+        table = timed_runs(pair, configs, ids, max_new_tokens, "A/A", **options)
+        by_name = {row["configuration"]: row for row in table}
+        vanilla, twin = by_name["vanilla"], by_name[TWIN[0]]
+        rows.append({"setup": label, "twin_over_vanilla": twin["ratio"],
+                     "vanilla_ms_per_token": 1e3 * vanilla["seconds"] / vanilla["tokens"],
+                     "twin_ms_per_token": 1e3 * twin["seconds"] / twin["tokens"],
+                     "methods": len(configs)})
+        print(f"A/A  {label:<56} twin/vanilla {twin['ratio']:6.3f}x  vanilla "
+              f"{rows[-1]['vanilla_ms_per_token']:7.2f} ms/token", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="+", choices=["cost", "loops", "methods"])
+    parser.add_argument("sections", nargs="+", choices=["cost", "loops", "methods", "aa"])
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
@@ -341,7 +393,7 @@ def main() -> None:
                     "torch": torch.__version__,
                     "cuda": torch.version.cuda, "transformers": transformers.__version__,
                     "target": pair.target_name, "draft": pair.draft_name, "dtype": args.dtype}
-    if "methods" in args.sections or "loops" in args.sections:
+    if {"methods", "loops", "aa"} & set(args.sections):
         result |= {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens}
     if "cost" in args.sections:
         result["cost"] = section_cost(pair.target, sizes=tuple(args.sizes))
@@ -349,6 +401,8 @@ def main() -> None:
         result["loops"] = section_loops(pair, args.prompts, args.max_new_tokens)
     if "methods" in args.sections:
         result["methods"] = section_methods(pair, args.prompts, args.max_new_tokens)
+    if "aa" in args.sections:
+        result["aa"] = section_aa(pair, args.prompts, args.max_new_tokens)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
 

