@@ -49,6 +49,24 @@ def test_a_win_inside_the_noise_is_not_recommended():
     assert recommendation(held_out(1.2, 3, lcb=1.06), 3, margin=0.05).startswith("use the best")
 
 
+def test_a_setting_that_accepted_nothing_is_never_recommended():
+    """The CNN/DM llama.cpp study re-run: ngram-map-k accepted nothing on the held-out prompts
+    (1.00 tokens per decode step) and read 1.025x in the decode phase with a lower bound of
+    1.002 (its server process ran a little faster than the baseline's): no gain can come from
+    speculation, so the level is OFF and the verdict keeps vanilla."""
+    from tuner.study.decide import level_decision
+    from tuner.study.outcome import State
+    study = levels_study((SIMPLE, {1: 1.183}))
+    nothing = {**held_at(1, 1.025, 1.002), "held_out_decode_tokens_per_step@c1": 1.0}
+    decision = level_decision(level_settings((1,)), study, nothing, 1, winner=0)
+    assert decision.state is State.OFF and "1.00 tokens per decode step" in decision.reason
+    some = {**held_at(1, 1.3, 1.1), "held_out_decode_tokens_per_step@c1": 1.05}
+    assert level_decision(level_settings((1,)), study, some, 1, winner=0).state is State.ON
+    text = recommendation(held_out(1.025, 3, lcb=1.002, held_out_decode_tokens_per_step=1.0),
+                          min_held_out=3)
+    assert text.startswith("not beyond the noise") and "accepted 1.00 tokens per decode" in text
+
+
 def test_vanilla_against_itself_is_never_recommended():
     text = self_control(held_out(1.04, 6, lcb=1.01))
     assert text.startswith("use vanilla decoding: this study measured vanilla against itself")

@@ -14,7 +14,10 @@ the figure at that level. The rule, for each:
 * OFF where the held-out winner broke the quality bound, or did not beat vanilla beyond the
   noise: its held-out ratio there must exceed 1 + the A/A control's bias (``margin``) with its
   one-sided 95 % lower confidence bound (``*_lcb``: ``tuner.measure.control.lower_bound``), or,
-  where no bound can be computed (a rate's percentiles, one prompt), by ``STATED_MARGIN``;
+  where no bound can be computed (a rate's percentiles, one prompt), by ``STATED_MARGIN``; and
+  no more of it counts than its tokens per decode step allow (``credible``: a setting that
+  accepted nothing on the held-out prompts is never ON, however fast its server process ran:
+  two server processes of identical settings differ by a few per cent for their lifetime);
 * ON otherwise.
 
 The recommendation (``recommendation``) is read from these decisions where the study has any
@@ -56,20 +59,31 @@ class Judged:
 
 def judge_held_out(confirmed: Mapping[str, Any], name: str, level: int | None,
                    margin: float) -> Judged:
-    """The held-out ``name`` (at ``level``) against vanilla by the module docstring's rule."""
+    """The held-out ``name`` (at ``level``) against vanilla by the module docstring's rule: its
+    lower bound, and no more than the tokens per decode step allow (``credible``)."""
     def key(figure: str) -> str:
         return level_key(figure, level) if level is not None else figure
     point = confirmed.get(key(f"held_out_{name}"))
     if point is None:
         return Judged(None, "n/a")
     low = confirmed.get(key(f"held_out_{name}_lcb"))
+    length = confirmed.get(key("held_out_decode_tokens_per_step"))
     prompts = int(confirmed.get("held_out_prompts", 0))
+    steps = "" if length is None else f", {length:.2f} tokens per decode step"
     if low is not None and low > 0:
-        return Judged(low > 1.0 + margin, f"{point:.3f}x (95 % lower bound {low:.3f}x, "
-                                          f"{prompts} prompts)")
-    return Judged(point > 1.0 + max(margin, STATED_MARGIN),
-                  f"{point:.3f}x ({prompts} prompts, no lower bound: beyond "
-                  f"{1 + max(margin, STATED_MARGIN):.2f}x needed)")
+        return Judged(credible(low, length) > 1.0 + margin,
+                      f"{point:.3f}x (95 % lower bound {low:.3f}x{steps}, {prompts} prompts)")
+    needed = 1.0 + max(margin, STATED_MARGIN)
+    return Judged(credible(point, length) > needed,
+                  f"{point:.3f}x ({prompts} prompts{steps}, no lower bound: beyond "
+                  f"{needed:.2f}x needed)")
+
+
+def credible(gain: float, length: float | None) -> float:
+    """The part of a measured ratio speculation can account for: no decode phase gains more
+    than its tokens per decode step (``tuner.measure.bounds``); a setting that accepted nothing
+    (1.00) cannot be faster than vanilla, whatever a pair of server processes read."""
+    return gain if length is None else min(gain, length)
 
 
 def level_figure(settings: StudySettings) -> str:

@@ -79,6 +79,11 @@ def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3,
                 f"prompts but broke the quality bound there ({quality_line(held)}): prefer "
                 "vanilla decoding unless that loss is acceptable")
     lcb = confirmed.get(f"held_out_{key}_lcb")
+    length = confirmed.get("held_out_decode_tokens_per_step")
+    if length is not None and lcb is not None and length < lcb and length <= 1.0 + margin:
+        return (f"not beyond the noise: the winner ran {speed:.2f}x vanilla{phase} on "
+                f"{prompts} held-out prompts but accepted {length:.2f} tokens per decode step, "
+                "so no gain can come from speculation: keep vanilla decoding")
     if lcb is None or lcb <= 1.0 + margin:
         bound = "no lower bound (one prompt)" if lcb is None else \
             f"its 95 % lower confidence bound is {lcb:.2f}x"
