@@ -238,8 +238,8 @@ class ServerEvaluator:
         """The baseline for a method server of ``spec``: ``drafting_off(spec)``, restarted where
         the running one was launched otherwise (``engine.baseline=plain``: the plain server
         always, as before the A/A control found the prefill gap)."""
-        wanted = None if spec is None or self.engine.get("baseline", "matched") == "plain" \
-            else self.drafting_off(spec)
+        wanted = None if not spec or self.engine.get("baseline", "matched") == "plain" \
+            else self.drafting_off(spec) or None
         if self.baseline is not None and self.baseline_spec == wanted and \
                 self.baseline.alive():
             return self.baseline
