@@ -49,7 +49,9 @@ LLAMACPP = ["+task=gsm8k", "engine=llamacpp", "models=smollm2", "engine.target_t
             "engine.methods.prompt_lookup.params.size_n=2",
             "engine.methods.prompt_lookup.params.size_m=8", "budget.concurrency=[1,2]",
             "search.objectives=[throughput_ratio]", "search=grid", "search.ranges=full",
-            "tracking=none", "study_name=pre53-llamacpp"]
+            "tracking=none", "study_name=pre53-llamacpp",
+            "engine.baseline=plain"]   # the old study's vanilla: the plain server (the matched
+                                       # default measures another vanilla, and is refused below)
 OLD_TRIALS = 2              # both fixtures: search.n_trials=2 of a 3-point grid
 
 
@@ -190,6 +192,13 @@ def test_the_llamacpp_journal_resumes(tmp_path, capsys):
     require_llama_server()
     best = install(tmp_path, "pre53-llamacpp")
     best.unlink()                                                     # written again by the finish
+    # the default (matched) baseline is another vanilla: its fingerprint differs from the old one
+    from tuner.config.identity import differences
+    from tuner.study.settings import StudySettings
+    stored = load_study(tmp_path, "pre53-llamacpp").user_attrs["fingerprint"]
+    default = StudySettings.from_config(compose_cfg(tmp_path, *LLAMACPP[:-1], base=())).fingerprint
+    assert "engine" in differences(stored, default)
+    assert json.loads(default["engine"])["baseline"] == "matched"
     result, _out, old = resume(tmp_path, "pre53-llamacpp", LLAMACPP, capsys)
     assert [t[2]["size_n"] for t in old] == [2, 1]
     study = load_study(tmp_path, "pre53-llamacpp")

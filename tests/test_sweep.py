@@ -27,7 +27,9 @@ from tuner.study.trials import failure_reason
 GRID = ["+task=gsm8k", "method=speculative", "models=tiny", "task.n_prompts=2",
         "task.n_held_out=1", "task.max_new_tokens=6", "warmup_prompts=0", "search=grid",
         "search.ranges=full", "method.space.num_draft_tokens.high=6",
-        "method.params.num_draft_tokens=2", *SIDE_BY_SIDE]
+        "method.params.num_draft_tokens=2", *SIDE_BY_SIDE,
+        "bound_slack=100"]   # four workers on two cores disturb 6-token timings past the physical
+                             # bound (a trial failing 'impossible' is right there, not tested here)
 
 
 def tuner(tmp_path, *overrides, timeout=300) -> subprocess.CompletedProcess:

@@ -176,7 +176,7 @@ class HFEvaluator:
         for _, prompt in prompts:
             self.timer(method, self.ids[prompt.id], self.settings.budget["max_new_tokens"],
                        self.settings.device)
-        yield from measure_pairs(self, self.build(VANILLA, {}), prompts, parity)
+        yield from measure_pairs(self, self.build(VANILLA, {}), prompts, parity, bounded=False)
 
     # -- the backend (tuner.measure.paired.Backend) ------------------------------------------------
 

@@ -190,8 +190,11 @@ class ServerEngine(Engine):
 
     def identity(self, engine: Mapping[str, Any]) -> dict[str, Any] | None:
         """Its settings (the method mappings and the start-up timeout aside) and what
-        identifies the build that runs (``build_identity``)."""
-        keep = {k: v for k, v in engine.items() if k not in ("methods", "startup_timeout_s")}
+        identifies the build that runs (``build_identity``). ``baseline: plain`` is left out:
+        it is how every study measured before the key existed, so their journals resume with
+        ``engine.baseline=plain`` (and refuse the matched default, whose vanilla differs)."""
+        keep = {k: v for k, v in engine.items() if k not in ("methods", "startup_timeout_s")
+                and not (k == "baseline" and v == "plain")}
         return {**keep, **self.build_identity(self.binary(engine))}
 
     def build_identity(self, binary: Path) -> dict[str, Any]:

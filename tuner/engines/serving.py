@@ -29,6 +29,8 @@ acceptance counters (``counters``), the log-probability request of the near-tie 
 
 from __future__ import annotations
 
+import math
+
 import shlex
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -293,18 +295,20 @@ class ServerEvaluator:
         spec = self.spec(params)
         self._baseline_beside(spec)
         server = self._method_server(self.drafting_off(spec) if spec else spec)
-        yield from self._pairs_and_rates(server, prompts, parity, levels, rates)
+        yield from self._pairs_and_rates(server, prompts, parity, levels, rates, bounded=False)
 
     def _pairs_and_rates(self, server: EngineServer, prompts: Sequence[tuple[int, Prompt]],
                          parity: int, levels: Sequence[int] | None = None,
-                         rates: bool = True) -> Iterator[Paired]:
+                         rates: bool = True, bounded: bool = True) -> Iterator[Paired]:
         """The pairs at every level, then the request rates (the same prompts in order, not
         shuffled: every trial the same), their ratios held to the largest tokens per decode step
         the pairs counted (``tuner.measure.bounds.rate_beyond``: measured again once, then
-        ``ImpossibleMeasurement``)."""
+        ``ImpossibleMeasurement``; ``bounded`` False: an A/A control, which reports them)."""
         self.rated, self.rate_requests = {}, {}
         lengths = []
-        for pair in measure_pairs(self, server, prompts, parity, levels=levels):
+        slack = self.bound_slack if bounded else math.inf
+        for pair in measure_pairs(self, server, prompts, parity, levels=levels,
+                                  bounded=bounded):
             lengths.append(pair.method.counts.tokens_per_decode_step)
             yield pair
         if not self.settings.traffic.rates or not rates:
@@ -316,7 +320,7 @@ class ServerEvaluator:
             rated = measure_rates(self, server, in_order, self.settings.traffic,
                                   self.settings.seed, parity + attempt, self.say,
                                   self.rate_requests)
-            found = rate_beyond(rated, longest, self.bound_slack)
+            found = rate_beyond(rated, longest, slack)
             if not found:
                 self.rated = rated
                 return

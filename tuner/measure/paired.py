@@ -27,6 +27,8 @@ that becomes a fair comparison:
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
@@ -93,14 +95,17 @@ def batches(prompts: Batch, level: int) -> list[list[tuple[int, Prompt]]]:
 def measure_pairs(backend: Backend, method: Any, prompts: Batch, parity: int,
                   stored: Mapping[str, Measurement] | None = None,
                   fresh: bool | None = None,
-                  levels: Sequence[int] | None = None) -> Iterator[Paired]:
+                  levels: Sequence[int] | None = None, bounded: bool = True
+                  ) -> Iterator[Paired]:
     """Steps 1–4 of the module docstring for ``method`` on ``prompts`` at every level of
     ``backend.settings.concurrency`` (``levels``: these of them only); ``stored``: the study's
     baseline per prompt id (``baseline=per_study``), so only the method runs; ``fresh``: whether
-    that baseline was measured in this call (default: only when none is stored)."""
+    that baseline was measured in this call (default: only when none is stored); ``bounded``:
+    False for an A/A control, which reports what its path reads (a gap is its finding, not a
+    disturbed trial)."""
     fresh = stored is None if fresh is None else fresh
     backend.warm_up(method, baseline=stored is None)
-    slack = backend.bound_slack
+    slack = backend.bound_slack if bounded else math.inf
     k = 0
     for level_index, level in enumerate(backend.settings.concurrency):
         if levels is not None and level not in levels:

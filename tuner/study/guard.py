@@ -41,7 +41,7 @@ def path_of(settings: StudySettings) -> str:
     if settings.method_choice == "vanilla":
         return f"{engine.display}: the baseline server against a second one launched alike"
     form = "the same line with drafting made impossible" if \
-        settings.engine.get("baseline", "matched") == "matched" else "no speculative flags"
+        settings.engine.get("baseline") == "matched" else "no speculative flags"   # vLLM: none
     return (f"{engine.display}: the baseline server ({form}) against method="
             f"{settings.method_choice}'s server launched with drafting off")
 
