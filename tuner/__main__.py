@@ -100,9 +100,15 @@ def check_group_options(argv: list[str], searched: tuple[Path, ...] = (CONF, Pat
     return None
 
 
-if __name__ == "__main__":
-    refusal = check_group_options(sys.argv[1:]) or check_run_folder(sys.argv[1:])
+def refuse_bad_arguments(argv: list[str]) -> None:
+    """Exit 2 with one line where ``argv`` names an unknown group option or an unusable run
+    folder (before Hydra composes anything)."""
+    refusal = check_group_options(argv) or check_run_folder(argv)
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    refuse_bad_arguments(sys.argv[1:])
     main()

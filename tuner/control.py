@@ -24,7 +24,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from tuner.__main__ import TASKS, check_group_options, check_run_folder
+from tuner.__main__ import TASKS, refuse_bad_arguments
 
 
 def control(cfg: DictConfig) -> bool:
@@ -75,8 +75,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    refusal = check_group_options(sys.argv[1:]) or check_run_folder(sys.argv[1:])
-    if refusal is not None:
-        print(f"error: {refusal}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    refuse_bad_arguments(sys.argv[1:])
     main()
