@@ -168,6 +168,9 @@ CASES = [
     (["control.guard=maybe"], "control.guard='maybe' is invalid: allowed are true, false"),
     (["+control.bogus=1"],
      "control.bogus is not a setting: allowed are control.guard, control.override"),
+    (["search=pareto", "+search.race={margin:0.05,alpha:0.05,error_floor:0.02,min_measured:2}"],
+     "search.race is set with search.kind=sampler (a sampler chooses its trials one by one; "
+     "racing drops the points of a plan)"),
 ]
 
 

@@ -380,6 +380,20 @@ def test_bad_input_gets_one_line(capsys, tmp_path, args, message):
     assert rc == 2 and message in one_line(out), out
 
 
+def test_a_binary_or_cut_short_recording_gets_one_line(capsys, tmp_path):
+    """Read through before the watch starts: a binary file, and a gzip recording cut short
+    (its scrapes readable up to the cut, so the first check alone would pass)."""
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    whole = (FIXTURES / "vllm-switch.jsonl.gz").read_bytes()
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) * 2 // 3])
+    for path, message in ((binary, "is not text (a binary file)"),
+                          (cut, "is a damaged gzip file")):
+        rc, out, _ = watch(capsys, tmp_path, "--replay", str(path), "--study", str(VLLM_STUDY))
+        assert rc == 2 and f"--replay={str(path)!r} {message}" in one_line(out), out
+
+
 def test_a_study_of_our_own_loops_is_not_watched(capsys, tmp_path, monkeypatch):
     """A real engine=hf study (tiny models): nothing runs as a server to watch."""
     from tests.conftest import run_study

@@ -75,6 +75,11 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
         integer("search.spread", search.get("spread"), 0, "an integer >= 0 (points spread over "
                 "the rest of the ranking, measured to calibrate)")
     check_race(search.get("race"))
+    if search.get("race") is not None and kind not in ("heuristic", "grid", "predict"):
+        raise ConfigError(f"search.race is set with search.kind={kind} (a sampler chooses its "
+                          "trials one by one; racing drops the points of a plan): allowed is "
+                          "search.race with search=heuristic, grid or predict, and no "
+                          "search.race here")
     if kind in ("grid", "predict"):
         ranges = search.get("ranges", "heuristic")
         allowed = grid_names(space)

@@ -152,9 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "served": served, "interval_s": args.interval}
             raws = live(url, args.interval, metrics, args.record, header)
         else:
-            from tuner.watch.source import check_text, header_of, replay
-            header_of(args.replay)
-            first = next(replay(args.replay), None)
+            from tuner.watch.source import check_recording, check_text, replay
+            first = next(replay(args.replay), None) if check_recording(args.replay) else None
             if first is None:
                 raise ConfigError(f"--replay={str(args.replay)!r} holds no scrape: allowed is "
                                   "a file written by --record")

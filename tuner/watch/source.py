@@ -174,6 +174,25 @@ def text_file(path: Path, mode: str):
     return gzip.open(path, mode + "t") if path.suffix == ".gz" else path.open(mode)
 
 
+def check_recording(path: Path) -> int:
+    """Read a recording through once: its number of scrapes; one line (``ConfigError``) where
+    it is not text, is a damaged or cut-short gzip file, or holds a line that is not a scrape,
+    so that a replay never ends in a traceback halfway."""
+    import gzip
+    import zlib
+    where = f"--replay={str(path)!r}"
+    try:
+        header_of(path)
+        return sum(1 for _ in replay(path))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not text (a binary file): allowed is a file written by "
+                          "--record (JSON Lines, gzip-compressed where its name ends in .gz)"
+                          ) from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise ConfigError(f"{where} is a damaged gzip file ({err}): allowed is a whole file "
+                          "written by --record") from None
+
+
 def header_of(path: Path) -> dict[str, Any]:
     """A recording's header (``{}`` where it has none)."""
     with text_file(path, "r") as lines:
