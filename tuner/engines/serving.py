@@ -30,7 +30,6 @@ acceptance counters (``counters``), the log-probability request of the near-tie 
 from __future__ import annotations
 
 import math
-
 import shlex
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence

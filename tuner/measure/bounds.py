@@ -64,6 +64,13 @@ def slack_for(pair_log_sd: float | None) -> float:
     return max(DEFAULT_SLACK, math.exp(SLACK_SDS * pair_log_sd) - 1.0)
 
 
+def credible(gain: float, length: float | None) -> float:
+    """The part of a measured ratio speculation can account for: no decode phase gains more
+    than its tokens per decode step ``length``; a setting that accepted nothing (1.00) cannot be
+    faster than vanilla, whatever a pair of server processes read (None: not counted)."""
+    return gain if length is None else min(gain, length)
+
+
 def batch_length(ms: Sequence[Measurement]) -> float:
     """The bound's L for every request of one batch: the largest tokens per decode step in it."""
     return max((m.counts.tokens_per_decode_step for m in ms), default=1.0)

@@ -28,7 +28,6 @@ that becomes a fair comparison:
 from __future__ import annotations
 
 import math
-
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tuner.measure.bounds import credible
 from tuner.measure.figures import level_key, rate_key, rate_text, split_level
 from tuner.search.space import active_params
 from tuner.study import verdict
@@ -77,13 +78,6 @@ def judge_held_out(confirmed: Mapping[str, Any], name: str, level: int | None,
     return Judged(credible(point, length) > needed,
                   f"{point:.3f}x ({prompts} prompts{steps}, no lower bound: beyond "
                   f"{needed:.2f}x needed)")
-
-
-def credible(gain: float, length: float | None) -> float:
-    """The part of a measured ratio speculation can account for: no decode phase gains more
-    than its tokens per decode step (``tuner.measure.bounds``); a setting that accepted nothing
-    (1.00) cannot be faster than vanilla, whatever a pair of server processes read."""
-    return gain if length is None else min(gain, length)
 
 
 def level_figure(settings: StudySettings) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from tuner.measure.bounds import credible
 from tuner.measure.figures import split_level
 
 
@@ -80,7 +81,8 @@ def recommendation(confirmed: Mapping[str, float], min_held_out: int = 3,
                 "vanilla decoding unless that loss is acceptable")
     lcb = confirmed.get(f"held_out_{key}_lcb")
     length = confirmed.get("held_out_decode_tokens_per_step")
-    if length is not None and lcb is not None and length < lcb and length <= 1.0 + margin:
+    capped = None if lcb is None else credible(lcb, length)    # what speculation can explain
+    if capped is not None and capped < lcb and capped <= 1.0 + margin:
         return (f"not beyond the noise: the winner ran {speed:.2f}x vanilla{phase} on "
                 f"{prompts} held-out prompts but accepted {length:.2f} tokens per decode step, "
                 "so no gain can come from speculation: keep vanilla decoding")
