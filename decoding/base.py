@@ -184,6 +184,10 @@ class DecodingMethod:
     # EAGLE heads: the head format the method runs (3: EAGLE-3 heads only; None: no head, or
     # either format)
     head_version: ClassVar[int | None] = None
+    # the keyword arguments whose product is the draft tokens one target forward verifies (γ;
+    # SpecInfer's drafts × γ; a trie's matches × γ): what orders its settings by cost where
+    # their speed ties (``tuner.search.racing.tie_break``); () where it drafts nothing
+    draft_size_params: ClassVar[tuple[str, ...]] = ()
     # the drafter the shared loop asks for drafts (``decoding.loop.DraftVerifyLoop``); None for
     # a method without one (vanilla, lookahead's fused Jacobi window)
     drafter: Drafter | None = None

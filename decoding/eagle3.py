@@ -43,6 +43,7 @@ class Eagle3Decoding(EagleDecoding):
     keeps_history = False
     supports_compiled = True      # the shared loop; its head is refused (compiled_refusal)
     head_version = 3
+    draft_size_params = ("num_draft_tokens",)
 
     def __init__(self, target: nn.Module, *, head: Any = "auto", shape: Shape = "dynamic",
                  siblings: str = "topk", steps: int = 4, topk: int = 4,

@@ -177,6 +177,7 @@ class LookaheadDecoding(DecodingMethod):
     keeps_history = False
     supports_compiled = False     # its own loop and cache arithmetic
     head_version = None
+    draft_size_params = ("window", "ngram")     # W × N orders its window's cost
 
     def __init__(self, target: nn.Module, *, window: int = 15, ngram: int = 5,
                  guess_set: int = 15, temperature: float = 0.0, top_k: int = 0,

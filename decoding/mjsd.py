@@ -190,6 +190,7 @@ class MJSD(DraftVerifyLoop):
     keeps_history = False
     supports_compiled = True
     head_version = None
+    draft_size_params = ("num_draft_tokens", "width")   # γ × W beams verified together
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, num_draft_tokens: int = 4,
                  num_beams: int = 8, width: int = 1, tau: float = 0.9,

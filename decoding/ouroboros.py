@@ -181,6 +181,7 @@ class Ouroboros(DraftVerifyLoop):
     traceable = True              # target and draft-model forwards only
     supports_compiled = True
     head_version = None
+    draft_size_params = ("num_draft_tokens",)
 
     @property
     def keeps_history(self) -> bool:  # type: ignore[override]  # decided per instance

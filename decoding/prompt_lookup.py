@@ -100,6 +100,7 @@ class PromptLookup(DraftVerifyLoop):
     keeps_history = False
     supports_compiled = True
     head_version = None
+    draft_size_params = ("num_draft_tokens", "num_matches")   # γ × the trie's matches
 
     def __init__(self, target: nn.Module, *, max_ngram: int = 3, min_ngram: int = 1,
                  num_draft_tokens: int = 10, num_matches: int = 1, temperature: float = 0.0,

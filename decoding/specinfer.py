@@ -117,6 +117,7 @@ class SpecInfer(DraftVerifyLoop):
     keeps_history = False
     supports_compiled = True
     head_version = None
+    draft_size_params = ("num_drafts", "num_draft_tokens")
 
     def __init__(self, target: nn.Module, draft: nn.Module | Sequence[nn.Module], *,
                  num_drafts: int = 3, num_draft_tokens: int = 4,

@@ -94,6 +94,7 @@ class SpeculativeDecoding(DraftVerifyLoop):
     keeps_history = False
     supports_compiled = True
     head_version = None
+    draft_size_params = ("num_draft_tokens",)
     verify_rule: VerifyRule = staticmethod(token_verify)
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, num_draft_tokens: int = 4,
@@ -115,4 +116,5 @@ class BlockVerification(SpeculativeDecoding):
     keeps_history = False
     supports_compiled = True
     head_version = None
+    draft_size_params = ("num_draft_tokens",)
     verify_rule: VerifyRule = staticmethod(block_verify)

@@ -271,6 +271,7 @@ class TreeDecoding(DraftVerifyLoop):
     keeps_history = False
     supports_compiled = True
     head_version = None
+    draft_size_params = ("total_tokens",)        # a dynamic tree's size
 
     def __init__(self, target: nn.Module, draft: nn.Module, *, shape: Shape = "dynamic",
                  siblings: str = "topk", width: int = 4, depth: int = 4,

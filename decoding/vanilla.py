@@ -36,6 +36,7 @@ class Vanilla(DecodingMethod):
     keeps_history = False
     supports_compiled = True
     head_version = None
+    draft_size_params = ()
 
     def __init__(self, target: nn.Module, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0,

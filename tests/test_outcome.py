@@ -8,6 +8,8 @@ spies); here, a tiny in-process study and a levels study made of recorded trials
 
 from __future__ import annotations
 
+import json
+
 import optuna
 import pytest
 import yaml
@@ -57,19 +59,22 @@ def test_a_study_renders_one_outcome_and_writes_yaml_structures(tmp_path, monkey
     best = yaml.safe_load(best_path.read_text())
     assert json_texts(best) == [], json_texts(best)
     assert isinstance(best["deploy"]["python"], str)            # the in-process answer
-    outcome = read_outcome(best_path.with_suffix(".outcome.json"))
-    assert outcome["version"] == OUTCOME_VERSION and outcome["study"] == "t"
-    assert outcome["winner"]["trial"] == result["trial"]
-    assert outcome["winner"]["params"] == result["params"]
-    assert outcome["confirmed"]["held_out_prompts"] == 2
-    positions = outcome["acceptance"]["positions"]
+    path = best_path.with_suffix(".outcome.json")
+    body = json.loads(path.read_text())
+    assert body["version"] == OUTCOME_VERSION
+    assert StudyOutcome.from_json(body).to_json() == body       # the typed reader, round trip
+    outcome = read_outcome(path)
+    assert outcome.study == "t" and outcome.winner.trial == result["trial"]
+    assert outcome.winner.params == result["params"] == outcome.deployed_params
+    assert outcome.confirmed["held_out_prompts"] == 2
+    positions = outcome.acceptance["positions"]
     assert [p["position"] for p in positions] == list(range(1, len(positions) + 1))
     assert all(p["drafts"] > 0 and 0 <= p["accepted_fraction"] <= 1 for p in positions)
-    assert outcome["decisions"] == []                           # one request at a time
-    assert outcome["deploy"] == best["deploy"]
-    assert outcome["cost"]["spent_s"]["trials_s"] > 0              # what the search spent
-    assert [t["trial"] for t in outcome["trials"]] and \
-        {t["state"] for t in outcome["trials"]} == {"COMPLETE"}
+    assert outcome.decisions == ()                              # one request at a time
+    assert outcome.deploy == best["deploy"]
+    assert outcome.cost["spent_s"]["trials_s"] > 0                 # what the search spent
+    assert [t["trial"] for t in outcome.trials] and \
+        {t["state"] for t in outcome.trials} == {"COMPLETE"}
 
 
 def test_without_held_out_prompts_nothing_reads_as_a_recommendation(tmp_path):
@@ -78,7 +83,7 @@ def test_without_held_out_prompts_nothing_reads_as_a_recommendation(tmp_path):
     best = yaml.safe_load(best_path.read_text())
     assert "deploy" not in best and "python" in best["deploy_unconfirmed"]
     outcome = read_outcome(best_path.with_suffix(".outcome.json"))
-    assert outcome["confirmed"] == {} and "unconfirmed" in outcome["recommendation"]
+    assert outcome.confirmed == {} and "unconfirmed" in outcome.recommendation
 
 
 def levels_study(ratios: dict[int, dict[int, float]]) -> optuna.Study:
@@ -168,7 +173,6 @@ def combinations():
 
 
 def test_every_combination_of_decisions_reads_the_same_in_the_text_and_outcome_json():
-    import json
     checked = 0
     for level_states, rate_state in combinations():
         settings = engine_settings(tuple(level_states), (2.0,) if rate_state else (),
@@ -181,6 +185,8 @@ def test_every_combination_of_decisions_reads_the_same_in_the_text_and_outcome_j
                                deploy={"per_level": {int(d.at): d.deployed for d in levels}},
                                recommendation=advice)
         body = json.loads(json.dumps(outcome.to_json()))
+        back = StudyOutcome.from_json(body)        # the typed reader: the same decisions back
+        assert back.to_json() == body and back.decisions == outcome.decisions
         text = dict(render.rows(outcome))
         wanted = {**{f"concurrency {lv}": st for lv, st in level_states.items()},
                   **({"request rate 2/s": rate_state} if rate_state else {})}
@@ -209,3 +215,18 @@ def test_every_combination_of_decisions_reads_the_same_in_the_text_and_outcome_j
             assert (deployed is None) == (d["state"] == "OFF"), d
         checked += 1
     assert checked == (3 + 9 + 27) * 4
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"version": 0, "study": "s"}, "outcome version 0 is not"),
+    ([1, 2], "outcome version 'list' is not"),
+    ({"version": OUTCOME_VERSION, "study": "s"}, "not a study outcome of version"),
+])
+def test_the_typed_reader_refuses_what_it_cannot_read(tmp_path, body, message):
+    path = tmp_path / "s.outcome.json"
+    path.write_text(json.dumps(body))
+    with pytest.raises(ValueError, match=message):
+        read_outcome(path)
+    path.write_bytes(b"\x00\x01 not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        read_outcome(path)

@@ -174,8 +174,66 @@ def test_points_cut_by_successive_halving_never_hold_the_race_up():
 def test_ties_within_the_margin_go_to_the_smaller_draft():
     finished = [("a", {"num_draft_tokens": 9}, 1.165), ("b", {"num_draft_tokens": 7}, 1.150),
                 ("c", {"num_draft_tokens": 4}, 1.10)]
-    assert tie_break(finished, 0.02) == "b"          # 1.150 >= 0.98 * 1.165; 1.10 is not
-    assert tie_break(finished, 0.0) == "a"
+    size = lambda params: params["num_draft_tokens"]       # noqa: E731
+    assert tie_break(finished, 0.02, size) == "b"    # 1.150 >= 0.98 * 1.165; 1.10 is not
+    assert tie_break(finished, 0.0, size) == "a"
+    # a size not declared ranks after every declared one of the class, then by value
+    assert tie_break(finished, 0.02, lambda p: None if p["num_draft_tokens"] == 7 else 9) == "a"
+
+
+def test_draft_sizes_are_what_each_method_and_engine_declares():
+    """Read from the declaration (``Engine.draft_size``), never guessed from a name: SpecInfer's
+    drafts x gamma, a prompt-lookup trie's matches x gamma, a dynamic tree's size (a static
+    shape's is not declared), llama.cpp's n_max / an n-gram type's size_m / ngram-mod's
+    mod_n_max (inactive knobs do not count; ngram-cache declares none), vLLM's
+    num_speculative_tokens."""
+    import yaml
+
+    from tuner.engines import engine_named
+    conf = ROOT / "conf"
+
+    def method(name):
+        return yaml.safe_load((conf / "method" / f"{name}.yaml").read_text())
+    hf = engine_named("hf")
+    assert hf.draft_size(method("specinfer"), {"num_drafts": 3, "num_draft_tokens": 4}) == 12
+    assert hf.draft_size(method("prompt_lookup"), {"num_draft_tokens": 5, "num_matches": 2}) == 10
+    assert hf.draft_size(method("speculative"), {"num_draft_tokens": 6}) == 6
+    assert hf.draft_size(method("tree"), {"shape": "dynamic", "total_tokens": 8}) == 8
+    assert hf.draft_size(method("tree"), {"shape": "2-2", "total_tokens": 8}) is None
+    assert hf.draft_size(method("vanilla"), {}) is None
+    engine = yaml.safe_load((conf / "engine" / "llamacpp.yaml").read_text())["methods"]
+    llama = engine_named("llamacpp")
+    lookup = engine["prompt_lookup"]
+    base = dict(lookup["params"])
+    assert llama.draft_size(engine["speculative"], {"n_max": 5, "n_min": 0}) == 5
+    assert llama.draft_size(lookup, {**base, "spec_type": "ngram-simple", "size_m": 6}) == 6
+    assert llama.draft_size(lookup, {**base, "spec_type": "ngram-mod", "mod_n_max": 16}) == 16
+    assert llama.draft_size(lookup, {**base, "spec_type": "ngram-cache"}) is None
+    vllm = yaml.safe_load((conf / "engine" / "vllm.yaml").read_text())["methods"]
+    assert engine_named("vllm").draft_size(vllm["prompt_lookup"],
+                                           {"num_speculative_tokens": 4}) == 4
+
+
+def test_a_raced_llamacpp_study_breaks_ties_by_the_ngram_draft_length(tmp_path):
+    """The race's tie-break in a llama.cpp prompt-lookup study: of two trials within the margin,
+    the shorter size_m wins (a name list that knew only draft_max gave every point size 0, and
+    the faster, longer draft won)."""
+    from tests.conftest import compose_cfg
+    from tests.helpers.services import require_llama_server
+    from tuner.study.finish import tie
+    from tuner.study.settings import StudySettings
+    require_llama_server()
+    settings = StudySettings.from_config(compose_cfg(
+        tmp_path, "engine=llamacpp", "models=smollm2", "method=prompt_lookup", "search=grid",
+        "+search.race={margin: 0.02}", "tracking=none"))
+    assert settings.race is not None
+    dist = {"size_m": optuna.distributions.IntDistribution(1, 48)}
+    trials = [optuna.trial.create_trial(params={"size_m": m}, distributions=dist, values=[v])
+              for m, v in ((12, 1.16), (6, 1.15), (2, 1.05))]
+    value = {i: t.values[0] for i, t in enumerate(trials)}
+    for i, t in enumerate(trials):
+        t.number = i
+    assert tie(settings, trials, value).params["size_m"] == 6
 
 
 def test_the_stop_bound_needs_finished_points_and_a_calibration():

@@ -405,6 +405,26 @@ def test_a_study_of_our_own_loops_is_not_watched(capsys, tmp_path, monkeypatch):
     assert rc == 2 and "was a study of engine=hf (our own loops)" in one_line(out), out
 
 
+def test_the_deployed_k_is_read_from_the_winners_parameters_not_the_launch_line(tmp_path):
+    """The typed reader (tuner.study.outcome.read_outcome) and the engine's declared draft size:
+    the k is the winner's size_m for ngram-simple and its mod_n_max once the type is ngram-mod
+    (the same parameters, size_m still 4), whatever number the launch line's text holds; the
+    launch line only names the flag a candidate sets."""
+    from tuner.watch.study import read_study
+    body = json.loads(LLAMA_STUDY.read_text())
+    body["deploy"]["launch"] = body["deploy"]["launch"].replace(
+        "--spec-ngram-simple-size-m 4", "--spec-ngram-simple-size-m 9")
+    path = tmp_path / "s.outcome.json"
+    path.write_text(json.dumps(body))
+    study = read_study(str(path))
+    assert (study.deployed_k, study.k_setting) == (4, "--spec-ngram-simple-size-m")
+    body["winner"]["params"].update({"spec_type": "ngram-mod", "mod_n_max": 16})
+    path.write_text(json.dumps(body))
+    assert read_study(str(path)).deployed_k == 16
+    assert read_study(str(VLLM_STUDY)).deployed_k == \
+        json.loads(VLLM_STUDY.read_text())["winner"]["params"]["num_speculative_tokens"]
+
+
 # ----------------------------------------------------------------------------------------------
 # Live: the study's deployment, a workload switch, the watch beside it
 

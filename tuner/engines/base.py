@@ -66,6 +66,11 @@ class Engine:
     # what its server's /metrics names (python -m tuner.watch; tuner.engines.metrics); None: it
     # runs in our own loops, no server to watch
     live_metrics: ClassVar[LiveMetrics | None] = None
+    # the knobs that can set the drafted tokens per step of its methods, in the order read: the
+    # first one a point sets and that acts there (``active_when``) is its draft size (llama.cpp:
+    # a draft model's n_max, an n-gram type's size_m, ngram-mod's mod_n_max); () where the
+    # method class declares its own (``decoding.base.DecodingMethod.draft_size_params``)
+    draft_size_knobs: ClassVar[tuple[str, ...]] = ()
 
     # -- config ------------------------------------------------------------------------------
 
@@ -162,6 +167,29 @@ class Engine:
         """What identifies this engine's measurements in the study fingerprint (None: nothing
         beyond the defaults every older study had)."""
         return None
+
+    def draft_size(self, method: Mapping[str, Any], params: Mapping[str, Any]) -> float | None:
+        """The draft tokens one target forward of ``params`` verifies, as the method (a study's
+        method config: ``_target_``, ``space``) or this engine declares them; None where it
+        declares none or a declared knob does not act at ``params`` (a static tree's size, the
+        n-gram cache's). Never guessed from a parameter's name."""
+        from tuner.search.space import is_active
+        space = method.get("space") or {}
+
+        def acting(name: str) -> bool:
+            value = params.get(name)
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                (name not in space or is_active(name, space[name], params))
+        if self.draft_size_knobs:
+            return next((float(params[k]) for k in self.draft_size_knobs if acting(k)), None)
+        from tuner.config.methods import method_class
+        names = method_class(method).draft_size_params
+        if not names or not all(acting(k) for k in names):
+            return None
+        size = 1.0
+        for name in names:
+            size *= float(params[name])
+        return size
 
     # -- results -----------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ class HFEngine(Engine):
     draft_tokens_knob = None            # each method names its own (num_draft_tokens, ...)
     own_loops = True                    # decoding.* methods in process
     live_metrics = None                 # no server: nothing to watch (python -m tuner.watch)
+    draft_size_knobs = ()               # each method class declares its own (draft_size_params)
 
     def refuse_levels(self, levels: list[int]) -> None:
         raise ConfigError(f"budget.concurrency={levels} needs an engine server: "

@@ -64,6 +64,9 @@ class LlamaCppEngine(ServerEngine):
     streams = True                      # /completion with stream: true, one token per event
     predicts = False                    # its own cost surface per level (search.profile) only
     draft_tokens_knob = "n_max"         # --spec-draft-n-max: k drafted tokens per step
+    # k per step: a draft model's n_max, an n-gram type's m-gram size_m, ngram-mod's longest
+    # draft (k_flag reads the same off a launch line); ngram-cache declares none
+    draft_size_knobs = ("n_max", "size_m", "mod_n_max")
     own_loops = False                   # the engine's own speculative loop
     live_metrics = LIVE_METRICS         # its /metrics (with --metrics)
     program = "llama-server"

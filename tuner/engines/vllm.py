@@ -70,6 +70,7 @@ class VllmEngine(ServerEngine):
     streams = True                      # /v1/completions with stream: true, a chunk per step
     predicts = False                    # its own cost surface per level (search.profile) only
     draft_tokens_knob = "num_speculative_tokens"
+    draft_size_knobs = ("num_speculative_tokens",)    # every method: k drafted per step
     own_loops = False                   # the engine's own speculative loop
     live_metrics = LiveMetrics(         # its /metrics (tuner.engines.metrics)
         prefix="vllm:", drafts="vllm:spec_decode_num_drafts_total",

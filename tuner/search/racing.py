@@ -23,7 +23,10 @@ A race has three rules, each stated with its error:
     default are finished, nor with fewer than 3 residuals (no spread to speak of).
   * **Ties** (``tie_break``): finished points within δ of the best are one class; the one with
     the smallest draft (fewest draft tokens per step: less verification work and less to lose
-    when acceptance moves) wins, then the best measured.
+    when acceptance moves) wins, then the best measured. The draft size is what the method or
+    engine declares (``tuner.engines.base.Engine.draft_size``: a llama.cpp n-gram type's
+    ``size_m``, SpecInfer's drafts × γ); a point whose size is not declared ranks after the
+    sized ones of its class.
 """
 
 from __future__ import annotations
@@ -31,11 +34,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
-
-# parameters whose value is the number of draft tokens per step, in the order they are read
-DRAFT_SIZE_KEYS = ("num_draft_tokens", "total_tokens", "draft_max", "num_speculative_tokens")
-
+from typing import Any, Callable, Mapping, Sequence
 
 @dataclass(frozen=True)
 class Race:
@@ -109,24 +108,19 @@ def stop_bound(race: Race, leader: float, finished: int, calib: Calibration | No
     return None
 
 
-def draft_size(params: Mapping[str, Any]) -> float:
-    """Draft tokens per step of a point (the first of ``DRAFT_SIZE_KEYS`` it sets; 0 where
-    none: such points tie-break on the measured value only)."""
-    for key in DRAFT_SIZE_KEYS:
-        value = params.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return 0.0
-
-
-def tie_break(finished: Sequence[tuple[Any, Mapping[str, Any], float]], margin: float
-              ) -> Any:
+def tie_break(finished: Sequence[tuple[Any, Mapping[str, Any], float]], margin: float,
+              draft_size: Callable[[Mapping[str, Any]], float | None]) -> Any:
     """The winner among ``(id, params, value)`` (higher is better): of the points within
-    ``margin`` of the best, the smallest draft, then the best value. None when empty."""
+    ``margin`` of the best, the smallest ``draft_size(params)`` (None: not declared, after every
+    declared size), then the best value. None when empty."""
     usable = [f for f in finished if math.isfinite(f[2])]
     if not usable:
         return None
     best = max(v for _, _, v in usable)
     ties = [f for f in usable if f[2] >= best * (1 - margin)] if best > 0 else \
         [f for f in usable if f[2] == best]
-    return min(ties, key=lambda f: (draft_size(f[1]), -f[2]))[0]
+
+    def size(params: Mapping[str, Any]) -> float:
+        declared = draft_size(params)
+        return math.inf if declared is None else declared
+    return min(ties, key=lambda f: (size(f[1]), -f[2]))[0]

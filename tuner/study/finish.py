@@ -176,7 +176,8 @@ def tie(settings: StudySettings, candidates: list[FrozenTrial], value: Mapping[i
     if race is None or len(settings.objectives) != 1:
         return candidates[0]
     return tie_break([(t, trial_params(settings, t), value[t.number]) for t in candidates],
-                     race.margin)
+                     race.margin, lambda params: settings.engine_object.draft_size(
+                         settings.method, params))
 
 
 def measure(settings: StudySettings, evaluator: Evaluator, params: Mapping[str, Any],

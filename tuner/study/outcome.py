@@ -137,7 +137,8 @@ class StudyOutcome:
             "task": self.task, "objective": self.objective, "engine": self.engine,
             "winner": winner, "confirmed": self.confirmed, "recommendation": self.recommendation,
             "decisions": [{"kind": d.kind, "at": d.at, "state": d.state.value,
-                           "deployed": d.deployed, "trial": d.trial, "tuning": d.tuning,
+                           "deployed": d.deployed, "params": d.params, "trial": d.trial,
+                           "tuning": d.tuning,
                            "held_out": d.held_out, "reason": d.reason} for d in self.decisions],
             "deploy": self.deploy, "acceptance": self.acceptance,
             "prediction": {"profile": self.prediction.profile,
@@ -145,6 +146,51 @@ class StudyOutcome:
                            "profile_check": self.prediction.profile_check},
             "cost": self.cost, "trials": list(self.trials), "notes": list(self.notes),
             "feasible": self.feasible})
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> StudyOutcome:
+        """The record ``to_json`` wrote (``OUTCOME_VERSION``; ValueError for another version or
+        a body that is not one): ``to_json(from_json(body)) == body``. A decision written
+        before ``params`` was recorded carries its deployed setting (None where OFF)."""
+        if not isinstance(body, Mapping) or body.get("version") != OUTCOME_VERSION:
+            found = body.get("version") if isinstance(body, Mapping) else type(body).__name__
+            raise ValueError(f"outcome version {found!r} is not {OUTCOME_VERSION}, the one "
+                             "this tuner reads")
+        try:
+            won = body.get("winner")
+            winner = None if won is None else Winner(
+                trial=int(won["trial"]), value=float(won["value"]), trials=0,
+                run_id=won.get("run_id"), params=dict(won.get("params") or {}), shown={},
+                figures={})
+            decisions = [Decision(
+                kind=str(d["kind"]), at=str(d["at"]), state=State(d["state"]),
+                params=d.get("params", d.get("deployed")), trial=int(d["trial"]),
+                tuning=float(d["tuning"]),
+                held_out=None if d.get("held_out") is None else float(d["held_out"]),
+                reason=str(d.get("reason") or "")) for d in body.get("decisions") or []]
+            prediction = body.get("prediction") or {}
+            return cls(
+                study=str(body["study"]), method=str(body["method"]), task=str(body["task"]),
+                objective=str(body["objective"]), engine=dict(body.get("engine") or {}),
+                winner=winner, confirmed=dict(body.get("confirmed") or {}),
+                levels=tuple(d for d in decisions if d.kind == "level"),
+                rates=tuple(d for d in decisions if d.kind == "rate"),
+                deploy=dict(body.get("deploy") or {}),
+                prediction=Prediction(calibration=prediction.get("calibration"),
+                                      profile_check=prediction.get("profile_check"),
+                                      profile=prediction.get("profile")),
+                recommendation=str(body.get("recommendation") or ""),
+                notes=tuple(body.get("notes") or ()),
+                acceptance=dict(body.get("acceptance") or {}), cost=dict(body.get("cost") or {}),
+                trials=tuple(body.get("trials") or ()), feasible=bool(body.get("feasible", True)))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a study outcome of version {OUTCOME_VERSION} "
+                             f"({type(err).__name__}: {err})") from None
+
+    @property
+    def deployed_params(self) -> Mapping[str, Any] | None:
+        """The setting the deployment runs: the winner's (the launch line's), None without one."""
+        return None if self.winner is None else self.winner.params
 
 
 def plain(value: Any) -> Any:
@@ -165,10 +211,14 @@ def plain(value: Any) -> Any:
     return value
 
 
-def read_outcome(path: Path) -> dict[str, Any]:
-    """An ``outcome.json`` as written; one clear error for another version."""
-    body = json.loads(path.read_text())
-    if body.get("version") != OUTCOME_VERSION:
-        raise ValueError(f"{path}: outcome version {body.get('version')!r} is not "
-                         f"{OUTCOME_VERSION}, the one this tuner reads")
-    return body
+def read_outcome(path: Path) -> StudyOutcome:
+    """An ``outcome.json`` as its record (``StudyOutcome.from_json``); one clear ValueError for
+    another version or a file that is not one."""
+    try:
+        body = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    try:
+        return StudyOutcome.from_json(body)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None

@@ -210,7 +210,8 @@ def run(args, study, profile, margin, margin_source, source, raws) -> int:
     tracked = None
     if args.tracking == "mlflow":
         experiment = args.experiment or experiment_of(
-            args.tracking_uri, (study.outcome.get("winner") or {}).get("run_id"), study.task)
+            args.tracking_uri, study.outcome.winner.run_id if study.outcome.winner else None,
+            study.task)
         tracked = WatchRun(args.tracking_uri, experiment, f"watch-{study.name}", params,
                            {"study": study.name, "engine": study.engine.name})
     say = lambda line: print(line, flush=True)

@@ -1,6 +1,10 @@
-"""The study a deployment came from, as the watch reads it: its ``outcome.json`` (the decisions,
-the deployed launch line, the winner's acceptance per position, the profile's calibration) and the
-best YAML beside it (the models, sampling, levels and config choices a re-tune repeats).
+"""The study a deployment came from, as the watch reads it: its ``outcome.json`` through the typed
+reader beside its writer (``tuner.study.outcome.read_outcome``: the decisions, the winner's
+parameters, the deployed launch line, the winner's acceptance per position, the profile's
+calibration) and the best YAML beside it (the models, sampling, levels and config choices a
+re-tune repeats). The deployed k is the winner's draft size as the engine declares it
+(``Engine.draft_size``); the launch line stays what the user runs, and only says which flag a
+candidate sets.
 
 ``--study`` is a study name (``studies/best/<name>.outcome.json``), or the path of the
 ``outcome.json`` or of the best YAML. Each refusal is one ``ConfigError`` line.
@@ -18,7 +22,7 @@ from decoding.acceptance import variance_of
 from tuner.config.errors import ConfigError
 from tuner.engines import ENGINES, engine_named
 from tuner.engines.servers import ServerEngine
-from tuner.study.outcome import read_outcome
+from tuner.study.outcome import StudyOutcome, read_outcome
 
 BEST_DIR = Path("studies") / "best"
 DEFAULT_MARGIN = 0.10        # the least predicted gain worth a switch without a calibration
@@ -55,7 +59,7 @@ class WatchedStudy:
     name: str
     path: Path                           # its outcome.json
     engine: ServerEngine
-    outcome: Mapping[str, Any]
+    outcome: StudyOutcome
     best: Mapping[str, Any]              # the best YAML ({} where absent)
     argv: tuple[str, ...]                # the deployed launch line
     deployed_k: int | None
@@ -67,11 +71,11 @@ class WatchedStudy:
 
     @property
     def method(self) -> str:
-        return str(self.outcome.get("method"))
+        return self.outcome.method
 
     @property
     def task(self) -> str:
-        return str(self.outcome.get("task"))
+        return self.outcome.task
 
     @property
     def deployed_model(self) -> str | None:
@@ -116,7 +120,7 @@ def read_study(given: str, k: int | None = None) -> WatchedStudy:
         outcome = read_outcome(path)
     except (OSError, ValueError) as err:
         raise ConfigError(f"--study={given!r}: {path} is not a study outcome ({err})") from None
-    kind = (outcome.get("engine") or {}).get("kind")
+    kind = outcome.engine.get("kind")
     engine = engine_named(kind) if kind in ENGINES else None
     servers = " | ".join(f"engine={k}" for k in ENGINES
                          if engine_named(k).live_metrics is not None)
@@ -126,32 +130,41 @@ def read_study(given: str, k: int | None = None) -> WatchedStudy:
                           f"server ({servers})")
     best_path = path.with_name(path.name.removesuffix(".outcome.json") + ".yaml")
     best = yaml.safe_load(best_path.read_text()) if best_path.is_file() else {}
-    argv = engine.launch_argv(outcome.get("deploy") or {})
-    found = engine.deployed_k(argv)
-    if k is not None:
-        deployed, setting = k, found[1] if found else "k"
-    elif found is not None:
-        deployed, setting = found
-    else:
-        deployed, setting = None, "k"
+    argv = engine.launch_argv(outcome.deploy)
+    found = engine.deployed_k(argv)          # the flag a candidate sets (and the k it shows)
+    setting = found[1] if found else "k"
+    deployed = k if k is not None else deployed_k(engine, outcome)
     sampling = (best or {}).get("sampling") or {}
     temperature = sampling.get("temperature")
-    calib = ((outcome.get("prediction") or {}).get("calibration") or {})
-    error = calib.get("median_abs_error")
+    error = (outcome.prediction.calibration or {}).get("median_abs_error")
     choices = {}
     for entry in (best or {}).get("defaults") or []:
         for key, value in (entry or {}).items():
             choices[str(key).removeprefix("override /")] = str(value)
     return WatchedStudy(
-        name=str(outcome.get("study")), path=path, engine=engine, outcome=outcome,
+        name=outcome.study, path=path, engine=engine, outcome=outcome,
         best=best or {}, argv=tuple(argv), deployed_k=deployed, k_setting=setting,
         temperature=None if temperature is None else float(temperature),
         acceptance=study_acceptance(outcome), calibration_error=None if error is None
         else float(error), choices=choices)
 
 
-def study_acceptance(outcome: Mapping[str, Any]) -> StudyAcceptance | None:
-    positions = sorted((outcome.get("acceptance") or {}).get("positions") or [],
+def deployed_k(engine: ServerEngine, outcome: StudyOutcome) -> int | None:
+    """The drafted tokens per step of the winner's parameters, as the engine declares its draft
+    size for the study's method (its shipped mapping: ``conf/engine/<kind>.yaml``); None where
+    nothing is deployed or the setting declares no size (llama.cpp's ngram-cache)."""
+    import yaml
+    params = outcome.deployed_params
+    if not params:
+        return None
+    conf = Path(__file__).resolve().parents[2] / "conf" / "engine" / f"{engine.name}.yaml"
+    method = (yaml.safe_load(conf.read_text()).get("methods") or {}).get(outcome.method) or {}
+    size = engine.draft_size(method, params)
+    return None if size is None else int(size)
+
+
+def study_acceptance(outcome: StudyOutcome) -> StudyAcceptance | None:
+    positions = sorted(outcome.acceptance.get("positions") or [],
                        key=lambda p: int(p["position"]))
     if not positions:
         return None
