@@ -128,24 +128,89 @@ def default_profile(tmp_path_factory):
     return make_profile(tmp_path_factory.mktemp("default"), STUDY, "default.json")
 
 
-def test_a_profile_made_while_another_process_is_busy_is_flagged(tmp_path, capsys):
-    """A busy process started on this process's CPUs during the fit (round 1 of 2): the profile
-    is written with the flag, and a study given it says so in one line before anything loads:
-    search=predict is refused, a grid records no prediction by it."""
-    busy: list[subprocess.Popen] = []
+class ScriptedMeter:
+    """A ``LoadMeter`` whose samples are given: ``(other_busy, window_s)`` per block, in order;
+    the round's own meter (the first one made) peeks ``whole``."""
 
-    def start(round_: int) -> None:
-        if round_ == 1:                   # inherits this process's CPUs (xdist pins them)
-            busy.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
-    try:
-        path = make_profile(tmp_path, ["models=tiny"], "busy.json", between_rounds=start)
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
-    flags = json.loads(path.read_text())["flags"]
-    assert busy and any(f.startswith("other processes used more than 25% of the CPUs during")
-                        for f in flags), flags
+    def __init__(self, blocks, whole=(0.0, 1.0)):
+        self.blocks, self.whole, self.made = list(blocks), whole, 0
+
+    def __call__(self):
+        from tuner.measure.hygiene import LoadSample
+        script = self
+
+        class Meter:
+            def __init__(self, first):
+                self.first, self.sample = first, None
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                other, window = script.whole if self.first else script.blocks.pop(0)
+                self.sample = LoadSample(other, 0.5, window, (0, 1))
+
+            def peek(self):
+                return LoadSample(script.whole[0], 0.5, script.whole[1], (0, 1))
+        self.made += 1
+        return Meter(self.made == 1)
+
+
+def test_a_burst_is_measured_again_and_only_a_lasting_one_flags_the_profile():
+    """The case that flagged a whole 3-minute profile: 29 % of the CPUs for 1.3 s during one
+    block, the round quiet. That block is measured again and its quiet attempt kept, nothing
+    flagged; a block disturbed on every attempt (1 + BURST_RETRIES) is recorded; a block too
+    short to judge (0.3 s) is not; the warm-up round is never measured again."""
+    from tuner.predict.loops import BURST_RETRIES, _Round
+    runs = iter(range(100))
+    busy: list[str] = []
+    meter = ScriptedMeter([(0.29, 1.3), (0.02, 1.2)])
+    load = _Round("round 2", True, busy, meter=meter)
+    assert load.block("vanilla on fit prompt 1", lambda: next(runs)) == 1
+    assert busy == [] and len(load.retried) == 1 and "29% of the CPUs" in load.retried[0]
+    meter.blocks = [(0.6, 2.0)] * (BURST_RETRIES + 1)
+    assert load.block("target prefills", lambda: next(runs)) == 2 + BURST_RETRIES
+    assert busy == ["round 2: target prefills (60% of the CPUs busy with other processes "
+                    "over 2.0 s)"]
+    meter.blocks = [(0.9, 0.3)]
+    load.block("loop on fit prompt 2", lambda: next(runs))
+    assert len(busy) == 1
+    warm = _Round("round 0", False, busy, meter=ScriptedMeter([(0.9, 3.0)]))
+    warm.block("target cells at context 16", lambda: next(runs))
+    assert len(busy) == 1 and warm.retried == []
+
+
+def test_sustained_load_stops_the_round_in_one_line():
+    """Over 10 s or more of a round, other processes above 25 % of the CPUs: ProfileDisturbed
+    naming the round and the load; the same load over 6 s of a round is not sustained yet, and
+    a profile check beside a study (stop=False) never stops."""
+    from tuner.predict.loops import ProfileDisturbed, _Round
+    meter = ScriptedMeter([(0.5, 6.0)] * 3, whole=(0.5, 6.0))
+    load = _Round("round 0", False, [], meter=meter)
+    load.block("target cells at context 16", lambda: None)
+    meter.whole = (0.5, 12.0)
+    with pytest.raises(ProfileDisturbed) as err:
+        load.block("target cells at context 128", lambda: None)
+    assert str(err.value).startswith("the profile stopped in round 0 (the warm-up): other "
+                                     "processes used 50% of CPUs [0, 1] over its first 12 s "
+                                     "(sustained load: more than 25% over at least 10 s")
+    assert "\n" not in str(err.value)
+    quiet = _Round("round 1", True, [], stop=False, meter=ScriptedMeter([(0.0, 1.0)],
+                                                                         whole=(0.9, 60.0)))
+    quiet.block("model cells at context 16", lambda: None)
+    quiet.close()
+
+
+def test_a_flagged_profile_is_refused_by_search_predict_and_ignored_by_a_grid(tmp_path):
+    """A profile written with a flag (a block disturbed on every attempt): a study given it says
+    so in one line before anything loads: search=predict is refused, a grid records no
+    prediction by it."""
+    path = make_profile(tmp_path, ["models=tiny"], "flagged.json")
+    data = json.loads(path.read_text())
+    data["flags"] = ["other processes used more than 25% of the CPUs during 1 timed part of the "
+                     "fit (round 1: vanilla on fit prompt 2 (61% of the CPUs busy with other "
+                     "processes over 2.4 s))"]
+    path.write_text(json.dumps(data))
     from tests.conftest import compose_cfg
     from tuner.study.settings import StudySettings
     with pytest.raises(ConfigError) as err:
@@ -205,3 +270,30 @@ def test_the_73_ms_profile_is_caught_after_trial_0_and_not_ranked_by(tmp_path, m
     with pytest.raises(ConfigError, match="search=predict stops after trial 0"):
         run_study(tmp_path, *STUDY, f"search.profile={bad}")
     assert len(load_study(tmp_path).get_trials()) == 1
+
+
+# last in the module: the busy process's minute of load slowed the timings of the next
+# profile made here (its check against trial 0 read +21-34 % three times out of three)
+def test_a_profile_beside_a_busy_process_stops_in_its_first_rounds(tmp_path, capsys):
+    """One busy process on this process's CPUs (the issue's case: a profile beside other work
+    ran its rounds 5-9x slower and said nothing for 15 minutes): python -m tuner.profile stops
+    within its first two rounds, exit 3, one line naming the round and the load, nothing
+    written."""
+    from tests.conftest import ENV, ROOT
+    from tuner import profile as cli
+    out = tmp_path / "busy.json"
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tuner.profile", "--models", "smollm2", "--repeats", "3",
+             "--contexts", "16", "384", "1536", "--rows", "1", "2", "4", "8", "16",
+             "--draft-rows", "1", "2", "--prefill", "16", "256", "1024", "--out", str(out)],
+            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    finally:
+        busy.kill()
+        busy.wait()
+    [err] = [line for line in done.stderr.splitlines() if "error" in line] or [done.stderr]
+    assert done.returncode == cli.FLAGGED and not out.exists(), done.stdout + done.stderr
+    assert err.startswith(("error: the profile stopped in round 0 (the warm-up): other "
+                           "processes used", "error: the profile stopped in round 1: other "
+                           "processes used")), err

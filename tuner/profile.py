@@ -7,7 +7,9 @@ speculative speed from acceptance here or on another machine.
 Times KV-cached forwards of the target (and of the draft model, where the preset has one) on a
 grid of contexts × rows and prompt prefills, and the loop's own time per step
 (``tuner.predict.loops``). Bad input gets one line before any model loads; a quiet machine is
-wanted (the contention check of a study is not run here: check ``uptime`` first).
+wanted: sustained load from other processes (over 25 % of the CPUs over 10 s or more of a
+round) stops it in one line, exit status 3, nothing written; a block a shorter burst disturbed is
+measured again (``tuner.predict.loops``).
 
     python -m tuner.profile --models smollm2 --roofline H100
     python -m tuner.profile --models smollm2 --roofline cpu --compare profiles/smollm2-cpu.json
@@ -37,7 +39,8 @@ from tuner.config.errors import ConfigError
 from tuner.engines import DEFAULT  # our own loops (engine=hf)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-FLAGGED = 3           # exit status: the profile is written, but its fit is not to be believed
+FLAGGED = 3           # exit status: the profile is written, but its fit is not to be believed;
+                      # or it stopped under sustained load from other processes (nothing written)
 
 
 def preset_models(name: str) -> dict:
@@ -138,7 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as err:          # what only the composed config or the engine says
             print(f"error: {err}", file=sys.stderr)
             return 2
-    profile = make_profile(models, args)
+    from tuner.predict.loops import ProfileDisturbed
+    try:
+        profile = make_profile(models, args)
+    except ProfileDisturbed as err:         # sustained load: nothing written
+        print(f"error: {err}", file=sys.stderr)
+        return FLAGGED
     out = Path(args.out or f"profiles/{args.models}-{slug(profile.machine)}.json")
     profile.save(out)
     vanilla = profile.target.step_s(profile.target.contexts[0], 1)

@@ -207,17 +207,20 @@ class LoadMeter:
         return self._before is not None
 
     def __exit__(self, *exc: object) -> None:
+        self.sample = self.peek()
+
+    def peek(self) -> LoadSample:
+        """The sample from the block's start until now (the block goes on)."""
         after, own_after, ended = _cpu_ticks(self.cpus), _own_cpu_s(), time.monotonic()
         before = self._before
         if before is None or after is None or after[1] <= before[1]:
-            self.sample = LoadSample(None, None, ended - self._began, self.cpus)
-            return
+            return LoadSample(None, None, ended - self._began, self.cpus)
         tick = os.sysconf("SC_CLK_TCK")
         capacity = after[1] - before[1]                     # ticks the CPUs existed (all states)
         busy = after[0] - before[0]
         own = (own_after - self._own_before) * tick
-        self.sample = LoadSample(_fraction(busy - own, capacity), _fraction(own, capacity),
-                                 ended - self._began, self.cpus)
+        return LoadSample(_fraction(busy - own, capacity), _fraction(own, capacity),
+                          ended - self._began, self.cpus)
 
 
 def _fraction(part: float, whole: float) -> float:

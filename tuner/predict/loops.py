@@ -18,7 +18,17 @@ sums, so a surface timed in a quiet minute and loops timed in a busy one would p
 difference into every step's price. Each loop's fit keeps its samples (prompts × rounds) and the
 other processes' load on our CPUs during every run (``tuner.measure.hygiene.LoadMeter``);
 ``tuner.predict.check.fit_flags`` flags a fit that should not be believed.
-Timing wants a quiet machine, as every measurement does.
+Timing wants a quiet machine, as every measurement does. The load from other processes is told
+apart in two cases (``_Round``), checked after every timed block of every round, the warm-up's
+included:
+  * **sustained**: over the round so far, at least ``SUSTAINED_MIN_S`` (10 s) of it, other
+    processes used more than ``BUSY_THRESHOLD`` (25 %) of our CPUs: the profile stops
+    (``ProfileDisturbed``, one line naming the load and the round), so a disturbed profile is
+    never a 30-minute wait (a busy process beside it ran the rounds 5-9x slower);
+  * **a burst**: one timed block (a context's cells, the prefills, one loop run; at least
+    ``BUSY_MIN_WINDOW_S``) above 25 % while its round stays under the sustained bound: that
+    block is measured again, up to ``BURST_RETRIES`` times; a block still disturbed after them
+    is recorded (``LoopFit.busy``) and flags the profile.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import torch
 
 from decoding.runtime import forward_logits, new_cache
-from tuner.measure.hygiene import DEFAULT_THRESHOLD, LoadMeter
+from tuner.measure.hygiene import DEFAULT_THRESHOLD, LoadMeter, LoadSample
 from tuner.predict.surface import CostSurface
 
 if TYPE_CHECKING:
@@ -53,6 +63,69 @@ FIT_TOKENS = 32                                # new tokens per overhead run
 PREFILL_ROUNDS = 2                             # kept rounds that time the prefills too
 BUSY_THRESHOLD = DEFAULT_THRESHOLD             # other load above it during a run: "busy"
 BUSY_MIN_WINDOW_S = 0.5                        # shorter blocks are judged with their round
+SUSTAINED_MIN_S = 10.0     # others' load over at least this much of a round is sustained: stop
+BURST_RETRIES = 2          # a block a burst disturbed is measured again, at most this often
+
+
+class ProfileDisturbed(RuntimeError):
+    """Sustained load from other processes during a profile (module docstring): one line."""
+
+
+class _Round:
+    """One round's load checks (module docstring): each timed block through ``block``; the
+    round's own meter tells sustained load (``stop``: raise) from a block's burst (measured
+    again). ``meter``: how a block's load is read (a test passes a scripted one)."""
+
+    def __init__(self, label: str, keep: bool, busy: list[str], stop: bool = True,
+                 meter: Callable[[], LoadMeter] = LoadMeter) -> None:
+        self.label, self.keep, self.busy, self.stop, self.meter = label, keep, busy, stop, meter
+        self.retried: list[str] = []
+        self.whole = meter().__enter__()
+
+    def block(self, what: str, run: Callable[[], Any]) -> Any:
+        """``run()`` timed under its own meter; measured again while a burst disturbed it (kept
+        rounds only); the last attempt's result."""
+        for attempt in range(BURST_RETRIES + 1):
+            with self.meter() as meter:
+                result = run()
+            self.check()
+            line = _disturbed(meter.sample, f"{self.label}: {what}")
+            if line is None or not self.keep:
+                return result
+            if attempt < BURST_RETRIES:
+                self.retried.append(line)
+        self.busy.append(line)
+        return result
+
+    def check(self) -> None:
+        """Stop (``ProfileDisturbed``) under sustained load over the round so far."""
+        sample = self.whole.peek()
+        if self.stop and sample.other_busy is not None and sample.window_s >= SUSTAINED_MIN_S \
+                and sample.other_busy > BUSY_THRESHOLD:
+            raise ProfileDisturbed(
+                f"the profile stopped in {self.label}"
+                f"{' (the warm-up)' if self.label == 'round 0' else ''}: other processes used "
+                f"{sample.other_busy:.0%} of CPUs {list(sample.cpus)} over its first "
+                f"{sample.window_s:.0f} s (sustained load: more than {BUSY_THRESHOLD:.0%} over at "
+                f"least {SUSTAINED_MIN_S:.0f} s of a round; a shorter burst is measured again); "
+                "stop them or give the profile other CPUs (taskset -c), then make it again")
+
+    def close(self) -> LoadSample:
+        """The round as a whole (checked once more)."""
+        self.check()
+        self.whole.__exit__(None, None, None)
+        return self.whole.sample
+
+
+def _disturbed(sample: LoadSample, what: str) -> str | None:
+    """The line of a block other processes disturbed (over ``BUSY_THRESHOLD`` of the CPUs for at
+    least ``BUSY_MIN_WINDOW_S``: /proc/stat counts 10 ms ticks, one tick of a shorter block
+    reads as a large share), else None."""
+    other = sample.other_busy
+    if other is None or other <= BUSY_THRESHOLD or sample.window_s < BUSY_MIN_WINDOW_S:
+        return None
+    return (f"{what} ({other:.0%} of the CPUs busy with other processes over "
+            f"{sample.window_s:.1f} s)")
 
 
 def _timed(run: Callable[[], Any], device: torch.device | None = None) -> float:
@@ -140,28 +213,29 @@ class _Cells:
             (c, n): [] for c in contexts for n in rows}
         self.prefill_times: dict[int, list[float]] = {n: [] for n in prefill}
 
-    def round(self, keep: bool, busy: list[str], label: str, prefills: bool = True) -> None:
-        """Every cell once, then (``prefills``) every prefill once; kept unless ``keep`` is
-        False."""
+    def round(self, load: _Round, prefills: bool = True) -> None:
+        """Every cell once, then (``prefills``) every prefill once; kept where ``load.keep``."""
         model, ids, device = self.model, self.ids, self.device
         for context, cache in zip(self.contexts, self.caches):
-            with LoadMeter() as meter:
+            def cells(context: int = context, cache: Any = cache) -> list[float]:
+                out = []
                 for n in self.rows:
-                    elapsed = _timed(lambda: forward_logits(
-                        model, ids[None, context:context + n], cache, context, n), device)
+                    out.append(_timed(lambda: forward_logits(
+                        model, ids[None, context:context + n], cache, context, n), device))
                     cache.crop(-n)                # back to `context` rows (reserved_cache)
-                    if keep:
-                        self.times[context, n].append(elapsed)
-            _note_busy(meter, busy, f"{label}: {self.name} cells at context {context}", keep)
+                return out
+            elapsed = load.block(f"{self.name} cells at context {context}", cells)
+            if load.keep:
+                for n, seconds in zip(self.rows, elapsed):
+                    self.times[context, n].append(seconds)
         if not prefills:
             return
-        with LoadMeter() as meter:
-            for n in self.prefill:
-                elapsed = _timed(lambda n=n: forward_logits(
-                    model, ids[None, :n], new_cache(model, n), 0, 1), device)
-                if keep:
-                    self.prefill_times[n].append(elapsed)
-        _note_busy(meter, busy, f"{label}: {self.name} prefills", keep)
+        elapsed = load.block(f"{self.name} prefills", lambda: [_timed(
+            lambda n=n: forward_logits(model, ids[None, :n], new_cache(model, n), 0, 1), device)
+            for n in self.prefill])
+        if load.keep:
+            for n, seconds in zip(self.prefill, elapsed):
+                self.prefill_times[n].append(seconds)
 
     def surface(self) -> CostSurface:
         seconds = tuple(tuple(statistics.median(self.times[c, n]) for n in self.rows)
@@ -171,18 +245,6 @@ class _Cells:
 
     def close(self) -> None:
         self.caches = []
-
-
-def _note_busy(meter: LoadMeter, busy: list[str], what: str, keep: bool) -> None:
-    """Record ``what`` as busy when other processes used more than ``BUSY_THRESHOLD`` of the
-    CPUs while it ran; blocks shorter than ``BUSY_MIN_WINDOW_S`` are judged with their round
-    (/proc/stat counts in 10 ms ticks: one tick of a short block reads as a large share)."""
-    sample = meter.sample
-    other = sample.other_busy
-    if keep and other is not None and other > BUSY_THRESHOLD and \
-            sample.window_s >= BUSY_MIN_WINDOW_S:
-        busy.append(f"{what} ({other:.0%} of the CPUs busy with other processes over "
-                    f"{sample.window_s:.1f} s)")
 
 
 class _Loops:
@@ -204,23 +266,22 @@ class _Loops:
         self.walls: dict[tuple[str, int], list[float]] = {}
         self.tokens: dict[tuple[str, int], list[int]] = {}
 
-    def round(self, keep: bool, busy: list[str], label: str) -> None:
+    def round(self, load: _Round) -> None:
         """Every loop on every prompt once, generated as a study's trial times it
         (``decoding.generate``: the loop with its phase clock, token ids only)."""
         from decoding import generate
         for p, prompt in enumerate(self.prompts):
             for name, method in self.methods:
-                out: list[Any] = []
-
-                def run(method: Any = method, prompt: torch.Tensor = prompt) -> None:
-                    out[:] = [generate(method, prompt, self.max_new_tokens)]
-                with LoadMeter() as meter:
-                    wall = _timed(run, self.device)
-                method.reset()
-                self.tokens[name, p] = list(out[0].tokens)
-                if keep:
+                def run(method: Any = method, prompt: torch.Tensor = prompt
+                        ) -> tuple[float, list[int]]:
+                    out: list[Any] = []
+                    wall = _timed(lambda: out.append(generate(method, prompt,
+                                                              self.max_new_tokens)), self.device)
+                    method.reset()
+                    return wall, list(out[0].tokens)
+                wall, self.tokens[name, p] = load.block(f"{name} on fit prompt {p + 1}", run)
+                if load.keep:
                     self.walls.setdefault((name, p), []).append(wall)
-                _note_busy(meter, busy, f"{label}: {name} on fit prompt {p + 1}", keep)
 
     def fit(self, target: CostSurface, draft: CostSurface | None, busy: Sequence[str]
             ) -> LoopFit:
@@ -271,14 +332,17 @@ def measure_profile(target: nn.Module, draft: nn.Module | None = None, *,
     for round_ in range(repeats + 1):             # round 0: warm-up, not kept
         between_rounds(round_)
         began = time.perf_counter()
-        label = f"round {round_}"
-        with LoadMeter() as meter:
-            for grid in cells:   # prefills: 17 s a round on this CPU; the warm-up + 2 kept
-                grid.round(round_ > 0, busy, label, prefills=round_ <= PREFILL_ROUNDS)
-            loops.round(round_ > 0, busy, label)
-        _note_busy(meter, busy, f"{label} as a whole", round_ > 0)
+        load = _Round(f"round {round_}", round_ > 0, busy)
+        for grid in cells:       # prefills: 17 s a round on this CPU; the warm-up + 2 kept
+            grid.round(load, prefills=round_ <= PREFILL_ROUNDS)
+        loops.round(load)
+        whole = load.close()
         progress(f"  round {round_}/{repeats}{' (warm-up, not kept)' if not round_ else ''}: "
-                 f"{time.perf_counter() - began:.1f} s")
+                 f"{time.perf_counter() - began:.1f} s" + (
+                     f", other processes {whole.other_busy:.0%} of the CPUs"
+                     if whole.other_busy is not None else "") + (
+                     f"; {len(load.retried)} block(s) measured again after a burst"
+                     if load.retried else ""))
     surfaces = [grid.surface() for grid in cells]
     for grid in cells:
         grid.close()
@@ -300,7 +364,9 @@ def measure_surface(model: nn.Module, *, contexts: Sequence[int] = CONTEXTS,
     cells = _Cells("model", model, contexts, rows, prefill, seed)
     busy: list[str] = []
     for round_ in range(repeats + 1):
-        cells.round(round_ > 0, busy, f"round {round_}")
+        load = _Round(f"round {round_}", round_ > 0, busy, stop=False)
+        cells.round(load)
+        load.close()
     surface = cells.surface()
     cells.close()
     return surface
