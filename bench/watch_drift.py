@@ -9,6 +9,8 @@ A window holds ``steps`` decode steps of k drafts from ``steps / per_request`` r
 accepts min(k, ⌊ln U / ln α_r⌋) tokens (P(X ≥ i) = α_r^i), with α_r = α for every request
 (independent steps) or drawn per request from Beta(α κ, (1 − α) κ) (requests differ; κ = 20: a
 spread of about ±0.1 at α = 0.6; κ = 5: about ±0.2). Statistics only: nothing here is timed.
+``steps="auto"`` sizes the windows as ``--min-steps auto`` does (``tuner.watch.drift.sized_steps``:
+the warm-up's windows at 200 steps, the rest from its reference; whole requests per window here).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from decoding.acceptance import AcceptanceCounts
-from tuner.watch.drift import ChangeTest, Observation
+from tuner.watch.drift import AUTO_START, ChangeTest, Observation, sized_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,22 +56,42 @@ def simulated_window(rng: np.random.Generator, alpha: float, k: int, steps: int,
     return Observation(steps, counts.accepted, counts.step_variance())
 
 
+def window_steps(test: ChangeTest, steps: int | str, per_request: int,
+                 sizes: list[int] | None = None) -> int:
+    """A window's steps: ``steps``, or with ``"auto"`` the warm-up's 200, then the size its
+    reference gives (in whole requests; appended to ``sizes`` once per reference)."""
+    if steps != "auto":
+        return int(steps)
+    if test.reference is None:
+        return AUTO_START
+    sized = sized_steps(test.reference, test.shift, test.arl).steps
+    whole = -(-sized // per_request) * per_request
+    if sizes is not None and (not sizes or getattr(test, "_sized", None) is not test.reference):
+        sizes.append(whole)
+        test._sized = test.reference             # type: ignore[attr-defined]
+    return whole
+
+
 def false_alarms_per_1000(alpha: float, kappa: float | None, runs: int, windows: int, seed: int,
-                          k: int = 4, steps: int = 200, per_request: int = 25,
-                          make: Callable[[], ChangeTest] = ChangeTest) -> float:
+                          k: int = 4, steps: int | str = 200, per_request: int = 25,
+                          make: Callable[[], ChangeTest] = ChangeTest,
+                          sizes: list[int] | None = None) -> float:
     """Alarms per 1,000 steady windows after the warm-up (a test restarts after each)."""
     rng = np.random.default_rng(seed)
     alarms = 0
     for _ in range(runs):
         test = make()
         for _ in range(test.warmup + windows):
-            verdict = test.observe(simulated_window(rng, alpha, k, steps, per_request, kappa))
+            verdict = test.observe(simulated_window(
+                rng, alpha, k, window_steps(test, steps, per_request, sizes), per_request,
+                kappa))
             alarms += verdict.state == "ALARM"
     return 1000 * alarms / (runs * windows)
 
 
 def delays(alpha: float, kappa: float | None, runs: int, seed: int, k: int = 4,
-           drop: float = 0.2, steps: int = 200, per_request: int = 25) -> np.ndarray:
+           drop: float = 0.2, steps: int | str = 200, per_request: int = 25,
+           sizes: list[int] | None = None) -> np.ndarray:
     """Windows from a ``drop`` in mean accepted length to its alarm (1: the first window after
     the change), 20 windows after the warm-up; 99 where none came within 50."""
     rng = np.random.default_rng(seed)
@@ -80,8 +102,9 @@ def delays(alpha: float, kappa: float | None, runs: int, seed: int, k: int = 4,
         change = test.warmup + 20
         found = 99
         for w in range(change + 50):
-            verdict = test.observe(simulated_window(rng, alpha if w < change else after, k,
-                                                    steps, per_request, kappa))
+            verdict = test.observe(simulated_window(
+                rng, alpha if w < change else after, k,
+                window_steps(test, steps, per_request, sizes), per_request, kappa))
             if verdict.state == "ALARM" and w >= change:
                 found = w - change + 1
                 break
@@ -92,19 +115,30 @@ def delays(alpha: float, kappa: float | None, runs: int, seed: int, k: int = 4,
 def main() -> None:
     rows = []
     for label, kappa, steps in (("independent steps", None, 200), ("kappa 20", 20.0, 200),
-                                ("kappa 5", 5.0, 200), ("kappa 5, 800 steps", 5.0, 800)):
+                                ("kappa 5", 5.0, 200), ("kappa 5, 800 steps", 5.0, 800),
+                                ("independent steps, auto", None, "auto"),
+                                ("kappa 20, auto", 20.0, "auto"), ("kappa 5, auto", 5.0, "auto")):
         for alpha in (0.3, 0.6, 0.85):
-            runs = 80 if steps == 200 else 20
-            alarms = false_alarms_per_1000(alpha, kappa, runs, 1000, seed=1, steps=steps)
-            found = delays(alpha, kappa, 200, seed=2, steps=steps)
+            runs = 80 if steps in (200, "auto") else 20
+            sizes: list[int] = []
+            alarms = false_alarms_per_1000(alpha, kappa, runs, 1000, seed=1, steps=steps,
+                                           sizes=sizes)
+            found = delays(alpha, kappa, 200, seed=2, steps=steps, sizes=sizes)
             rows.append({"traffic": label, "alpha": alpha, "steps_per_window": steps,
                          "steady_runs": runs, "false_alarms_per_1000": alarms,
                          "found_within_5": float((found <= 5).mean()),
                          "median_delay": float(np.median(found))})
-            print(f"{label:20s} alpha {alpha}: {alarms:.2f} false alarms / 1,000 windows "
+            if sizes:
+                rows[-1]["sized_steps"] = {"median": float(np.median(sizes)),
+                                           "p10": float(np.percentile(sizes, 10)),
+                                           "p90": float(np.percentile(sizes, 90))}
+            print(f"{label:24s} alpha {alpha}: {alarms:.2f} false alarms / 1,000 windows "
                   f"({runs} x 1,000), a 20 % drop found within 5 windows in "
                   f"{100 * rows[-1]['found_within_5']:.0f} % of 200 runs, median "
-                  f"{rows[-1]['median_delay']:.0f}", flush=True)
+                  f"{rows[-1]['median_delay']:.0f}" + (
+                      f"; windows of {np.median(sizes):.0f} steps (10-90 %: "
+                      f"{np.percentile(sizes, 10):.0f}-{np.percentile(sizes, 90):.0f})"
+                      if sizes else ""), flush=True)
     out = ROOT / "bench" / "results_watch_drift.json"
     out.write_text(json.dumps({"defaults": {"warmup": ChangeTest().warmup,
                                             "shift": ChangeTest().shift,

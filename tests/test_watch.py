@@ -67,6 +67,46 @@ def test_a_test_that_ignores_the_requests_dispersion_raises_false_alarms():
     assert false_alarms_per_1000(0.6, 5.0, 20, 1000, seed=3, make=Blind) > 5.0
 
 
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.85])
+def test_windows_sized_to_the_traffic_meet_the_targets_where_requests_differ_a_lot(alpha):
+    """--min-steps auto on the heavy mix (κ = 5), where 200 steps per window found a 20 % drop
+    within 5 windows in only 26-57 % of runs: the warm-up's windows at 200 steps, the rest
+    sized from its reference (tuner.watch.drift.sized_steps): found within 5 windows in at least
+    90 % of 200 runs, at most one false alarm per 1,000 windows (20 runs of 1,000). Sized from
+    the dispersion's estimate itself (not its upper bound) the same runs found it in 83-93 %."""
+    sizes: list[int] = []
+    found = delays(alpha, 5.0, 200, seed=2, steps="auto", sizes=sizes)
+    assert (found <= 5).mean() >= 0.9, ((found <= 5).mean(), np.median(sizes))
+    assert false_alarms_per_1000(alpha, 5.0, 20, 1000, seed=1, steps="auto") <= 1.0
+    assert 200 < np.median(sizes) < 5000          # larger than the fixed default, not unbounded
+
+
+def test_min_steps_auto_says_the_size_it_chose_and_why(capsys, tmp_path):
+    """The default (--min-steps auto) on the recorded llama.cpp switch: windows of 200 steps
+    during each warm-up, then the size from its reference, said in one line with its reasons,
+    logged, and used by the next windows; the summary lists every size chosen."""
+    from tuner.watch.drift import Reference, sized_steps
+    rc, out, records = watch(capsys, tmp_path, "--replay", str(FIXTURES / "llamacpp-switch"
+                                                                          ".jsonl.gz"),
+                             "--study", str(LLAMA_STUDY), "--warmup", "4")
+    assert rc == 0, out
+    assert "windows of 200 decode steps during a warm-up, then sized to the traffic" in out
+    sized = [r for r in records if r["kind"] == "window_size"]
+    assert sized, out
+    first = sized[0]
+    said = re.search(r"windows of (\d+) decode steps from now on \(--min-steps auto: the "
+                     r"warm-up's 4 windows read L ([\d.]+), a per-step variance ([\d.]+) and a "
+                     r"dispersion φ ([\d.]+)", out)
+    assert said and int(said.group(1)) == first["steps"], out
+    ref = Reference(first["mean_length"] - 1, first["variance"], first["dispersion"], 4, 800)
+    assert sized_steps(ref).steps == first["steps"]
+    windows = [r for r in records if r["kind"] == "window"]
+    assert [w["steps"] for w in windows[:4]] and all(w["steps"] >= 200 for w in windows[:4])
+    assert all(w["steps"] >= first["steps"] for w in windows[4:6]), windows[4:6]
+    assert "windows sized to the traffic (--min-steps auto) after each warm-up of 200 steps: " \
+        + ", ".join(str(r["steps"]) for r in sized) in out
+
+
 # ----------------------------------------------------------------------------------------------
 # Counters, windows, restarts
 
@@ -369,6 +409,9 @@ def one_line(out: str) -> str:
     (["--study", "nope"], "--study='nope' does not exist"),
     (["--interval", "0"], "--interval=0.0 is invalid: allowed is a number of seconds > 0"),
     (["--shift", "1.5"], "--shift=1.5 is invalid: allowed is a fraction in (0, 1)"),
+    (["--min-steps", "many"], "--min-steps='many' is invalid: allowed are auto or an integer "
+                              ">= 1"),
+    (["--min-steps", "0"], "--min-steps='0' is invalid: allowed are auto or an integer >= 1"),
     (["--profile", "missing.json"], "--profile='missing.json': cannot read it"),
 ])
 def test_bad_input_gets_one_line(capsys, tmp_path, args, message):

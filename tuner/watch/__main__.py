@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tuner.config.errors import ConfigError
 from tuner.watch.decide import PERSIST
-from tuner.watch.drift import ARL, SHIFT, WARMUP
+from tuner.watch.drift import ARL, AUTO_START, SHIFT, WARMUP
 
 DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
 
@@ -41,8 +41,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--study", required=True, help="the study the deployment came from: "
                         "its name under studies/best/, or its .outcome.json or best YAML")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between scrapes")
-    parser.add_argument("--min-steps", type=int, default=200,
-                        help="decode steps that close a window (200: the change test's targets)")
+    parser.add_argument("--min-steps", default="auto",
+                        help="decode steps that close a window: auto (windows sized to the "
+                        "traffic after each warm-up, tuner.watch.drift.sized_steps), or an "
+                        "integer >= 1")
     parser.add_argument("--warmup", type=int, default=WARMUP,
                         help="windows of the deployment's start that make the reference")
     parser.add_argument("--shift", type=float, default=SHIFT, help="the relative change in mean "
@@ -72,8 +74,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def check_numbers(args: argparse.Namespace) -> None:
+    given = args.min_steps
+    if given != "auto":
+        try:
+            args.min_steps = int(given)
+        except (TypeError, ValueError):
+            args.min_steps = 0
+        if args.min_steps < 1:
+            raise ConfigError(f"--min-steps={given!r} is invalid: allowed are auto or an "
+                              "integer >= 1")
     rules = [("--interval", args.interval, args.interval > 0, "a number of seconds > 0"),
-             ("--min-steps", args.min_steps, args.min_steps >= 1, "an integer >= 1"),
              ("--warmup", args.warmup, args.warmup >= 2, "an integer >= 2"),
              ("--shift", args.shift, 0 < args.shift < 1, "a fraction in (0, 1)"),
              ("--arl", args.arl, args.arl >= 10, "a number of windows >= 10"),
@@ -215,9 +225,13 @@ def run(args, study, profile, margin, margin_source, source, raws) -> int:
         tracked = WatchRun(args.tracking_uri, experiment, f"watch-{study.name}", params,
                            {"study": study.name, "engine": study.engine.name})
     say = lambda line: print(line, flush=True)
+    windows = f"a window closes at {args.min_steps} decode steps" \
+        if args.min_steps != "auto" else (
+            f"windows of {AUTO_START} decode steps during a warm-up, then sized to the traffic "
+            "(--min-steps auto)")
     say(f"watching {source} for study {study.name} ({study.engine.display}, deployed "
-        f"{study.k_setting}={study.deployed_k if study.deployed_k is not None else '?'}); a "
-        f"window closes at {args.min_steps} decode steps; reference: the first {args.warmup} "
+        f"{study.k_setting}={study.deployed_k if study.deployed_k is not None else '?'}); "
+        f"{windows}; reference: the first {args.warmup} "
         f"windows; CUSUM of a {100 * args.shift:.0f} % change (at most one false alarm per "
         f"{args.arl:.0f} windows under its model)")
     if profile is None:

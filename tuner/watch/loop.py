@@ -16,7 +16,18 @@ from decoding.acceptance import total
 from tuner.config.errors import ConfigError
 from tuner.engines.metrics import MetricsError
 from tuner.watch.decide import Decider, Pricing, Recommendation, price
-from tuner.watch.drift import ChangeTest, Observation, Verdict
+from tuner.watch.drift import (
+    AUTO_START,
+    ChangeTest,
+    Observation,
+    Reference,
+    Sizing,
+    POWER,
+    WITHIN,
+    Verdict,
+    dispersion_bound,
+    sized_steps,
+)
 from tuner.watch.source import Raw, ServerGone
 from tuner.watch.study import length_interval
 from tuner.watch.windows import Restart, Scrape, Window, Windower
@@ -31,7 +42,7 @@ if TYPE_CHECKING:
 class WatchSettings:
     study: WatchedStudy
     source: str                          # the URL, or "replay of <file>"
-    min_steps: int                       # decode steps that close a window
+    min_steps: int | str                 # decode steps that close a window, or "auto"
     warmup: int
     shift: float
     arl: float
@@ -58,6 +69,8 @@ class WatchState:
     pricings: list[Pricing] = field(default_factory=list)
     recommendations: list[tuple[Recommendation, Path]] = field(default_factory=list)
     outside: list[Window] = field(default_factory=list)     # beyond the study's range
+    sizings: list[Sizing] = field(default_factory=list)     # --min-steps auto: each size chosen
+    sized_for: Reference | None = None                       # the reference the size is from
     deployed_k: int | None = None
     stopped: str = ""
 
@@ -108,7 +121,9 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
     """The loop of the module docstring; returns what it saw (Ctrl-C ends it like the end of a
     recording: the caller prints the summary)."""
     study, metrics = settings.study, settings.study.engine.live_metrics
-    windower = Windower(settings.min_steps, metrics.batch_is_window_mean,
+    auto = settings.min_steps == "auto"
+    windower = Windower(AUTO_START if auto else int(settings.min_steps),
+                        metrics.batch_is_window_mean,
                         not metrics.requests and study.engine.drafts_with_model(list(study.argv)))
     test = ChangeTest(settings.warmup, settings.shift, settings.arl)
     decider = Decider(settings.margin, settings.persist)
@@ -146,8 +161,12 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
                         f"the change test warms up again ({settings.warmup} windows)")
                     log.write("restart", {"at": event.at, "segment": event.segment,
                                           "dropped_steps": event.dropped_steps})
+                    if auto:
+                        size_windows(settings, state, windower, test, log, say)
                     continue
                 handle_window(settings, state, event, test, decider, low_high, log, run, say)
+                if auto:
+                    size_windows(settings, state, windower, test, log, say)
             if settings.max_windows is not None and len(state.windows) >= settings.max_windows:
                 state.stopped = f"{settings.max_windows} windows"
                 break
@@ -165,6 +184,30 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
         say(f"error: {err}")
         state.stopped = "an unreadable scrape"
     return state
+
+
+def size_windows(settings: WatchSettings, state: WatchState, windower: Windower,
+                 test: ChangeTest, log: JsonLog, say: Callable[[str], None]) -> None:
+    """``--min-steps auto``: windows of ``AUTO_START`` steps while the change test warms up (at
+    the start, after an alarm or a restart), then the size its reference gives
+    (``tuner.watch.drift.sized_steps``), said once per reference."""
+    ref = test.reference
+    if ref is None:
+        windower.min_steps, state.sized_for = AUTO_START, None
+        return
+    if state.sized_for is ref:
+        return
+    sizing = sized_steps(ref, settings.shift, settings.arl)
+    state.sized_for = ref
+    state.sizings.append(sizing)
+    windower.min_steps = sizing.steps
+    say(sizing.describe())
+    log.write("window_size", {"steps": sizing.steps, "drift": sizing.drift,
+                              "mean_length": ref.mean_length, "variance": ref.variance,
+                              "dispersion": ref.dispersion,
+                              "dispersion_bound": dispersion_bound(ref),
+                              "within": sizing.within, "power": sizing.power,
+                              "bounded": sizing.bounded})
 
 
 def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: ChangeTest,
@@ -276,8 +319,9 @@ def summary(settings: WatchSettings, state: WatchState) -> list[str]:
     lines = [(f"watch of {study.name} ({study.engine.display}, {settings.source}) ended at "
               f"{state.stopped or 'its end'}")]
     if not ws:
-        lines.append("no window closed (fewer than "
-                     f"{settings.min_steps} decode steps between scrapes): nothing to judge")
+        first = AUTO_START if settings.min_steps == "auto" else settings.min_steps
+        lines.append(f"no window closed (fewer than {first} decode steps between scrapes): "
+                     "nothing to judge")
         return lines
     span = ws[-1].end - ws[0].start
     counts = total([w.counts for w in ws])
@@ -285,6 +329,11 @@ def summary(settings: WatchSettings, state: WatchState) -> list[str]:
                  f"mean accepted length {counts.tokens_per_decode_step:.2f}; segments "
                  f"{len(state.restarts) + 1} "
                  f"(server restarts: {len(state.restarts)})")
+    if state.sizings:
+        lines.append(f"windows sized to the traffic (--min-steps auto) after each warm-up of "
+                     f"{AUTO_START} steps: " + ", ".join(str(z.steps) for z in state.sizings)
+                     + f" decode steps (a {settings.shift:.0%} change in L found within "
+                     f"{WITHIN} windows in {POWER:.0%} of cases under the model)")
     if state.alarms:
         for w, v in state.alarms:
             lines.append(f"alarm at window {w.index}: mean accepted length {v.direction} "
