@@ -9,8 +9,9 @@ A window holds ``steps`` decode steps of k drafts from ``steps / per_request`` r
 accepts min(k, ⌊ln U / ln α_r⌋) tokens (P(X ≥ i) = α_r^i), with α_r = α for every request
 (independent steps) or drawn per request from Beta(α κ, (1 − α) κ) (requests differ; κ = 20: a
 spread of about ±0.1 at α = 0.6; κ = 5: about ±0.2). Statistics only: nothing here is timed.
-``steps="auto"`` sizes the windows as ``--min-steps auto`` does (``tuner.watch.drift.sized_steps``:
-the warm-up's windows at 200 steps, the rest from its reference; whole requests per window here).
+``steps="auto"`` sizes the windows as ``--min-steps auto`` does (``tuner.watch.drift.WindowSizer``:
+a warm-up of 200-step windows measures the traffic, a second warm-up at the size it gives makes the
+reference; whole requests per window here).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from decoding.acceptance import AcceptanceCounts
-from tuner.watch.drift import AUTO_START, ChangeTest, Observation, sized_steps
+from tuner.watch.drift import ChangeTest, Observation, WindowSizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,20 +57,16 @@ def simulated_window(rng: np.random.Generator, alpha: float, k: int, steps: int,
     return Observation(steps, counts.accepted, counts.step_variance())
 
 
-def window_steps(test: ChangeTest, steps: int | str, per_request: int,
-                 sizes: list[int] | None = None) -> int:
-    """A window's steps: ``steps``, or with ``"auto"`` the warm-up's 200, then the size its
-    reference gives (in whole requests; appended to ``sizes`` once per reference)."""
-    if steps != "auto":
-        return int(steps)
-    if test.reference is None:
-        return AUTO_START
-    sized = sized_steps(test.reference, test.shift, test.arl).steps
-    whole = -(-sized // per_request) * per_request
-    if sizes is not None and (not sizes or getattr(test, "_sized", None) is not test.reference):
-        sizes.append(whole)
-        test._sized = test.reference             # type: ignore[attr-defined]
-    return whole
+def observe(test: ChangeTest, sizer: WindowSizer | None, steps: int, sizes: list[int] | None,
+            window: Callable[[int], Observation]):
+    """One window of ``steps`` (or the sizer's, in whole requests: ``window`` rounds) through
+    the test; the sizer told after it; a new size appended to ``sizes``."""
+    verdict = test.observe(window(steps if sizer is None else sizer.steps))
+    if sizer is not None:
+        sized = sizer.after(test)
+        if sized is not None and sizes is not None:
+            sizes.append(sized.steps)
+    return verdict
 
 
 def false_alarms_per_1000(alpha: float, kappa: float | None, runs: int, windows: int, seed: int,
@@ -79,12 +76,16 @@ def false_alarms_per_1000(alpha: float, kappa: float | None, runs: int, windows:
     """Alarms per 1,000 steady windows after the warm-up (a test restarts after each)."""
     rng = np.random.default_rng(seed)
     alarms = 0
+
+    def window(n: int) -> Observation:
+        return simulated_window(rng, alpha, k, -(-n // per_request) * per_request, per_request,
+                                kappa)
     for _ in range(runs):
         test = make()
-        for _ in range(test.warmup + windows):
-            verdict = test.observe(simulated_window(
-                rng, alpha, k, window_steps(test, steps, per_request, sizes), per_request,
-                kappa))
+        sizer = WindowSizer(test.shift, test.arl) if steps == "auto" else None
+        warm = test.warmup * (2 if sizer else 1)      # auto: the measuring warm-up, then its own
+        for _ in range(warm + windows):
+            verdict = observe(test, sizer, 0 if sizer else int(steps), sizes, window)
             alarms += verdict.state == "ALARM"
     return 1000 * alarms / (runs * windows)
 
@@ -99,12 +100,14 @@ def delays(alpha: float, kappa: float | None, runs: int, seed: int, k: int = 4,
     out = []
     for _ in range(runs):
         test = ChangeTest()
-        change = test.warmup + 20
+        sizer = WindowSizer(test.shift, test.arl) if steps == "auto" else None
+        change = test.warmup * (2 if sizer else 1) + 20
         found = 99
         for w in range(change + 50):
-            verdict = test.observe(simulated_window(
-                rng, alpha if w < change else after, k,
-                window_steps(test, steps, per_request, sizes), per_request, kappa))
+            def window(n: int, a: float = alpha if w < change else after) -> Observation:
+                return simulated_window(rng, a, k, -(-n // per_request) * per_request,
+                                        per_request, kappa)
+            verdict = observe(test, sizer, 0 if sizer else int(steps), sizes, window)
             if verdict.state == "ALARM" and w >= change:
                 found = w - change + 1
                 break

@@ -83,8 +83,9 @@ def test_windows_sized_to_the_traffic_meet_the_targets_where_requests_differ_a_l
 
 def test_min_steps_auto_says_the_size_it_chose_and_why(capsys, tmp_path):
     """The default (--min-steps auto) on the recorded llama.cpp switch: windows of 200 steps
-    during each warm-up, then the size from its reference, said in one line with its reasons,
-    logged, and used by the next windows; the summary lists every size chosen."""
+    while the traffic is measured, then the size from that reference, said in one line with its
+    reasons, logged, and used by the next windows (the change test's own warm-up); the summary
+    lists every size chosen."""
     from tuner.watch.drift import Reference, sized_steps
     rc, out, records = watch(capsys, tmp_path, "--replay", str(FIXTURES / "llamacpp-switch"
                                                                           ".jsonl.gz"),
@@ -94,7 +95,8 @@ def test_min_steps_auto_says_the_size_it_chose_and_why(capsys, tmp_path):
     sized = [r for r in records if r["kind"] == "window_size"]
     assert sized, out
     first = sized[0]
-    said = re.search(r"windows of (\d+) decode steps from now on \(--min-steps auto: the "
+    said = re.search(r"windows of (\d+) decode steps from now on, the change test warming up "
+                     r"again on them \(--min-steps auto: the "
                      r"warm-up's 4 windows read L ([\d.]+), a per-step variance ([\d.]+) and a "
                      r"dispersion φ ([\d.]+)", out)
     assert said and int(said.group(1)) == first["steps"], out

@@ -20,13 +20,12 @@ from tuner.watch.drift import (
     AUTO_START,
     ChangeTest,
     Observation,
-    Reference,
     Sizing,
     POWER,
     WITHIN,
     Verdict,
+    WindowSizer,
     dispersion_bound,
-    sized_steps,
 )
 from tuner.watch.source import Raw, ServerGone
 from tuner.watch.study import length_interval
@@ -70,7 +69,6 @@ class WatchState:
     recommendations: list[tuple[Recommendation, Path]] = field(default_factory=list)
     outside: list[Window] = field(default_factory=list)     # beyond the study's range
     sizings: list[Sizing] = field(default_factory=list)     # --min-steps auto: each size chosen
-    sized_for: Reference | None = None                       # the reference the size is from
     deployed_k: int | None = None
     stopped: str = ""
 
@@ -121,8 +119,8 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
     """The loop of the module docstring; returns what it saw (Ctrl-C ends it like the end of a
     recording: the caller prints the summary)."""
     study, metrics = settings.study, settings.study.engine.live_metrics
-    auto = settings.min_steps == "auto"
-    windower = Windower(AUTO_START if auto else int(settings.min_steps),
+    sizer = WindowSizer(settings.shift, settings.arl) if settings.min_steps == "auto" else None
+    windower = Windower(sizer.steps if sizer else int(settings.min_steps),
                         metrics.batch_is_window_mean,
                         not metrics.requests and study.engine.drafts_with_model(list(study.argv)))
     test = ChangeTest(settings.warmup, settings.shift, settings.arl)
@@ -161,12 +159,11 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
                         f"the change test warms up again ({settings.warmup} windows)")
                     log.write("restart", {"at": event.at, "segment": event.segment,
                                           "dropped_steps": event.dropped_steps})
-                    if auto:
-                        size_windows(settings, state, windower, test, log, say)
-                    continue
-                handle_window(settings, state, event, test, decider, low_high, log, run, say)
-                if auto:
-                    size_windows(settings, state, windower, test, log, say)
+                else:
+                    handle_window(settings, state, event, test, decider, low_high, log, run,
+                                  say)
+                if sizer is not None:
+                    size_windows(state, sizer, windower, test, log, say)
             if settings.max_windows is not None and len(state.windows) >= settings.max_windows:
                 state.stopped = f"{settings.max_windows} windows"
                 break
@@ -186,21 +183,16 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
     return state
 
 
-def size_windows(settings: WatchSettings, state: WatchState, windower: Windower,
-                 test: ChangeTest, log: JsonLog, say: Callable[[str], None]) -> None:
-    """``--min-steps auto``: windows of ``AUTO_START`` steps while the change test warms up (at
-    the start, after an alarm or a restart), then the size its reference gives
-    (``tuner.watch.drift.sized_steps``), said once per reference."""
-    ref = test.reference
-    if ref is None:
-        windower.min_steps, state.sized_for = AUTO_START, None
+def size_windows(state: WatchState, sizer: WindowSizer, windower: Windower, test: ChangeTest,
+                 log: JsonLog, say: Callable[[str], None]) -> None:
+    """``--min-steps auto`` (``tuner.watch.drift.WindowSizer``): the next window's size; a new
+    one is said once, with why, and logged."""
+    sizing = sizer.after(test)
+    windower.min_steps = sizer.steps
+    if sizing is None:
         return
-    if state.sized_for is ref:
-        return
-    sizing = sized_steps(ref, settings.shift, settings.arl)
-    state.sized_for = ref
+    ref = sizing.reference
     state.sizings.append(sizing)
-    windower.min_steps = sizing.steps
     say(sizing.describe())
     log.write("window_size", {"steps": sizing.steps, "drift": sizing.drift,
                               "mean_length": ref.mean_length, "variance": ref.variance,
@@ -333,7 +325,7 @@ def summary(settings: WatchSettings, state: WatchState) -> list[str]:
         lines.append(f"windows sized to the traffic (--min-steps auto) after each warm-up of "
                      f"{AUTO_START} steps: " + ", ".join(str(z.steps) for z in state.sizings)
                      + f" decode steps (a {settings.shift:.0%} change in L found within "
-                     f"{WITHIN} windows in {POWER:.0%} of cases under the model)")
+                     f"{WITHIN} windows in {POWER:.1%} of cases under the model)")
     if state.alarms:
         for w, v in state.alarms:
             lines.append(f"alarm at window {w.index}: mean accepted length {v.direction} "
