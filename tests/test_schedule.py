@@ -74,12 +74,15 @@ def test_one_schedule_in_every_engines_form():
         "candidate_steps": [1, 2, 3, 4], **SGLANG_CONTROLLER,
         "1": {"candidate_steps": [3, 4]}, "7": {"candidate_steps": [1, 2, 3]},
         "25": {"candidate_steps": [0]}}
-    assert trtllm_draft_len_schedule(schedule) == {6: 4, 24: 2}       # 0 above 24: implicit
+    with pytest.raises(ValueError, match=r"speculation off at batch 25-64: TensorRT-LLM floors "
+                                         r"K at 1 since its PR #16888"):
+        trtllm_draft_len_schedule(schedule)       # 25-64 off: not expressible (was {6: 4, 24: 2})
+    assert trtllm_draft_len_schedule(from_winners({1: 4, 8: 2}, 64)) == {6: 4, 64: 2}
     assert llamacpp_per_level(schedule)[8] == "--spec-draft-n-max 2" and \
         llamacpp_per_level(schedule)[32] == "speculation off"
     forms = every_form(schedule, NGRAM)
     assert forms["vllm_speculative_config"] == vllm_speculative_config(schedule, NGRAM)
-    assert "notes" not in forms
+    assert list(forms["notes"]) == ["tensorrt_llm_draft_len_schedule_untested"]
     import yaml
     from omegaconf import OmegaConf  # the best YAML holds them as YAML
     assert yaml.safe_load(OmegaConf.to_yaml({"deploy": forms})) == {"deploy": forms}
@@ -324,21 +327,27 @@ def trtllm_draft_len(schedule: dict[int, int], max_draft_len: int, batch: int) -
     """TensorRT-LLM's reading (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py
     ``DecodingBaseConfig.draft_len_schedule`` and ``validate_draft_len_schedule_and_sort``):
     keys >= 1, lengths >= 0, the smallest key's length = max_draft_len, none above it; a batch
-    size takes the length of the smallest key at or above it, 0 above the largest."""
+    size takes the length of the smallest key at or above it, 0 above the largest; since its
+    PR #16888 a resolved length is floored at 1."""
     assert all(isinstance(b, int) and b >= 1 and isinstance(n, int) and 0 <= n <= max_draft_len
                for b, n in schedule.items())
     assert schedule[min(schedule)] == max_draft_len
-    return next((schedule[key] for key in sorted(schedule) if key >= batch), 0)
+    return max(1, next((schedule[key] for key in sorted(schedule) if key >= batch), 0))
 
 
 def test_the_tensorrt_llm_form_gives_every_batch_size_its_k():
-    for schedule in (planned(), from_winners({1: 3, 4: 1, 16: 0}, 32),
-                     from_winners({1: 3, 4: 0, 16: 2}, 32)):
+    """Every batch size up to the schedule's largest reads its planned k through TensorRT-LLM's
+    reading with #16888's floor; a schedule off anywhere cannot be written (with the old form,
+    {1: 3, 4: 1, 16: 0} read K = 1 at batch 16-32 where the plan said off)."""
+    for schedule in (from_winners({1: 3, 4: 1}, 32), from_winners({1: 5, 2: 3, 8: 1}, 16)):
         form = trtllm_draft_len_schedule(schedule)
+        assert all(k for k in form.values())
         for batch in range(1, schedule.max_batch + 1):
             assert trtllm_draft_len(form, schedule.top, batch) == k_at(schedule, batch)
-    assert trtllm_draft_len_schedule(from_winners({1: 3, 4: 0, 16: 2}, 32)) == \
-        {3: 3, 15: 0, 32: 2}
+    for schedule in (planned(), from_winners({1: 3, 4: 1, 16: 0}, 32),
+                     from_winners({1: 3, 4: 0, 16: 2}, 32)):
+        with pytest.raises(ValueError, match="TensorRT-LLM floors K at 1"):
+            trtllm_draft_len_schedule(schedule)
 
 
 # ----------------------------------------------------------------------------------------------

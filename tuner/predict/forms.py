@@ -25,9 +25,14 @@ checked against them in tests/test_schedule.py):
   at least two, as the flat loader asks) and the tiers.
 * TensorRT-LLM (``draft_len_schedule`` of its speculative config, NVIDIA/TensorRT-LLM
   ``tensorrt_llm/llmapi/llm_args.py`` ``DecodingBaseConfig``, PyTorch backend; untested): batch
-  size -> draft length, each key the LAST batch size of its range, 0 above the largest key; its
-  validator wants the smallest key's length = ``max_draft_len`` and none above it, so a schedule
-  whose k at batch 1 is not its largest cannot be written.
+  size -> draft length, each key the LAST batch size of its range; its validator wants the
+  smallest key's length = ``max_draft_len`` and none above it, so a schedule whose k at batch 1
+  is not its largest cannot be written. Since its PR #16888 (a schedule that resolved to K = 0
+  silently collapsed acceptance) a resolved K is floored at 1, above the largest key too: no
+  range of the schedule can be "off", so a schedule with speculation off anywhere up to its
+  largest batch size cannot be written either (the engine's acceptance gate,
+  ``acceptance_rate_window_size`` / ``_threshold``, turns speculation off for good, not per
+  batch size); the form covers every batch size up to the schedule's largest explicitly.
 * llama.cpp: one setting per deployment (llama-server takes no schedule): per level, the k to
   launch with (``--spec-draft-n-max``), or speculation off.
 """
@@ -88,8 +93,10 @@ def sglang_adaptive_config(schedule: Schedule) -> dict[str, Any] | None:
 
 
 def trtllm_draft_len_schedule(schedule: Schedule) -> dict[int, int] | None:
-    """TensorRT-LLM's ``draft_len_schedule``: {last batch size of a range: k}; a range of k = 0
-    after the last positive one is left to the implicit 0 above the largest key."""
+    """TensorRT-LLM's ``draft_len_schedule``: {last batch size of a range: k}, up to the
+    schedule's largest batch size; None where no k beats vanilla; ValueError where TensorRT-LLM
+    cannot hold it (module docstring: batch 1's k not the largest, or a range off since #16888's
+    floor of K at 1)."""
     ranges = schedule.ranges()
     if schedule.top == 0:
         return None
@@ -97,8 +104,13 @@ def trtllm_draft_len_schedule(schedule: Schedule) -> dict[int, int] | None:
         raise ValueError(f"k={ranges[0][2]} at batch 1 is not the largest k ({schedule.top}): "
                          "TensorRT-LLM wants draft_len_schedule at its smallest key = "
                          "max_draft_len and none above it")
-    while ranges[-1][2] == 0:
-        ranges.pop()
+    off = [(start, end) for start, end, k in ranges if k == 0]
+    if off:
+        start, end = off[0]
+        raise ValueError(f"speculation off at batch {start}-{end}: TensorRT-LLM floors K at 1 "
+                         "since its PR #16888 (a K of 0 collapsed acceptance), so no batch range "
+                         "of draft_len_schedule can be off; deploy the schedule's k up to batch "
+                         f"{start - 1} with max_batch_size {start - 1}, or measure K = 1 there")
     return {end: k for _, end, k in ranges}
 
 
