@@ -63,7 +63,8 @@ def main(argv=None) -> int:
     profile_argv = ["--engine", args.engine, "--models", args.models, "--levels",
                     *map(str, args.levels), "--ks", *map(str, args.ks), "--synth-len",
                     args.synth_len, "--task", args.task, "--prompts", str(args.prompts),
-                    "--max-new-tokens", str(args.max_new_tokens), "--out", str(profile_path)]
+                    "--max-new-tokens", str(args.max_new_tokens), "--out", str(profile_path),
+                    "--drafting", "model"]
     started = time.perf_counter()
     if cli.main(profile_argv) != 0:
         return 2

@@ -549,6 +549,30 @@ def test_synthetic_acceptance_reports_the_length_asked_and_its_step_times_make_a
     assert "\n" not in str(err.value)
 
 
+def test_the_draft_free_profile_measures_ngram_steps_at_full_drafts(tmp_path, capsys):
+    """python -m tuner.profile --engine llamacpp --drafting ngram: prompt lookup drafting k
+    tokens (ngram-simple size_m = k) on prompts that repeat themselves, no draft model: every
+    step finds a draft of about k tokens (the target copies the repetition on), and the profile
+    written is draft-free (models.draft None, its note says so), rows k + 1, the plain server
+    at k = 0. It prices n-gram deployments in python -m tuner.watch (tests/test_watch.py)."""
+    from tuner import profile as cli
+    from tuner.predict.surface import load_profile
+    out = tmp_path / "free.json"
+    assert cli.main(["--engine", "llamacpp", "--drafting", "ngram", "--models", "smollm2",
+                     "--ks", "2", "4", "--prompts", "2", "--max-new-tokens", "48",
+                     "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    drafted = {int(k): float(d) for k, d in re.findall(
+        r"k=(\d) at concurrency 1: mean length [\d.]+ \(the drafter's own\), ([\d.]+) "
+        r"drafted per step", said)}
+    assert sorted(drafted) == [2, 4], said
+    assert all(drafted[k] >= 0.8 * k for k in drafted), drafted
+    profile = load_profile(out, engine="llamacpp")
+    assert profile.models["draft"] is None and "DRAFT-FREE" in profile.note
+    assert profile.target.rows == (1, 3, 5) and profile.batch_sizes() == (1,)
+    assert "NOTE" not in said
+
+
 def test_a_study_predicts_each_level_from_the_engines_profile_and_confirms_its_schedule(
         tmp_path, capsys):
     """An engine profile made from the engine's own steps (k = 1 and 3 drafted per step, levels 1

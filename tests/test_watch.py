@@ -292,11 +292,44 @@ def test_the_decision_is_priced_at_the_live_batch_and_varying_drafts_are_estimat
         varied += not full
         assert all(options[j]["exact"] == full for j in range(1, k))
     assert varied > 0                              # n-gram drafts do vary in length here
-    assert re.search(r"decision at the last window: batch \d+: deployed k=4", out)
+    assert re.search(r"decision at the last window \(priced with \S*llamacpp-profile.json: a "
+                     r"draft model's steps \(models.draft=\{'kind': 'int8_dynamic'\}\)\): "
+                     r"batch \d+: deployed k=4", out), out
     # a draft-model profile prices n-gram steps too high: said, and nothing recommended from it
     assert "this deployment drafts from the context without a model" in out
     assert not [r for r in records if r["kind"] == "recommendation"]
     assert "decision: priced, no switch recommended" in out
+
+
+def test_an_ngram_deployment_is_priced_by_the_draft_free_profile(capsys, tmp_path):
+    """Both profiles python -m tuner.profile --engine writes, in either order: the n-gram
+    deployment is priced with the draft-free one (models.draft None), said at the start and in
+    the summary, and no bias is claimed; given only the draft-model one it says the bias (the
+    test above). The draft-free profile here is the fixture's surface with every k > 0 step
+    at 60 % of its draft-model price (n-gram steps run no draft forwards)."""
+    profile = json.loads((FIXTURES / "llamacpp-profile.json").read_text())
+    profile["models"]["draft"] = None
+    for surface in [profile["target"], *[b["target"] for b in profile["batches"]]]:
+        surface["seconds"] = [[t if rows == 1 else 0.6 * t for rows, t in zip(
+            surface["rows"], line)] for line in surface["seconds"]]
+    free = tmp_path / "llamacpp-ngram.json"
+    free.write_text(json.dumps(profile))
+    for order in ((FIXTURES / "llamacpp-profile.json", free),
+                  (free, FIXTURES / "llamacpp-profile.json")):
+        rc, out, records = watch(capsys, tmp_path, "--replay",
+                                 str(FIXTURES / "llamacpp-switch.jsonl.gz"), "--study",
+                                 str(LLAMA_STUDY), "--min-steps", "100",
+                                 *[x for path in order for x in ("--profile", str(path))])
+        assert rc == 0, out
+        assert f"pricing with the profile {free}: draft-free steps (n-gram drafting, no draft " \
+            "model)" in out
+        assert "drafts from the context without a model" not in out
+        assert "decision: priced, no switch recommended" not in out
+        assert f"decision at the last window (priced with {free}: draft-free steps" in out
+        start = next(r for r in records if r["kind"] == "start")
+        assert start["profile"] == str(free) and start["profile_steps"].startswith("draft-free")
+        priced = [r["pricing"] for r in records if r["kind"] == "window" and r.get("pricing")]
+        assert priced and all(any(o["k"] == 4 for o in p["options"]) for p in priced)
 
 
 def test_off_where_the_profile_says_off_once_the_gain_beats_the_margin(capsys, tmp_path):

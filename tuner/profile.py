@@ -16,11 +16,16 @@ measured again (``tuner.predict.loops``).
 
     python -m tuner.profile --engine llamacpp --models smollm2 --levels 1 2 4 --ks 1 2 4 8
 
-``--engine llamacpp`` measures llama-server's cost surface instead, from its synthetic-acceptance
-mode (``tuner.predict.synthetic``: k drafted tokens per step accepted at random with mean length
+``--engine llamacpp`` measures llama-server's cost surface instead (``--drafting``: a draft
+model's steps, n-gram drafting's draft-free steps, or both, the default: two profiles), from its
+synthetic-acceptance mode (``tuner.predict.synthetic``: k drafted tokens per step accepted at random with mean length
 ``--synth-len``), per concurrency level and k, on the task's prompts; ``--engine vllm`` the same
 from vLLM's server (its CPU build has no synthetic mode: ``--synth-len real`` measures each k at
-the draft model's own acceptance, on either engine).
+the draft model's own acceptance, on either engine). The draft-free profile
+(``<out>-ngram.json``) is the target's step at k + 1 tokens with no draft model, as n-gram drafting
+pays it (the lookup's time included): prompt lookup (``method=prompt_lookup``) drafting k tokens on
+prompts that repeat themselves, so that every step finds a full draft; it prices n-gram deployments
+(``python -m tuner.watch``).
 ``--roofline NAME`` writes instead a roofline profile (an ESTIMATE, ``tuner.predict.roofline``)
 for a named GPU from its datasheet, or for this CPU from its bandwidth and matmul throughput
 measured here; ``--compare`` prints its error against a measured profile, cell by cell.
@@ -84,6 +89,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="--engine: concurrency levels (1 is always measured)")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4], metavar="K",
                         help="--engine: drafted tokens per step")
+    parser.add_argument("--drafting", default="both", choices=("model", "ngram", "both"),
+                        help="--engine: a draft model's steps (model), n-gram drafting's "
+                        "draft-free steps (ngram), or both (two profiles)")
     parser.add_argument("--synth-len", default="2.5", metavar="L",
                         help="--engine: mean accepted length asked (capped at k + 1), or "
                         "real: no synthetic mode, the draft model's own acceptance")
@@ -214,52 +222,77 @@ def check_engine(args: argparse.Namespace) -> None:
 
 
 def engine_main(models: dict, args: argparse.Namespace) -> int:
-    """``--engine llamacpp|vllm``: the engine's cost surface as a profile (synthetic
-    acceptance, or the draft's own with ``--synth-len real``)."""
+    """``--engine llamacpp|vllm``: the engine's cost surface as a profile per ``--drafting``:
+    a draft model's steps (synthetic acceptance, or the draft's own with ``--synth-len real``),
+    and n-gram drafting's draft-free steps."""
+    default = Path(f"profiles/{args.models}-{args.engine}-{{machine}}.json")
+    model_out = Path(args.out) if args.out else default
+    if args.drafting in ("model", "both"):
+        length = None if args.synth_len == "real" else args.synth_len
+        engine_profile(models, args, "model", length, model_out)
+    if args.drafting in ("ngram", "both"):
+        out = Path(args.out) if args.out and args.drafting == "ngram" else \
+            model_out.with_name(model_out.stem + "-ngram" + model_out.suffix)
+        engine_profile({**models, "draft": None}, args, "ngram", None, out)
+    return 0
+
+
+def engine_profile(models: dict, args: argparse.Namespace, drafting: str,
+                   length: float | None, out: Path) -> Path:
+    """One engine profile: ``drafting`` ``model`` (draft-model speculation) or ``ngram``
+    (prompt lookup on repeating prompts: draft-free), written to ``out`` (``{machine}`` in it
+    filled)."""
     import torch
 
     from decoding.hardware import hardware
     from tuner.predict import loops, synthetic
     levels = sorted({1, *args.levels})
+    method = "speculative" if drafting == "model" else "prompt_lookup"
     _, evaluator = engine_evaluator(args.engine, args.models, args.task, levels, args.prompts,
-                                    args.max_new_tokens, args.threads)
-    length = None if args.synth_len == "real" else args.synth_len
+                                    args.max_new_tokens, args.threads, method=method)
     if length is not None:
         evaluator.check_synthetic(length)
     try:
         evaluator.open()
-        print(f"cost surface: k {args.ks} at concurrency {levels}, " +
-              ("at the draft model's own acceptance (no synthetic mode)" if length is None else
-               f"synthetic acceptance, mean length {length:g} asked"))
-        cells = evaluator.synthetic_costs(args.ks, levels, length)
+        print(f"cost surface: k {args.ks} at concurrency {levels}, " + (
+            "DRAFT-FREE: n-gram drafting (no draft model) on prompts that repeat themselves"
+            if drafting == "ngram" else
+            "at the draft model's own acceptance (no synthetic mode)" if length is None else
+            f"synthetic acceptance, mean length {length:g} asked"))
+        cells = evaluator.synthetic_costs(args.ks, levels, length, repeat=drafting == "ngram")
         profile = synthetic.profile(
             cells, machine=hardware(torch.device("cpu")), engine=args.engine,
             build={args.engine: evaluator.build_info()}, threads=evaluator.threads,
-            models=loops.describe_models(models), length=args.synth_len,
+            models=loops.describe_models(models),
+            length="real" if length is None else length, drafting=drafting,
             made=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     finally:
         evaluator.close()
-    out = Path(args.out or f"profiles/{args.models}-{args.engine}-{slug(profile.machine)}.json")
+    out = Path(str(out).replace("{machine}", slug(profile.machine)))
     profile.save(out)
     print(f"wrote {out}: {profile.describe()}")
     for c in cells:
         if c.k:
-            asked = "the draft's own" if c.asked_length is None else \
-                f"asked {c.asked_length:g}, ±{c.length_error():.2f}"
+            asked = ("the drafter's own" if c.asked_length is None else
+                     f"asked {c.asked_length:g}, ±{c.length_error():.2f}")
             print(f"  k={c.k} at concurrency {c.level}: mean length {c.mean_length:.2f} "
-                  f"({asked}), {1e3 * c.step_s:.1f} ms per step")
-    return 0
+                  f"({asked}), {c.drafted_per_step:.2f} drafted per step, "
+                  f"{1e3 * c.step_s:.1f} ms per step")
+            if drafting == "ngram" and c.drafted_per_step < 0.8 * c.k:
+                print(f"  NOTE: k={c.k} at concurrency {c.level} drafted {c.drafted_per_step:.2f} "
+                      "per step, short of k: its price is the step at the rows it fed")
+    return out
 
 
 def engine_evaluator(engine: str, models: str, task: str, levels: Sequence[int], prompts: int,
                      max_new_tokens: int, threads: str = "auto", warmup_prompts: int = 0,
-                     say=print):
-    """(study settings, evaluator) of draft-model speculation (``method=speculative``) in
-    ``engine`` on ``prompts`` prompts of ``task``, at concurrency ``levels``, composed and
-    validated as ``python -m tuner`` would (not opened)."""
+                     say=print, method: str = "speculative"):
+    """(study settings, evaluator) of ``method`` (draft-model speculation by default; or
+    ``prompt_lookup``) in ``engine`` on ``prompts`` prompts of ``task``, at concurrency
+    ``levels``, composed and validated as ``python -m tuner`` would (not opened)."""
     from tuner.measure.timing import time_generation
     from tuner.study.settings import StudySettings
-    cfg = compose(["+task=" + task, f"engine={engine}", "method=speculative",
+    cfg = compose(["+task=" + task, f"engine={engine}", f"method={method}",
                    f"models={models}", f"budget.concurrency=[{','.join(map(str, levels))}]",
                    f"task.n_prompts={prompts}", "task.n_held_out=1",
                    f"task.max_new_tokens={max_new_tokens}", "tracking=none",

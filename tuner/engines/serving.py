@@ -362,14 +362,26 @@ class ServerEvaluator:
     # -- cost surfaces (tuner.predict.synthetic) -------------------------------------------------
 
     def drafted_params(self, k: int) -> dict[str, Any]:
-        """Draft-model speculation drafting ``k`` tokens per step, the study's other defaults."""
-        knob = self.kind.draft_tokens_knob
-        if knob not in self.mapping["knobs"] or \
-                not self.settings.method["needs_draft"]:
-            raise ConfigError(f"method={self.settings.method_choice}: an engine's cost surface "
-                              "is measured with draft-model speculation; allowed is "
-                              "method=speculative")
-        return {**self.settings.default, knob: k, **self.kind.exact_draft}
+        """The study's method drafting ``k`` tokens per step, its other settings the defaults: a
+        draft model's ``draft_tokens_knob`` (every step exactly k: ``exact_draft``), or for a
+        method that drafts without a model (n-gram lookup) the knob this engine declares its
+        draft size by (``draft_size_knobs``: llama.cpp's ``size_m``, vLLM's
+        ``num_speculative_tokens``)."""
+        from tuner.search.space import is_active
+        default = dict(self.settings.default)
+        if self.settings.method["needs_draft"]:
+            knob = self.kind.draft_tokens_knob
+            if knob in self.mapping["knobs"]:
+                return {**default, knob: k, **self.kind.exact_draft}
+        else:
+            space = self.settings.space
+            knob = next((n for n in self.kind.draft_size_knobs if n in default and (
+                n not in space or is_active(n, space[n], default))), None)
+            if knob is not None:
+                return {**default, knob: k}
+        raise ConfigError(f"method={self.settings.method_choice}: an engine's cost surface is "
+                          "measured with draft-model speculation or n-gram drafting; allowed "
+                          "are method=speculative, method=prompt_lookup")
 
     def synthetic_spec(self, k: int, length: float) -> Spec:
         """The method server's settings drafting ``k`` tokens per step, accepted at random with
@@ -382,12 +394,14 @@ class ServerEvaluator:
 
     def synthetic_costs(self, ks: Sequence[int], levels: Sequence[int],
                         length: float | Mapping[int, float] | None,
-                        rounds: int = 2) -> list[Any]:
+                        rounds: int = 2, repeat: bool = False) -> list[Any]:
         """Per k (0: the baseline server) and level: ``rounds`` batches of ``level`` tuning
         prompts (cycled, each request its own seed), after one untimed request per server;
         ``tuner.predict.synthetic.cell`` of the engine's own counts and times. ``length``: the
         mean accepted length asked (capped at k + 1), or one per k; None: no synthetic mode,
-        the draft model's own acceptance (the step times are those of its real lengths)."""
+        the drafter's own acceptance (the step times are those of its real lengths).
+        ``repeat``: each prompt's tokens as ``repeated`` gives them (n-gram drafting: the target
+        copies the repetition on, so every step finds a k-token draft)."""
         from tuner.predict.synthetic import cell
         prompts = list(self.settings.tuning)
         out = []
@@ -403,16 +417,19 @@ class ServerEvaluator:
                 for r in range(rounds):
                     batch = [prompts[(r * level + i) % len(prompts)] for i in range(level)]
                     payloads = [{**self.payload(p, k > 0), "seed": self.settings.seed + r * level
-                                 + i} for i, p in enumerate(batch)]
+                                 + i, **({"prompt": repeated(self.ids[p.id])} if repeat
+                                         else {})} for i, p in enumerate(batch)]
                     replies, wall = send_batch(server.url + self.endpoint, payloads)
                     runs += [(self.measurement(p, reply.body, reply.wall_s, level, wall, None),
-                              len(self.ids[p.id])) for p, reply in zip(batch, replies)]
+                              len(repeated(self.ids[p.id]) if repeat else self.ids[p.id]))
+                             for p, reply in zip(batch, replies)]
                 got = cell(level, k, asked, runs)
                 out.append(got)
                 self.say(f"  k={k} at concurrency {level}: {1e3 * got.step_s:.1f} ms per step, "
                          f"mean length {got.mean_length:.2f}"
                          + (f" (asked {asked:g})" if asked else
-                            " (the draft's own)" if k else ""))
+                            " (the drafter's own)" if k else "")
+                         + (f", {got.drafted_per_step:.2f} drafted per step" if k else ""))
         return out
 
     def stream(self, server: EngineServer | None, prompts: Sequence[Prompt],
@@ -497,3 +514,12 @@ class ServerEvaluator:
 def seconds(ms: Any) -> float | None:
     """A server's millisecond timing in seconds (None: not reported)."""
     return None if ms is None else float(ms) / 1e3
+
+
+def repeated(ids: Sequence[int]) -> list[int]:
+    """A prompt that repeats itself and stops half-way through its third copy: a model continues
+    the copy (induction), and an n-gram lookup finds each next k tokens in the copies before, so
+    a draft-free cost surface is measured at full-length drafts."""
+    ids = list(ids)
+    return ids + ids + ids[: max(1, len(ids) // 2)]
+

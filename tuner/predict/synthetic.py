@@ -43,6 +43,12 @@ class SyntheticCell:
     context: float                      # mean cached tokens over the decode (prompt + half)
     prompt_tokens: float = 0.0          # mean prompt length
     prompt_s: float = 0.0               # median prefill seconds (the engine's own)
+    drafted: int = 0                    # drafted tokens, summed over the requests
+
+    @property
+    def drafted_per_step(self) -> float:
+        """d: the drafted tokens per decode step (k where every step drafted in full)."""
+        return self.drafted / self.decode_steps if self.decode_steps else 0.0
 
     @property
     def mean_length(self) -> float:
@@ -83,14 +89,16 @@ def cell(level: int, k: int, asked: float | None,
         statistics.median((m.decode_s or 0.0) / s for (m, _), s in zip(runs, steps)),
         statistics.fmean(n + len(m.tokens) / 2 for m, n in runs),
         statistics.fmean(n for _, n in runs),
-        statistics.median(m.prompt_s or 0.0 for m, _ in runs))
+        statistics.median(m.prompt_s or 0.0 for m, _ in runs),
+        sum(m.counts.drafted for m, _ in runs))
 
 
 def profile(cells: Sequence[SyntheticCell], *, machine: str, engine: str,
             build: Mapping[str, str], threads: int, models: Mapping[str, Any], made: str,
-            length: float | str) -> HardwareProfile:
+            length: float | str, drafting: str = "model") -> HardwareProfile:
     """The cells as a profile: per level a surface of rows k + 1 at the cells' mean context;
-    the first level must be 1."""
+    the first level must be 1. ``drafting``: ``model`` (a draft model's steps) or ``ngram``
+    (draft-free: n-gram drafting on prompts that repeat, its ``models.draft`` None)."""
     levels = sorted({c.level for c in cells})
     ks = sorted({c.k for c in cells})
     if levels[0] != 1 or ks[0] != 0:
@@ -104,12 +112,21 @@ def profile(cells: Sequence[SyntheticCell], *, machine: str, engine: str,
                                     ((prompt, by[level, 0].prompt_s),)),
                  None) for level in levels]      # one grid at every level: at_batch blends
     asked = f"{length:g}" if isinstance(length, (int, float)) else length
-    how = (f"{engine}, the draft model's own acceptance (no synthetic mode; lengths "
-           + ", ".join(f"k={c.k} {c.mean_length:.2f}" for c in cells if c.k and c.level == 1)
-           + " at level 1)") if length == "real" else \
-        f"{engine} synthetic acceptance (mean length {asked} asked, capped at k + 1)"
+    at_one = [c for c in cells if c.k and c.level == 1]
+    if drafting == "ngram":
+        how = (f"{engine}, DRAFT-FREE: n-gram drafting without a draft model on prompts that "
+               "repeat themselves (the n-gram lookup's own time included; drafted per step "
+               + ", ".join(f"k={c.k} {c.drafted_per_step:.2f}" for c in at_one)
+               + ", lengths " + ", ".join(f"k={c.k} {c.mean_length:.2f}" for c in at_one)
+               + " at level 1)")
+    elif length == "real":
+        how = (f"{engine}, the draft model's own acceptance (no synthetic mode; lengths "
+               + ", ".join(f"k={c.k} {c.mean_length:.2f}" for c in at_one) + " at level 1)")
+    else:
+        how = f"{engine} synthetic acceptance (mean length {asked} asked, capped at k + 1)"
+    what = "the n-gram lookup included" if drafting == "ngram" else "draft forwards included"
     note = (f"{how}: "
-            f"a step's whole time with k drafted tokens (draft forwards included) at {context} "
+            f"a step's whole time with k drafted tokens ({what}) at {context} "
             "cached tokens; rows = k + 1; prefill: the baseline's median at the mean prompt "
             f"({prompt} tokens)")
     return HardwareProfile(kind="measured", machine=machine, engine=engine, build=dict(build),

@@ -51,8 +51,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         "accepted length the change test is tuned to")
     parser.add_argument("--arl", type=float, default=ARL,
                         help="windows between false alarms, at least, under the test's model")
-    parser.add_argument("--profile", type=Path, default=None,
-                        help="the engine's hardware profile (python -m tuner.profile --engine)")
+    parser.add_argument("--profile", type=Path, action="append", default=None,
+                        help="the engine's hardware profile (python -m tuner.profile --engine); "
+                        "give both it writes (a draft model's steps, and -ngram.json: "
+                        "draft-free steps): the one of the deployment's kind prices it")
     parser.add_argument("--margin", type=float, default=None, help="the least predicted gain "
                         "of a switch (default: the study's calibration error, else 0.10)")
     parser.add_argument("--persist", type=int, default=PERSIST,
@@ -135,13 +137,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tuner.watch.study import DEFAULT_MARGIN, read_study
         study = read_study(args.study, args.k)
         profile = None
-        if args.profile is not None:
+        if args.profile:
             from tuner.predict.surface import load_profile
-            # the target's steps are what is priced (a profile measured with a draft model
-            # prices an n-gram deployment too: its note says how)
+            # the target's steps are what is priced (a profile of another kind of step prices
+            # the deployment too, biased: pricing_bias says how)
             target = (study.best.get("models") or {}).get("target")
-            profile = load_profile(args.profile, models={"target": target} if target else None,
-                                   engine=study.engine.name, setting="--profile")
+            given = [(path, load_profile(path, models={"target": target} if target else None,
+                                         engine=study.engine.name, setting="--profile"))
+                     for path in args.profile]
+            args.profile, profile = choose_profile(study, given)
         if args.margin is not None:
             margin, margin_source = args.margin, "--margin"
         elif study.calibration_error is not None:
@@ -176,6 +180,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(args, study, profile, margin, margin_source, source, raws)
 
 
+def step_kind(profile) -> str:
+    """Which kind of step ``profile`` measured, in words."""
+    draft = profile.models.get("draft")
+    return f"a draft model's steps (models.draft={draft})" if draft else \
+        "draft-free steps (n-gram drafting, no draft model)"
+
+
+def choose_profile(study, given):
+    """Of the (path, profile) pairs given, the one whose steps are the deployment's kind (a
+    draft model's, or draft-free for n-gram drafting); the first where none is."""
+    model = study.engine.drafts_with_model(list(study.argv))
+    return next(((path, profile) for path, profile in given
+                 if bool(profile.models.get("draft")) == model), given[0])
+
+
 def pricing_bias(study, profile) -> str:
     """Why ``profile`` misprices the deployment's steps ("" where it does not): its steps were
     measured with a draft model and the deployment drafts without one (or the reverse)."""
@@ -190,9 +209,9 @@ def pricing_bias(study, profile) -> str:
                 "switch is recommended from them (the measured time per output token stands "
                 "beside each; measure with the re-tune command)")
     if deployed and not measured:
-        return ("the profile was measured without a draft model; this deployment drafts with "
-                "one, so its steps cost more: the prices of k > 0 are too high, and no switch "
-                "is recommended from them")
+        return ("the profile was measured without a draft model (draft-free steps); this "
+                "deployment drafts with one, so its steps cost more: the prices of k > 0 are too "
+                "high, and no switch is recommended from them")
     return ""
 
 
@@ -206,11 +225,13 @@ def run(args, study, profile, margin, margin_source, source, raws) -> int:
         margin_source=margin_source, persist=args.persist,
         traffic_temperature=args.temperature if args.temperature is not None
         else study.temperature, pricing_bias=pricing_bias(study, profile), out_dir=args.out,
-        max_windows=args.windows, max_seconds=args.duration)
+        max_windows=args.windows, max_seconds=args.duration,
+        profile_steps=f"{args.profile}: {step_kind(profile)}" if profile is not None else "")
     log = JsonLog(args.out / f"{study.name}.watch-{stamp}.jsonl")
     params = {"study": study.name, "source": source, "interval_s": args.interval,
               "min_steps": args.min_steps, "warmup": args.warmup, "shift": args.shift,
               "arl": args.arl, "profile": str(args.profile) if args.profile else "none",
+              "profile_steps": step_kind(profile) if profile is not None else "none",
               "margin": margin, "margin_source": margin_source, "persist": args.persist,
               "deployed_k": study.deployed_k, "k_setting": study.k_setting,
               "traffic_temperature": settings.traffic_temperature,
@@ -238,8 +259,9 @@ def run(args, study, profile, margin, margin_source, source, raws) -> int:
         say(f"no --profile: alarms and ranges only; the decision cannot be priced (make one "
             f"with python -m tuner.profile --engine {study.engine.name})")
     else:
-        say(f"pricing with the profile {args.profile} ({profile.describe()}); a switch must "
-            f"win by {100 * margin:.0f} % ({margin_source}) in {args.persist} windows in a row")
+        say(f"pricing with the profile {args.profile}: {step_kind(profile)} "
+            f"({profile.describe()}); a switch must win by {100 * margin:.0f} % "
+            f"({margin_source}) in {args.persist} windows in a row")
         if settings.pricing_bias:
             say("  " + settings.pricing_bias)
     state = None

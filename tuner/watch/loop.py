@@ -56,6 +56,7 @@ class WatchSettings:
     out_dir: Path
     max_windows: int | None = None
     max_seconds: float | None = None
+    profile_steps: str = ""              # the profile and which kind of step it measured
 
 
 @dataclass
@@ -346,7 +347,9 @@ def summary(settings: WatchSettings, state: WatchState) -> list[str]:
         lines.append("decision: not priced (no --profile): alarms and ranges only")
     elif state.pricings:
         last = state.pricings[-1]
-        lines.append("decision at the last window: " + last.line()
+        lines.append("decision at the last window" + (
+            f" (priced with {settings.profile_steps})" if settings.profile_steps else "")
+            + ": " + last.line()
                      + (f" ({last.note})" if last.note else ""))
     if settings.profile is not None and settings.pricing_bias:
         lines.append("decision: priced, no switch recommended (the profile misprices this "
