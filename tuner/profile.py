@@ -248,8 +248,12 @@ def engine_profile(models: dict, args: argparse.Namespace, drafting: str,
     from tuner.predict import loops, synthetic
     levels = sorted({1, *args.levels})
     method = "speculative" if drafting == "model" else "prompt_lookup"
+    # n-gram drafts: the last steps of a request draft fewer (its remaining tokens), so the
+    # requests are long enough that they hardly count (32 steps of the largest k at least)
+    tokens = args.max_new_tokens if drafting == "model" else \
+        max(args.max_new_tokens, 32 * (max(args.ks) + 1))
     _, evaluator = engine_evaluator(args.engine, args.models, args.task, levels, args.prompts,
-                                    args.max_new_tokens, args.threads, method=method)
+                                    tokens, args.threads, method=method)
     if length is not None:
         evaluator.check_synthetic(length)
     try:
@@ -292,7 +296,8 @@ def engine_evaluator(engine: str, models: str, task: str, levels: Sequence[int],
     ``levels``, composed and validated as ``python -m tuner`` would (not opened)."""
     from tuner.measure.timing import time_generation
     from tuner.study.settings import StudySettings
-    cfg = compose(["+task=" + task, f"engine={engine}", f"method={method}",
+    # budget=full: the prompts and tokens asked here (budget=auto would cap them at cpu_budget's)
+    cfg = compose(["+task=" + task, f"engine={engine}", f"method={method}", "budget=full",
                    f"models={models}", f"budget.concurrency=[{','.join(map(str, levels))}]",
                    f"task.n_prompts={prompts}", "task.n_held_out=1",
                    f"task.max_new_tokens={max_new_tokens}", "tracking=none",

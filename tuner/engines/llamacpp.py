@@ -280,6 +280,17 @@ class LlamaCppEvaluator(ServerEvaluator):
                     else str(value)]
         return out
 
+    def drafted_params(self, k: int) -> dict[str, Any]:
+        """As the base's; for an n-gram type sized by ``size_m`` the lookup ``size_n`` is at most
+        k too: llama.cpp's ngram-simple drafts nothing where its m-gram is shorter than its
+        n-gram (``common_ngram_simple_draft``: ``copy_max < n_draft_min`` returns no draft), so
+        its default n = 12 with m = k < 12 would measure a step that never drafts."""
+        params = super().drafted_params(k)
+        if not self.settings.method["needs_draft"] and params.get("spec_type") in NGRAM_SIZED \
+                and "size_n" in params:
+            params["size_n"] = min(int(params["size_n"]), k)
+        return params
+
     def synthetic_spec(self, k: int, length: float) -> list[str]:
         """Draft-model speculation drafting exactly ``k`` tokens per step, accepted at random
         with mean length ``length`` (``--spec-synth-len``, "benchmarking only": the output is

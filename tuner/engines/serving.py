@@ -400,10 +400,20 @@ class ServerEvaluator:
         ``tuner.predict.synthetic.cell`` of the engine's own counts and times. ``length``: the
         mean accepted length asked (capped at k + 1), or one per k; None: no synthetic mode,
         the drafter's own acceptance (the step times are those of its real lengths).
-        ``repeat``: each prompt's tokens as ``repeated`` gives them (n-gram drafting: the target
-        copies the repetition on, so every step finds a k-token draft)."""
+        ``repeat``: each request's prompt as ``repeated`` makes it from the tuning prompts
+        (n-gram drafting: the target copies on, so every step finds a k-token draft)."""
         from tuner.predict.synthetic import cell
         prompts = list(self.settings.tuning)
+        tokens = int(self.settings.budget["max_new_tokens"])
+        room = int(self.engine["ctx_per_slot"]) - tokens - 8
+
+        special = list(getattr(self.tokenizer, "all_special_ids", None) or ())
+
+        def copying(prompt: Any) -> dict[str, Any]:
+            """The request's prompt as ``repeated`` makes it, seeded by the prompt's place."""
+            return {"prompt": repeated([self.ids[p.id] for p in prompts], tokens, room,
+                                       self.settings.seed + prompts.index(prompt), special),
+                    "ignore_eos": True}
         out = []
         for k in (0, *ks):
             wanted = length.get(k, 1.0) if isinstance(length, Mapping) else length
@@ -417,11 +427,11 @@ class ServerEvaluator:
                 for r in range(rounds):
                     batch = [prompts[(r * level + i) % len(prompts)] for i in range(level)]
                     payloads = [{**self.payload(p, k > 0), "seed": self.settings.seed + r * level
-                                 + i, **({"prompt": repeated(self.ids[p.id])} if repeat
-                                         else {})} for i, p in enumerate(batch)]
+                                 + i, **(copying(p) if repeat else {})}
+                                for i, p in enumerate(batch)]
                     replies, wall = send_batch(server.url + self.endpoint, payloads)
                     runs += [(self.measurement(p, reply.body, reply.wall_s, level, wall, None),
-                              len(repeated(self.ids[p.id]) if repeat else self.ids[p.id]))
+                              len(copying(p)["prompt"] if repeat else self.ids[p.id]))
                              for p, reply in zip(batch, replies)]
                 got = cell(level, k, asked, runs)
                 out.append(got)
@@ -516,10 +526,19 @@ def seconds(ms: Any) -> float | None:
     return None if ms is None else float(ms) / 1e3
 
 
-def repeated(ids: Sequence[int]) -> list[int]:
-    """A prompt that repeats itself and stops half-way through its third copy: a model continues
-    the copy (induction), and an n-gram lookup finds each next k tokens in the copies before, so
-    a draft-free cost surface is measured at full-length drafts."""
-    ids = list(ids)
-    return ids + ids + ids[: max(1, len(ids) // 2)]
-
+def repeated(pool: Sequence[Sequence[int]], tokens: int, room: int, seed: int,
+             special: Sequence[int] = (), start: int = 32) -> list[int]:
+    """A prompt that repeats a text and starts a third copy: ``tokens`` + ``start`` tokens drawn
+    at random (seeded) from those the prompts of ``pool`` use (``special`` ones left out),
+    twice, then its first ``start`` tokens. A model continues the copy (induction: a random
+    sequence has no n-gram of its own twice, where the tasks' texts led SmolLM2-135M off the
+    copy after ~40 tokens at a repeated phrase) for ``tokens`` tokens, its end of text ignored
+    (``ignore_eos``), and an n-gram lookup finds each next k tokens in the copies before, so a
+    draft-free cost surface is measured at full-length drafts. Cut so that the whole holds at
+    most ``room`` tokens (a request's context less its output)."""
+    vocab = sorted({int(t) for ids in pool for t in ids} - {int(t) for t in special})
+    length = max(2, min(tokens + start, (room - start) // 2))
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, len(vocab), (length,), generator=generator).tolist()
+    text = [vocab[i] for i in picks]
+    return text + text + text[:start]
