@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from decoding.acceptance import AcceptanceCounts
-from tuner.watch.drift import ChangeTest, Observation, WindowSizer
+from tuner.watch.drift import ChangeTest, Observation, Verdict, WindowSizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def simulated_window(rng: np.random.Generator, alpha: float, k: int, steps: int,
 
 
 def observe(test: ChangeTest, sizer: WindowSizer | None, steps: int, sizes: list[int] | None,
-            window: Callable[[int], Observation]):
+            window: Callable[[int], Observation]) -> Verdict:
     """One window of ``steps`` (or the sizer's, in whole requests: ``window`` rounds) through
     the test; the sizer told after it; a new size appended to ``sizes``."""
     verdict = test.observe(window(steps if sizer is None else sizer.steps))
@@ -126,7 +126,7 @@ def main() -> None:
             sizes: list[int] = []
             alarms = false_alarms_per_1000(alpha, kappa, runs, 1000, seed=1, steps=steps,
                                            sizes=sizes)
-            found = delays(alpha, kappa, 200, seed=2, steps=steps, sizes=sizes)
+            found = delays(alpha, kappa, 200, seed=2, steps=steps)
             rows.append({"traffic": label, "alpha": alpha, "steps_per_window": steps,
                          "steady_runs": runs, "false_alarms_per_1000": alarms,
                          "found_within_5": float((found <= 5).mean()),

@@ -132,8 +132,8 @@ class EagleDecoding(DraftVerifyLoop):
     keeps_history = False
     supports_compiled = True      # EAGLE-1/2 heads (an EAGLE-3 one: compiled_refusal)
     head_version: ClassVar[int | None] = None   # the head format "random"/"auto" make (None:
-    draft_size_params = ("total_tokens",)        # a dynamic tree's size
                                                 # EAGLE-1/2; files of either format load)
+    draft_size_params = ("total_tokens",)        # a dynamic tree's size
 
     @classmethod
     def compiled_refusal(cls, params: Mapping[str, Any]) -> str | None:

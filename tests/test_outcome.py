@@ -219,7 +219,9 @@ def test_every_combination_of_decisions_reads_the_same_in_the_text_and_outcome_j
 
 @pytest.mark.parametrize("body,message", [
     ({"version": 0, "study": "s"}, "outcome version 0 is not"),
-    ([1, 2], "outcome version 'list' is not"),
+    ([1, 2], "not a JSON object \\(a list\\)"),
+    ({"version": OUTCOME_VERSION, "study": "s", "method": "m", "task": "t", "objective": "o",
+      "prediction": ["x"]}, "not a study outcome of version"),
     ({"version": OUTCOME_VERSION, "study": "s"}, "not a study outcome of version"),
 ])
 def test_the_typed_reader_refuses_what_it_cannot_read(tmp_path, body, message):

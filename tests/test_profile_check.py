@@ -167,7 +167,8 @@ def test_a_burst_is_measured_again_and_only_a_lasting_one_flags_the_profile():
     meter = ScriptedMeter([(0.29, 1.3), (0.02, 1.2)])
     load = _Round("round 2", True, busy, meter=meter)
     assert load.block("vanilla on fit prompt 1", lambda: next(runs)) == 1
-    assert busy == [] and len(load.retried) == 1 and "29% of the CPUs" in load.retried[0]
+    assert busy == [] and list(load.retried) == ["vanilla on fit prompt 1"] and \
+        "29% of the CPUs" in load.retried["vanilla on fit prompt 1"]
     meter.blocks = [(0.6, 2.0)] * (BURST_RETRIES + 1)
     assert load.block("target prefills", lambda: next(runs)) == 2 + BURST_RETRIES
     assert busy == ["round 2: target prefills (60% of the CPUs busy with other processes "
@@ -177,7 +178,7 @@ def test_a_burst_is_measured_again_and_only_a_lasting_one_flags_the_profile():
     assert len(busy) == 1
     warm = _Round("round 0", False, busy, meter=ScriptedMeter([(0.9, 3.0)]))
     warm.block("target cells at context 16", lambda: next(runs))
-    assert len(busy) == 1 and warm.retried == []
+    assert len(busy) == 1 and warm.retried == {}
 
 
 def test_sustained_load_stops_the_round_in_one_line():

@@ -18,8 +18,8 @@ measured again (``tuner.predict.loops``).
 
 ``--engine llamacpp`` measures llama-server's cost surface instead (``--drafting``: a draft
 model's steps, n-gram drafting's draft-free steps, or both, the default: two profiles), from its
-synthetic-acceptance mode (``tuner.predict.synthetic``: k drafted tokens per step accepted at random with mean length
-``--synth-len``), per concurrency level and k, on the task's prompts; ``--engine vllm`` the same
+synthetic-acceptance mode (``tuner.predict.synthetic``: k drafted tokens per step accepted at
+random with mean length ``--synth-len``), per concurrency level and k, on the task's prompts; ``--engine vllm`` the same
 from vLLM's server (its CPU build has no synthetic mode: ``--synth-len real`` measures each k at
 the draft model's own acceptance, on either engine). The draft-free profile
 (``<out>-ngram.json``) is the target's step at k + 1 tokens with no draft model, as n-gram drafting

@@ -294,7 +294,12 @@ class LlamaCppEvaluator(ServerEvaluator):
     def synthetic_spec(self, k: int, length: float) -> list[str]:
         """Draft-model speculation drafting exactly ``k`` tokens per step, accepted at random
         with mean length ``length`` (``--spec-synth-len``, "benchmarking only": the output is
-        not the target's)."""
+        not the target's); a method without a draft model has no such surface here."""
+        if not self.settings.method["needs_draft"]:
+            raise ConfigError(f"method={self.settings.method_choice}: the synthetic-acceptance "
+                              "surface is measured with a draft model; allowed is "
+                              "method=speculative (n-gram steps: python -m tuner.profile "
+                              "--drafting ngram)")
         return self.flags(self.drafted_params(k)) + ["--spec-synth-len", f"{length:g}"]
 
     def launch_line(self, params: Mapping[str, Any], port: int = 8080) -> str:

@@ -408,12 +408,13 @@ class ServerEvaluator:
         room = int(self.engine["ctx_per_slot"]) - tokens - 8
 
         special = list(getattr(self.tokenizer, "all_special_ids", None) or ())
+        pool = [self.ids[p.id] for p in prompts]
+        copies = {p.id: {"prompt": repeated(pool, tokens, room, self.settings.seed + i, special),
+                         "ignore_eos": True} for i, p in enumerate(prompts)} if repeat else {}
 
         def copying(prompt: Any) -> dict[str, Any]:
             """The request's prompt as ``repeated`` makes it, seeded by the prompt's place."""
-            return {"prompt": repeated([self.ids[p.id] for p in prompts], tokens, room,
-                                       self.settings.seed + prompts.index(prompt), special),
-                    "ignore_eos": True}
+            return copies[prompt.id]
         out = []
         for k in (0, *ks):
             wanted = length.get(k, 1.0) if isinstance(length, Mapping) else length

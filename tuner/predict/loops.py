@@ -79,7 +79,7 @@ class _Round:
     def __init__(self, label: str, keep: bool, busy: list[str], stop: bool = True,
                  meter: Callable[[], LoadMeter] = LoadMeter) -> None:
         self.label, self.keep, self.busy, self.stop, self.meter = label, keep, busy, stop, meter
-        self.retried: list[str] = []
+        self.retried: dict[str, str] = {}        # block -> its last disturbed attempt
         self.whole = meter().__enter__()
 
     def block(self, what: str, run: Callable[[], Any]) -> Any:
@@ -93,7 +93,7 @@ class _Round:
             if line is None or not self.keep:
                 return result
             if attempt < BURST_RETRIES:
-                self.retried.append(line)
+                self.retried[what] = line
         self.busy.append(line)
         return result
 
@@ -111,9 +111,14 @@ class _Round:
                 "stop them or give the profile other CPUs (taskset -c), then make it again")
 
     def close(self) -> LoadSample:
-        """The round as a whole (checked once more)."""
+        """The round as a whole: checked once more; a kept round shorter than the sustained
+        bound's span, its blocks each too short to judge, is recorded where the whole read
+        busy."""
         self.check()
         self.whole.__exit__(None, None, None)
+        line = _disturbed(self.whole.sample, f"{self.label} as a whole")
+        if self.keep and line is not None:
+            self.busy.append(line)
         return self.whole.sample
 
 

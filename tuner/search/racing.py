@@ -36,6 +36,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+
 @dataclass(frozen=True)
 class Race:
     """A race's settings (``search.race``)."""

@@ -152,12 +152,14 @@ class StudyOutcome:
         """The record ``to_json`` wrote (``OUTCOME_VERSION``; ValueError for another version or
         a body that is not one): ``to_json(from_json(body)) == body``. A decision written
         before ``params`` was recorded carries its deployed setting (None where OFF)."""
-        if not isinstance(body, Mapping) or body.get("version") != OUTCOME_VERSION:
-            found = body.get("version") if isinstance(body, Mapping) else type(body).__name__
-            raise ValueError(f"outcome version {found!r} is not {OUTCOME_VERSION}, the one "
-                             "this tuner reads")
+        if not isinstance(body, Mapping):
+            raise ValueError(f"not a JSON object (a {type(body).__name__})")
+        if body.get("version") != OUTCOME_VERSION:
+            raise ValueError(f"outcome version {body.get('version')!r} is not "
+                             f"{OUTCOME_VERSION}, the one this tuner reads")
         try:
             won = body.get("winner")
+            # trials, shown and figures are not in the file: 0 and empty (unknown)
             winner = None if won is None else Winner(
                 trial=int(won["trial"]), value=float(won["value"]), trials=0,
                 run_id=won.get("run_id"), params=dict(won.get("params") or {}), shown={},
@@ -169,6 +171,9 @@ class StudyOutcome:
                 held_out=None if d.get("held_out") is None else float(d["held_out"]),
                 reason=str(d.get("reason") or "")) for d in body.get("decisions") or []]
             prediction = body.get("prediction") or {}
+            calibration = prediction.get("calibration")
+            if calibration is not None and not isinstance(calibration, Mapping):
+                raise TypeError(f"prediction.calibration is a {type(calibration).__name__}")
             return cls(
                 study=str(body["study"]), method=str(body["method"]), task=str(body["task"]),
                 objective=str(body["objective"]), engine=dict(body.get("engine") or {}),
@@ -176,14 +181,14 @@ class StudyOutcome:
                 levels=tuple(d for d in decisions if d.kind == "level"),
                 rates=tuple(d for d in decisions if d.kind == "rate"),
                 deploy=dict(body.get("deploy") or {}),
-                prediction=Prediction(calibration=prediction.get("calibration"),
+                prediction=Prediction(calibration=calibration,
                                       profile_check=prediction.get("profile_check"),
                                       profile=prediction.get("profile")),
                 recommendation=str(body.get("recommendation") or ""),
                 notes=tuple(body.get("notes") or ()),
                 acceptance=dict(body.get("acceptance") or {}), cost=dict(body.get("cost") or {}),
                 trials=tuple(body.get("trials") or ()), feasible=bool(body.get("feasible", True)))
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"not a study outcome of version {OUTCOME_VERSION} "
                              f"({type(err).__name__}: {err})") from None
 

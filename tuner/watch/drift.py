@@ -46,8 +46,8 @@ windows in ``POWER`` of cases by
 the normal approximation of the CUSUM's walk: each window adds, under the change, a normal step of
 mean D = δ² / (2σ²_w) and standard deviation √(2D), so after n windows the sum exceeds h with
 probability Φ((nD − h) / √(2nD)); S = 2 D* φ v0 / δ² for the least D* with n D* − z √(2 n D*) ≥ h
-(z = Φ⁻¹(POWER), POWER 97.5 %). φ is a property of the traffic, not of the window (a window of twice the steps
-holds twice the requests): it is measured at 200 steps and holds at S. The reference is itself an
+(z = Φ⁻¹(POWER), POWER 97.5 %). φ is a property of the traffic, not of the window (a window of
+twice the steps holds twice the requests): it is measured at 200 steps and holds at S. The reference is itself an
 estimate from ``warmup`` windows, so φ is taken at its upper 90 % bound (``dispersion_bound``) and
 97.5 % is asked for where the target is 90 %: with φ̂ itself the κ = 5 traffic was found within 5
 windows in only 83-93 % of runs. Then the change test warms up again on windows of S steps, so
@@ -151,8 +151,9 @@ class Sizing:
                 f"again on them (--min-steps auto: the "
                 f"warm-up's {ref.windows} windows read L {ref.mean_length:.2f}, a per-step "
                 f"variance {ref.variance:.2f} and a dispersion φ {ref.dispersion:.1f} between "
-                f"windows, {dispersion_bound(ref):.1f} at its upper 90 % bound; with windows of {self.steps} steps a {self.shift:.0%} change in L "
-                f"is found within {self.within} windows in {self.power:.1%} of cases by the "
+                f"windows, {dispersion_bound(ref):.1f} at its upper "
+                f"{DISPERSION_CONFIDENCE:.0%} bound; with windows of {self.steps} steps a "
+                f"{self.shift:.0%} change in L is found within {self.within} windows in {self.power:.1%} of cases by the "
                 "CUSUM's normal approximation" + (f"; {self.bounded}" if self.bounded else "")
                 + ")")
 
@@ -201,6 +202,10 @@ class WindowSizer:
     arl: float = ARL
     steps: int = AUTO_START
     phase: str = "measure"            # "measure" (200-step warm-up) | "reference" | "watch"
+
+    def restart(self) -> None:
+        """A server restart: the traffic is measured again at ``AUTO_START``."""
+        self.phase, self.steps = "measure", AUTO_START
 
     def after(self, test: ChangeTest) -> Sizing | None:
         """The new size where the measuring warm-up just ended (the test then warms up again at

@@ -18,11 +18,11 @@ from tuner.engines.metrics import MetricsError
 from tuner.watch.decide import Decider, Pricing, Recommendation, price
 from tuner.watch.drift import (
     AUTO_START,
+    POWER,
+    WITHIN,
     ChangeTest,
     Observation,
     Sizing,
-    POWER,
-    WITHIN,
     Verdict,
     WindowSizer,
     dispersion_bound,
@@ -147,7 +147,7 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
             if counters is not None and inferred and \
                     len(counters.accepted_per_pos) > (state.deployed_k or 0):
                 state.deployed_k = len(counters.accepted_per_pos)
-                say(f"the deployed k is not in the study's launch line: k={state.deployed_k} "
+                say(f"the study declares no draft size for its winner: k={state.deployed_k} "
                     "from the positions the server has counted so far (--k sets it)")
             events = [] if counters is None else windower.push(Scrape(raw.at, counters))
             for event in events:
@@ -160,6 +160,8 @@ def watch(settings: WatchSettings, raws: Iterator[Raw], log: JsonLog, run: Watch
                         f"the change test warms up again ({settings.warmup} windows)")
                     log.write("restart", {"at": event.at, "segment": event.segment,
                                           "dropped_steps": event.dropped_steps})
+                    if sizer is not None:
+                        sizer.restart()
                 else:
                     handle_window(settings, state, event, test, decider, low_high, log, run,
                                   say)
