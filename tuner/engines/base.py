@@ -22,6 +22,7 @@ object (``tuner.engines.engine_named``). docs/engines.md lists what a new engine
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 from omegaconf import DictConfig
@@ -37,6 +38,15 @@ if TYPE_CHECKING:
     from tuner.measure.evaluator import Evaluator, MeasureSettings
     from tuner.measure.timing import Timer
 
+
+
+def acting(method: Mapping[str, Any], params: Mapping[str, Any], name: str) -> bool:
+    """``params`` set ``name`` to a number and it acts there (the method's ``active_when``)."""
+    from tuner.search.space import is_active
+    space = method.get("space") or {}
+    value = params.get(name)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        (name not in space or is_active(name, space[name], params))
 
 
 class Engine:
@@ -173,23 +183,20 @@ class Engine:
         method config: ``_target_``, ``space``) or this engine declares them; None where it
         declares none or a declared knob does not act at ``params`` (a static tree's size, the
         n-gram cache's). Never guessed from a parameter's name."""
-        from tuner.search.space import is_active
-        space = method.get("space") or {}
-
-        def acting(name: str) -> bool:
-            value = params.get(name)
-            return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-                (name not in space or is_active(name, space[name], params))
         if self.draft_size_knobs:
-            return next((float(params[k]) for k in self.draft_size_knobs if acting(k)), None)
+            knob = self.draft_size_knob(method, params)
+            return None if knob is None else float(params[knob])
         from tuner.config.methods import method_class
         names = method_class(method).draft_size_params
-        if not names or not all(acting(k) for k in names):
+        if not names or not all(acting(method, params, k) for k in names):
             return None
-        size = 1.0
-        for name in names:
-            size *= float(params[name])
-        return size
+        return math.prod(float(params[name]) for name in names)
+
+    @classmethod
+    def draft_size_knob(cls, method: Mapping[str, Any], params: Mapping[str, Any]) -> str | None:
+        """The first of ``draft_size_knobs`` that ``params`` set and that acts there (None:
+        none does)."""
+        return next((k for k in cls.draft_size_knobs if acting(method, params, k)), None)
 
     # -- results -----------------------------------------------------------------------------
 

@@ -141,6 +141,14 @@ class ServerEngine(Engine):
         """The model name a server of ``argv`` answers ``/v1/models`` with (None: unknown)."""
         raise NotImplementedError
 
+    def shipped_draft_size(self, method: str, params: Mapping[str, Any]) -> float | None:
+        """``draft_size`` of ``params`` for ``method`` as this engine's shipped mapping
+        (``conf/engine/<kind>.yaml``) declares its knobs, for a reader that has the parameters
+        and not the study's composed config (``python -m tuner.watch``)."""
+        import yaml
+        conf = yaml.safe_load((ROOT / "conf" / "engine" / f"{self.name}.yaml").read_text())
+        return self.draft_size((conf.get("methods") or {}).get(method) or {}, params)
+
     def deployed_k(self, argv: list[str]) -> tuple[int, str] | None:
         """(k, the flag or key that sets it) of the drafted tokens per step ``argv`` deploys;
         None where it deploys no speculation or leaves k to the engine's default."""

@@ -367,16 +367,13 @@ class ServerEvaluator:
         method that drafts without a model (n-gram lookup) the knob this engine declares its
         draft size by (``draft_size_knobs``: llama.cpp's ``size_m``, vLLM's
         ``num_speculative_tokens``)."""
-        from tuner.search.space import is_active
         default = dict(self.settings.default)
         if self.settings.method["needs_draft"]:
             knob = self.kind.draft_tokens_knob
             if knob in self.mapping["knobs"]:
                 return {**default, knob: k, **self.kind.exact_draft}
         else:
-            space = self.settings.space
-            knob = next((n for n in self.kind.draft_size_knobs if n in default and (
-                n not in space or is_active(n, space[n], default))), None)
+            knob = self.kind.draft_size_knob(self.settings.method, default)
             if knob is not None:
                 return {**default, knob: k}
         raise ConfigError(f"method={self.settings.method_choice}: an engine's cost surface is "
@@ -407,14 +404,11 @@ class ServerEvaluator:
         tokens = int(self.settings.budget["max_new_tokens"])
         room = int(self.engine["ctx_per_slot"]) - tokens - 8
 
-        special = list(getattr(self.tokenizer, "all_special_ids", None) or ())
-        pool = [self.ids[p.id] for p in prompts]
-        copies = {p.id: {"prompt": repeated(pool, tokens, room, self.settings.seed + i, special),
+        # n-gram drafting: each prompt's copying request (``repeated``), seeded by its place
+        special = set(getattr(self.tokenizer, "all_special_ids", None) or ())
+        vocab = sorted({int(t) for p in prompts for t in self.ids[p.id]} - special)
+        copies = {p.id: {"prompt": repeated(vocab, tokens, room, self.settings.seed + i),
                          "ignore_eos": True} for i, p in enumerate(prompts)} if repeat else {}
-
-        def copying(prompt: Any) -> dict[str, Any]:
-            """The request's prompt as ``repeated`` makes it, seeded by the prompt's place."""
-            return copies[prompt.id]
         out = []
         for k in (0, *ks):
             wanted = length.get(k, 1.0) if isinstance(length, Mapping) else length
@@ -428,11 +422,11 @@ class ServerEvaluator:
                 for r in range(rounds):
                     batch = [prompts[(r * level + i) % len(prompts)] for i in range(level)]
                     payloads = [{**self.payload(p, k > 0), "seed": self.settings.seed + r * level
-                                 + i, **(copying(p) if repeat else {})}
+                                 + i, **copies.get(p.id, {})}
                                 for i, p in enumerate(batch)]
                     replies, wall = send_batch(server.url + self.endpoint, payloads)
                     runs += [(self.measurement(p, reply.body, reply.wall_s, level, wall, None),
-                              len(copying(p)["prompt"] if repeat else self.ids[p.id]))
+                              len(copies[p.id]["prompt"] if repeat else self.ids[p.id]))
                              for p, reply in zip(batch, replies)]
                 got = cell(level, k, asked, runs)
                 out.append(got)
@@ -527,17 +521,16 @@ def seconds(ms: Any) -> float | None:
     return None if ms is None else float(ms) / 1e3
 
 
-def repeated(pool: Sequence[Sequence[int]], tokens: int, room: int, seed: int,
-             special: Sequence[int] = (), start: int = 32) -> list[int]:
+def repeated(vocab: Sequence[int], tokens: int, room: int, seed: int, start: int = 32
+             ) -> list[int]:
     """A prompt that repeats a text and starts a third copy: ``tokens`` + ``start`` tokens drawn
-    at random (seeded) from those the prompts of ``pool`` use (``special`` ones left out),
-    twice, then its first ``start`` tokens. A model continues the copy (induction: a random
+    at random (seeded) from ``vocab`` (the tokens the task's prompts use, special ones left
+    out), twice, then its first ``start`` tokens. A model continues the copy (induction: a random
     sequence has no n-gram of its own twice, where the tasks' texts led SmolLM2-135M off the
     copy after ~40 tokens at a repeated phrase) for ``tokens`` tokens, its end of text ignored
     (``ignore_eos``), and an n-gram lookup finds each next k tokens in the copies before, so a
     draft-free cost surface is measured at full-length drafts. Cut so that the whole holds at
     most ``room`` tokens (a request's context less its output)."""
-    vocab = sorted({int(t) for ids in pool for t in ids} - {int(t) for t in special})
     length = max(2, min(tokens + start, (room - start) // 2))
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, len(vocab), (length,), generator=generator).tolist()

@@ -153,13 +153,8 @@ def deployed_k(engine: ServerEngine, outcome: StudyOutcome) -> int | None:
     """The drafted tokens per step of the winner's parameters, as the engine declares its draft
     size for the study's method (its shipped mapping: ``conf/engine/<kind>.yaml``); None where
     nothing is deployed or the setting declares no size (llama.cpp's ngram-cache)."""
-    import yaml
     params = outcome.deployed_params
-    if not params:
-        return None
-    conf = Path(__file__).resolve().parents[2] / "conf" / "engine" / f"{engine.name}.yaml"
-    method = (yaml.safe_load(conf.read_text()).get("methods") or {}).get(outcome.method) or {}
-    size = engine.draft_size(method, params)
+    size = engine.shipped_draft_size(outcome.method, params) if params else None
     return None if size is None else int(size)
 
 
