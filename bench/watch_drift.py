@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from decoding.acceptance import AcceptanceCounts
-from tuner.watch.drift import ChangeTest, Observation, Verdict, WindowSizer
+from tuner.watch.drift import ChangeTest, Observation, Sizing, Verdict, WindowSizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def observe(test: ChangeTest, sizer: WindowSizer | None, steps: int, sizes: list
     verdict = test.observe(window(steps if sizer is None else sizer.steps))
     if sizer is not None:
         sized = sizer.after(test)
-        if sized is not None and sizes is not None:
+        if isinstance(sized, Sizing) and sizes is not None:
             sizes.append(sized.steps)
     return verdict
 
@@ -115,6 +115,39 @@ def delays(alpha: float, kappa: float | None, runs: int, seed: int, k: int = 4,
     return np.array(out)
 
 
+def sizes_across_a_change(alpha: float, kappa: float | None, runs: int, seed: int,
+                          change: float = -0.5, at: int = 6, k: int = 4,
+                          per_request: int = 25) -> tuple[np.ndarray, np.ndarray, float]:
+    """The sizes ``--min-steps auto`` chooses where its measuring warm-up (windows of 200 steps)
+    holds a ``change`` in mean accepted length from its window ``at`` on (the traffic switched
+    while the watch measured it); those the first warm-up's pooled spread about its mean would
+    have given (φ read as ``Reference.dispersion``, no level-shift check: the sizing before
+    2026-11-29's third session); the mean number of 200-step windows measured before the size."""
+    from dataclasses import replace
+
+    from tuner.watch.drift import reference_of, sized_steps
+    rng = np.random.default_rng(seed)
+    after = alpha_for((1 + change) * mean_length(alpha, k), k)
+    chosen, pooled, measured = [], [], 0
+    for _ in range(runs):
+        test = ChangeTest()
+        sizer = WindowSizer(test.shift, test.arl)
+        w = 0
+        while True:
+            obs = simulated_window(rng, alpha if w < at else after, k, 200, per_request, kappa)
+            test.observe(obs)
+            w += 1
+            if w == test.warmup:
+                first = reference_of(test.warm)
+                pooled.append(sized_steps(replace(first, successive=first.dispersion)).steps)
+            sized = sizer.after(test)
+            if isinstance(sized, Sizing):
+                chosen.append(sized.steps)
+                measured += w
+                break
+    return np.array(chosen), np.array(pooled), measured / runs
+
+
 def main() -> None:
     rows = []
     for label, kappa, steps in (("independent steps", None, 200), ("kappa 20", 20.0, 200),
@@ -142,11 +175,30 @@ def main() -> None:
                       f"; windows of {np.median(sizes):.0f} steps (10-90 %: "
                       f"{np.percentile(sizes, 10):.0f}-{np.percentile(sizes, 90):.0f})"
                       if sizes else ""), flush=True)
+    shifted = []
+    for label, kappa in (("independent steps", None), ("kappa 20", 20.0), ("kappa 5", 5.0)):
+        for change in (-0.3, 0.2):
+            alpha = 0.6
+            after = alpha_for((1 + change) * mean_length(alpha, 4), 4)
+            steady, _, _ = sizes_across_a_change(after, kappa, 100, seed=3, change=0.0)
+            sized, pooled, measured = sizes_across_a_change(alpha, kappa, 100, seed=3,
+                                                            change=change)
+            shifted.append({"traffic": label, "alpha": alpha, "change": change, "runs": 100,
+                            "sized_median": float(np.median(sized)),
+                            "steady_after_median": float(np.median(steady)),
+                            "pooled_median": float(np.median(pooled)),
+                            "windows_measured": measured})
+            print(f"{label:24s} a {change:+.0%} change in L at the sizing warm-up's 7th window "
+                  f"(alpha {alpha}): windows of {np.median(sized):.0f} steps (steady traffic "
+                  f"after the change: {np.median(steady):.0f}; the pooled spread without the "
+                  f"check: {np.median(pooled):.0f}), {measured:.1f} windows of 200 measured",
+                  flush=True)
     out = ROOT / "bench" / "results_watch_drift.json"
     out.write_text(json.dumps({"defaults": {"warmup": ChangeTest().warmup,
                                             "shift": ChangeTest().shift,
                                             "arl": ChangeTest().arl},
-                               "rows": rows}, indent=1) + "\n")
+                               "rows": rows, "change_in_sizing_warmup": shifted},
+                              indent=1) + "\n")
     print(f"wrote {out}")
 
 

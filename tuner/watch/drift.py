@@ -50,7 +50,11 @@ probability Φ((nD − h) / √(2nD)); S = 2 D* φ v0 / δ² for the least D* wi
 twice the steps holds twice the requests): it is measured at 200 steps and holds at S. The reference is itself an
 estimate from ``warmup`` windows, so φ is taken at its upper 90 % bound (``dispersion_bound``) and
 97.5 % is asked for where the target is 90 %: with φ̂ itself the κ = 5 traffic was found within 5
-windows in only 83-93 % of runs. Then the change test warms up again on windows of S steps, so
+windows in only 83-93 % of runs; and φ is read from the windows' successive differences
+(``Reference.successive``), which a change inside the warm-up barely moves. A warm-up that held a
+change (``level_shift``: von Neumann's ratio below its lower 1 % point) is measured again from the
+change on, at most ``REMEASURES`` times: sized from its pooled spread, a live warm-up that spanned
+a traffic switch gave windows of 11,735 steps. Then the change test warms up again on windows of S steps, so
 that its reference pools ``warmup`` windows of the size it judges (a reference of 12 × 200 steps
 judged against windows of 1,000 is itself off by a third of a window's error: 1.07 false alarms
 per 1,000 windows at κ = 5). After an alarm or a restart the traffic is measured again at 200.
@@ -71,6 +75,8 @@ SIGMA_FLOOR = 8.0    # a shift of δ is at most this many standard errors of a w
 AUTO_START = 200     # --min-steps auto: decode steps per window of a warm-up (then sized)
 WITHIN = 5           # --min-steps auto: a change of `shift` found within this many windows ...
 POWER = 0.975        # ... in this share of cases (the target is 90 %: the reference is estimated)
+REMEASURES = 2       # --min-steps auto: a warm-up that held a change is measured again this often
+SHIFT_LEVEL = 0.01   # ... where von Neumann's ratio is below its lower 1 % point under no change
 AUTO_BOUNDS = (50, 100_000)     # the least and the most decode steps a sized window holds
 DISPERSION_CONFIDENCE = 0.9     # φ is taken at this upper confidence bound of its estimate
 
@@ -84,6 +90,7 @@ class Reference:
     dispersion: float            # φ ≥ 1
     windows: int
     steps: int
+    successive: float = 1.0      # φ from successive windows' differences, ≥ 1 (sizing only)
 
     @property
     def mean_length(self) -> float:
@@ -128,9 +135,14 @@ def reference_of(warm: Sequence[Observation]) -> Reference:
     if len(warm) > 1 and variance > 0:
         spread = sum(o.steps * (o.accepted / o.steps - mean) ** 2 for o in warm)
         dispersion = max(1.0, spread / ((len(warm) - 1) * variance))
+        # von Neumann's successive differences: Var(x_{w+1} − x_w) = φ v0 (1/S_w + 1/S_{w+1})
+        # when nothing changed; a level shift inside the warm-up adds to one difference only
+        jumps = sum((b.accepted / b.steps - a.accepted / a.steps) ** 2 / (1 / a.steps + 1 / b.steps)
+                    for a, b in zip(warm, warm[1:]))
+        successive = max(1.0, jumps / ((len(warm) - 1) * variance))
     else:
-        dispersion = 1.0
-    return Reference(mean, variance, dispersion, len(warm), steps)
+        dispersion = successive = 1.0
+    return Reference(mean, variance, dispersion, len(warm), steps, successive)
 
 
 @dataclass(frozen=True)
@@ -151,24 +163,85 @@ class Sizing:
                 f"again on them (--min-steps auto: the "
                 f"warm-up's {ref.windows} windows read L {ref.mean_length:.2f}, a per-step "
                 f"variance {ref.variance:.2f} and a dispersion φ {ref.dispersion:.1f} between "
-                f"windows, {dispersion_bound(ref):.1f} at its upper "
+                f"windows, {ref.successive:.1f} from successive windows (which a change inside "
+                f"the warm-up barely moves), {dispersion_bound(ref):.1f} at its upper "
                 f"{DISPERSION_CONFIDENCE:.0%} bound; with windows of {self.steps} steps a "
                 f"{self.shift:.0%} change in L is found within {self.within} windows in {self.power:.1%} of cases by the "
                 "CUSUM's normal approximation" + (f"; {self.bounded}" if self.bounded else "")
                 + ")")
 
 
-def dispersion_bound(ref: Reference, confidence: float = DISPERSION_CONFIDENCE) -> float:
-    """An upper ``confidence`` bound of φ from the warm-up's W windows: φ̂ (W − 1) / χ²_{1−c, W−1}
-    (the spread of W window means is a χ² of W − 1 degrees of freedom; its quantile by Wilson and
-    Hilferty's cube-root approximation), never below 1."""
+@dataclass(frozen=True)
+class LevelShift:
+    """A change inside the sizing warm-up (``level_shift``): its windows from ``at`` on are kept."""
+
+    ratio: float                 # von Neumann's ratio, halved (1 where nothing changed)
+    bound: float                 # its lower SHIFT_LEVEL point under no change
+    at: int                      # the first window after the change
+    windows: int
+    before: float                # L before and after
+    after: float
+
+    def describe(self) -> str:
+        return (f"the traffic changed inside the sizing warm-up: L {self.before:.2f} in its "
+                f"first {self.at} windows, {self.after:.2f} in the next {self.windows - self.at} "
+                f"(successive windows differ {self.ratio:.2f} times as much as about their mean, "
+                f"below {self.bound:.2f}, the least that steady traffic reads in "
+                f"{1 - SHIFT_LEVEL:.0%} of warm-ups): measuring it again from the change on, "
+                "windows of 200 steps")
+
+
+def level_shift(warm: Sequence[Observation], level: float = SHIFT_LEVEL) -> LevelShift | None:
+    """Did the warm-up's windows change level? Von Neumann's ratio (1941) of their mean square
+    successive difference to their spread about the mean, halved: about 1 where the windows are
+    exchangeable, small where they hold a shift (a shift adds to one difference, but to every
+    window's distance from the mean). It is tested against its normal approximation (mean 1,
+    variance (W − 2) / (W² − 1) for W windows; each window weighted by its steps); where it is
+    below its lower ``level`` point, the change is put where splitting the windows in two
+    explains most of their spread (the usual estimate of a single change point)."""
     from statistics import NormalDist
-    df = ref.windows - 1
-    if df < 1:
-        return ref.dispersion
+    n = len(warm)
+    if n < 4:
+        return None
+    xs = [o.accepted / o.steps for o in warm]
+    total = sum(o.steps for o in warm)
+    mean = sum(o.accepted for o in warm) / total
+    spread = sum(o.steps * (x - mean) ** 2 for o, x in zip(warm, xs))
+    if spread <= 0:
+        return None
+    jumps = sum((xb - xa) ** 2 / (1 / a.steps + 1 / b.steps)
+                for a, b, xa, xb in zip(warm, warm[1:], xs, xs[1:]))
+    ratio = (jumps / (n - 1)) / (spread / (n - 1))
+    bound = 1.0 + NormalDist().inv_cdf(level) * math.sqrt((n - 2) / (n * n - 1))
+    if ratio >= bound:
+        return None
+
+    def explained(at: int) -> float:
+        s1 = sum(o.steps for o in warm[:at])
+        a1 = sum(o.accepted for o in warm[:at])
+        m1, m2 = a1 / s1, (mean * total - a1) / (total - s1)
+        return s1 * (total - s1) / total * (m1 - m2) ** 2
+    at = max(range(1, n), key=explained)
+    before = sum(o.accepted for o in warm[:at]) / sum(o.steps for o in warm[:at])
+    after = sum(o.accepted for o in warm[at:]) / sum(o.steps for o in warm[at:])
+    return LevelShift(ratio, bound, at, n, 1.0 + before, 1.0 + after)
+
+
+def dispersion_bound(ref: Reference, confidence: float = DISPERSION_CONFIDENCE) -> float:
+    """An upper ``confidence`` bound of φ from the warm-up's W windows, from their successive
+    differences (``Reference.successive``: a change inside the warm-up barely moves it, where the
+    spread about the pooled mean grows with the change's square): φ̂ ν / χ²_{1−c, ν}, with ν =
+    2 (W − 1)² / (3 W − 4) the degrees of freedom of the mean square successive difference
+    (von Neumann et al. 1941: its variance is (3 W − 4) / (W − 1)² times its mean's square, where a
+    spread about the mean has ν = W − 1); the χ² quantile by Wilson and Hilferty's cube-root
+    approximation; never below 1."""
+    from statistics import NormalDist
+    if ref.windows < 2:
+        return ref.successive
+    df = 2.0 * (ref.windows - 1) ** 2 / (3.0 * ref.windows - 4.0)
     z = NormalDist().inv_cdf(1.0 - confidence)
     quantile = df * (1.0 - 2.0 / (9.0 * df) + z * math.sqrt(2.0 / (9.0 * df))) ** 3
-    return max(1.0, ref.dispersion * df / max(quantile, 1e-9))
+    return max(1.0, ref.successive * df / max(quantile, 1e-9))
 
 
 def sized_steps(ref: Reference, shift: float = SHIFT, arl: float = ARL, within: int = WITHIN,
@@ -202,19 +275,28 @@ class WindowSizer:
     arl: float = ARL
     steps: int = AUTO_START
     phase: str = "measure"            # "measure" (200-step warm-up) | "reference" | "watch"
+    remeasured: int = 0               # warm-ups measured again since the last sizing
 
     def restart(self) -> None:
         """A server restart: the traffic is measured again at ``AUTO_START``."""
-        self.phase, self.steps = "measure", AUTO_START
+        self.phase, self.steps, self.remeasured = "measure", AUTO_START, 0
 
-    def after(self, test: ChangeTest) -> Sizing | None:
+    def after(self, test: ChangeTest) -> Sizing | LevelShift | None:
         """The new size where the measuring warm-up just ended (the test then warms up again at
-        it); back to ``AUTO_START`` where the test lost its reference (an alarm, a restart)."""
+        it); a ``LevelShift`` where that warm-up held a change (its windows from the change on
+        are kept, the warm-up goes on: at most ``REMEASURES`` times, then it is sized as it is);
+        back to ``AUTO_START`` where the test lost its reference (an alarm, a restart)."""
         if test.reference is None:
             if self.phase == "watch":
-                self.phase, self.steps = "measure", AUTO_START
+                self.phase, self.steps, self.remeasured = "measure", AUTO_START, 0
             return None
         if self.phase == "measure":
+            shifted = level_shift(test.warm)
+            if shifted is not None and self.remeasured < REMEASURES:
+                self.remeasured += 1
+                test.warm, test.reference = test.warm[shifted.at:], None
+                return shifted
+            self.remeasured = 0
             sizing = sized_steps(test.reference, self.shift, self.arl)
             self.phase, self.steps = "reference", sizing.steps
             test.restart()

@@ -21,6 +21,7 @@ from tuner.watch.drift import (
     POWER,
     WITHIN,
     ChangeTest,
+    LevelShift,
     Observation,
     Sizing,
     Verdict,
@@ -194,12 +195,18 @@ def size_windows(state: WatchState, sizer: WindowSizer, windower: Windower, test
     windower.min_steps = sizer.steps
     if sizing is None:
         return
+    if isinstance(sizing, LevelShift):
+        say(sizing.describe())
+        log.write("window_size_remeasure", {"ratio": sizing.ratio, "bound": sizing.bound,
+                                            "at": sizing.at, "windows": sizing.windows,
+                                            "before": sizing.before, "after": sizing.after})
+        return
     ref = sizing.reference
     state.sizings.append(sizing)
     say(sizing.describe())
     log.write("window_size", {"steps": sizing.steps, "drift": sizing.drift,
                               "mean_length": ref.mean_length, "variance": ref.variance,
-                              "dispersion": ref.dispersion,
+                              "dispersion": ref.dispersion, "successive": ref.successive,
                               "dispersion_bound": dispersion_bound(ref),
                               "within": sizing.within, "power": sizing.power,
                               "bounded": sizing.bounded})
