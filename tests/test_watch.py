@@ -283,7 +283,8 @@ def test_the_decision_is_priced_at_the_live_batch_and_varying_drafts_are_estimat
         capsys, tmp_path):
     """With the engine's profile every k is priced per window: the deployed k exactly from its
     own counts (L · T_b(1) / T_b(d + 1), recomputed here from the profile), the others labelled
-    estimates where n-gram drafts varied in length (T ≠ D · k); the summary states the decision
+    estimates where n-gram drafts varied in length (T ≠ D · k), none below the deployment's
+    lookup size (llama.cpp's ngram-simple drafts nothing where m < n); the summary states the decision
     at the last window. The profile was measured with a draft model's steps and this deployment
     drafts n-grams: the watch says so and recommends no switch from those prices."""
     from tuner.predict.served import decode_speedup
@@ -307,7 +308,8 @@ def test_the_decision_is_priced_at_the_live_batch_and_varying_drafts_are_estimat
             profile, w["pricing"]["batch"], length, w["draft_tokens"] / w["steps"]))
         full = w["draft_tokens"] == w["drafts"] * k
         varied += not full
-        assert all(options[j]["exact"] == full for j in range(1, k))
+        assert all(options[j]["exact"] == full for j in range(2, k))
+        assert 1 not in options        # ngram-simple n 2 drafts nothing at m 1: never priced
     assert varied > 0                              # n-gram drafts do vary in length here
     assert re.search(r"decision at the last window \(priced with \S*llamacpp-profile.json: a "
                      r"draft model's steps \(models.draft=\{'kind': 'int8_dynamic'\}\)\): "
@@ -316,6 +318,21 @@ def test_the_decision_is_priced_at_the_live_batch_and_varying_drafts_are_estimat
     assert "this deployment drafts from the context without a model" in out
     assert not [r for r in records if r["kind"] == "recommendation"]
     assert "decision: priced, no switch recommended" in out
+
+
+def test_the_least_k_that_drafts_is_the_engines_to_say():
+    """llama.cpp's ngram-simple copies nothing where its m-gram is shorter than its lookup
+    n-gram (common/ngram-map.cpp: copy_max < n_draft_min), so a candidate below size_n would run
+    as no speculation: its least drafting k is size_n (default 12); the other types draft from 1."""
+    from tuner.engines import engine_named
+    llama = engine_named("llamacpp")
+    base = ["llama-server", "-m", "t.gguf", "--port", "8080"]
+    simple = base + ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "8"]
+    assert llama.least_drafting_k(simple + ["--spec-ngram-simple-size-n", "3"]) == 3
+    assert llama.least_drafting_k(simple) == 12
+    assert llama.least_drafting_k(base + ["--spec-type", "ngram-mod"]) == 1
+    assert llama.least_drafting_k(base + ["-md", "d.gguf", "--spec-draft-n-max", "4"]) == 1
+    assert engine_named("vllm").least_drafting_k(["vllm", "serve", "m"]) == 1
 
 
 def test_an_ngram_deployment_is_priced_by_the_draft_free_profile(capsys, tmp_path):

@@ -1,9 +1,9 @@
 """Bounded client load for the watch's live tests and recordings: phases of prompts sent to a real
 engine server by a few threads, each phase bounded in time and in requests.
 
-Two workloads from the repository's data: *extractive* (a CNN/DailyMail article to repeat word
-for word: prompt lookup finds nearly every token in the prompt) and *open* (MT-Bench's first
-turns: little to look up). Loopback servers only.
+Three workloads from the repository's data: *extractive* (a CNN/DailyMail article to repeat word
+for word: prompt lookup finds nearly every token in the prompt), *summaries* (the articles to
+summarize: many drafts, most rejected) and *open* (MT-Bench's first turns: little to look up). Loopback servers only.
 """
 
 from __future__ import annotations
@@ -22,6 +22,14 @@ def extractive(n: int) -> list[str]:
     rows = [json.loads(line) for line in (ROOT / "data/cnndm/test_100.jsonl").open()][:n]
     return [f"Repeat the text below word for word.\n\n{r['article'][:700]}\n\nThe text, "
             f"repeated word for word:\n{r['article'][:80]}" for r in rows]
+
+
+def summaries(n: int) -> list[str]:
+    """A CNN/DailyMail article to summarize: prompt lookup finds many of the article's n-grams,
+    but the summary rarely continues them (most drafts are rejected)."""
+    rows = [json.loads(line) for line in (ROOT / "data/cnndm/test_100.jsonl").open()][:n]
+    return [f"Summarize the article below in three sentences.\n\n{r['article'][:1500]}\n\n"
+            "Summary:" for r in rows]
 
 
 def open_ended(n: int) -> list[str]:

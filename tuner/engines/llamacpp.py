@@ -143,6 +143,14 @@ class LlamaCppEngine(ServerEngine):
     def drafts_with_model(self, argv: list[str]) -> bool:
         return flag_value(argv, "-md", "--model-draft") is not None
 
+    def least_drafting_k(self, argv: list[str]) -> int:
+        """ngram-simple drafts nothing where its m-gram is shorter than its lookup n-gram
+        (``common_ngram_simple_draft``, common/ngram-map.cpp at 0c1e570: ``copy_max <
+        n_draft_min``): k below ``size_n`` (default 12, common/common.h) runs as no speculation."""
+        if spec_types(argv)[:1] == ["ngram-simple"]:
+            return int(flag_value(argv, "--spec-ngram-simple-size-n") or 12)
+        return 1
+
     def deployed_k(self, argv: list[str]) -> tuple[int, str] | None:
         flag = self.k_flag(argv)
         value = None if flag is None else flag_value(argv, flag)

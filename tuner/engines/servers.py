@@ -158,6 +158,11 @@ class ServerEngine(Engine):
         """``argv`` drafts with a draft model (else from the context, or not at all)."""
         raise NotImplementedError
 
+    def least_drafting_k(self, argv: list[str]) -> int:
+        """The least k > 0 at which ``argv``'s speculation, with only its k setting changed,
+        drafts at all (a candidate below it would run as speculation off)."""
+        return 1
+
     def candidate_form(self, argv: list[str], schedule: Any) -> dict[str, Any]:
         """A per-batch-size schedule (``tuner.predict.schedule.Schedule``) as this engine loads
         it, completing the deployed speculative settings of ``argv``: nested data."""

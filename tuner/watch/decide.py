@@ -16,7 +16,8 @@ p_i = c_i / S the fraction of decode steps that accepted draft position i (from 
   ratio p_{k−1} / p_{k−2} (or p_0 · S / D for k = 1), d = k′ · D / S: an estimate;
 * k = 0 (speculation off): 1.
 
-Only k′ whose rows the profile measured (k′ + 1 ≤ its largest row count) are priced. A switch is
+Only k′ whose rows the profile measured (k′ + 1 ≤ its largest row count) are priced, and none
+at which the deployment would draft nothing (``ServerEngine.least_drafting_k``). A switch is
 recommended (``Decider``) only when the best k′ beats the deployed k by more than the margin (the
 study's calibration error of predicted against measured speedups, where it recorded one) in
 ``persist`` consecutive windows. The measured time per output token stands beside the
@@ -98,8 +99,11 @@ def step_fractions(window: Window, k: int) -> tuple[list[float], bool]:
     return p, False
 
 
-def price(window: Window, profile: HardwareProfile, deployed_k: int) -> Pricing:
-    """Every k the profile's rows reach, at the window's live batch (module docstring)."""
+def price(window: Window, profile: HardwareProfile, deployed_k: int,
+          least_k: int = 1) -> Pricing:
+    """Every k the profile's rows reach, at the window's live batch (module docstring); none
+    in 0 < k < ``least_k`` (the deployment would draft nothing there: llama.cpp's ngram-simple
+    below its lookup size)."""
     sizes = profile.batch_sizes()
     live = window.live_batch or 1
     batch = min(max(live, sizes[0]), sizes[-1])
@@ -128,7 +132,7 @@ def price(window: Window, profile: HardwareProfile, deployed_k: int) -> Pricing:
         if k == deployed_k:
             options.append(deployed)
             continue
-        if k > top:
+        if k > top or k < least_k:
             continue
         fractions, counted = step_fractions(window, k)
         # a shorter k never drafts more than the deployment did

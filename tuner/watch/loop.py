@@ -220,7 +220,8 @@ def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: C
     state.windows.append(w)
     pricing = None
     if settings.profile is not None and state.deployed_k and w.steps:
-        pricing = price(w, settings.profile, state.deployed_k)
+        pricing = price(w, settings.profile, state.deployed_k,
+                        study.engine.least_drafting_k(list(study.argv)))
         state.pricings.append(pricing)
     outside = ""
     if low_high is not None:
