@@ -132,13 +132,14 @@ def sizes_across_a_change(alpha: float, kappa: float | None, runs: int, seed: in
     for _ in range(runs):
         test = ChangeTest()
         sizer = WindowSizer(test.shift, test.arl)
-        w = 0
+        w, seen = 0, []
         while True:
             obs = simulated_window(rng, alpha if w < at else after, k, 200, per_request, kappa)
             test.observe(obs)
+            seen.append(obs)
             w += 1
-            if w == test.warmup:
-                first = reference_of(test.warm)
+            if w == test.warmup:        # the first warm-up as it was, before any check
+                first = reference_of(seen)
                 pooled.append(sized_steps(replace(first, successive=first.dispersion)).steps)
             sized = sizer.after(test)
             if isinstance(sized, Sizing):

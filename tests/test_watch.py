@@ -97,6 +97,34 @@ def test_a_change_inside_the_sizing_warm_up_does_not_inflate_the_windows(kappa):
     assert measured > 13 and measured_steady < 12.5, (measured, measured_steady)
 
 
+def test_a_reference_is_never_the_mix_of_two_regimes(monkeypatch):
+    """A fixed --min-steps 200 (default 12-window warm-up) whose traffic drops (L -40 %) at its
+    7th window: the test says the shift on the window that completes the warm-up, keeps the
+    windows after it, and its reference is the new level's; without the check (REMEASURES 0)
+    the reference is the mix (and its dispersion would hide the next change)."""
+    import tuner.watch.drift as drift
+    from bench.watch_drift import alpha_for, mean_length, simulated_window
+    after = alpha_for(0.6 * mean_length(0.85, 4), 4)
+
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        test, said = ChangeTest(), []
+        for w in range(18):
+            verdict = test.observe(simulated_window(rng, 0.85 if w < 6 else after, 4, 200, 25,
+                                                   20.0))
+            said += [verdict.shifted] if verdict.shifted is not None else []
+        return test.reference, said
+    new_level = mean_length(after, 4)
+    for seed in range(5):
+        reference, said = run(seed)
+        assert len(said) == 1 and said[0].at == 6, said
+        # (per-request α: the mean L sits a little above L of the mean α)
+        assert abs(reference.mean_length / new_level - 1) < 0.1, (reference, new_level)
+    monkeypatch.setattr(drift, "REMEASURES", 0)
+    reference, said = run(0)
+    assert not said and reference.mean_length / new_level - 1 > 0.25
+
+
 def test_min_steps_auto_says_the_size_it_chose_and_why(capsys, tmp_path):
     """The default (--min-steps auto) on the recorded llama.cpp switch: windows of 200 steps
     while the traffic is measured, then the size from that reference, said in one line with its
@@ -284,7 +312,8 @@ def test_the_decision_is_priced_at_the_live_batch_and_varying_drafts_are_estimat
     """With the engine's profile every k is priced per window: the deployed k exactly from its
     own counts (L · T_b(1) / T_b(d + 1), recomputed here from the profile), the others labelled
     estimates where n-gram drafts varied in length (T ≠ D · k), none below the deployment's
-    lookup size (llama.cpp's ngram-simple drafts nothing where m < n); the summary states the decision
+    lookup size (llama.cpp's ngram-simple drafts nothing where m < n); the summary states the
+    decision
     at the last window. The profile was measured with a draft model's steps and this deployment
     drafts n-grams: the watch says so and recommends no switch from those prices."""
     from tuner.predict.served import decode_speedup

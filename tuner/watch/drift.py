@@ -30,7 +30,7 @@ Measured on simulated traffic (bench/watch_drift.py; tests/test_watch.py runs a 
 200 steps of k = 4 drafts per window from 8 requests of 25 steps; acceptance α per position of
 0.3, 0.6, 0.85), with the defaults (warm-up 12, shift 0.2, arl 4000):
 * false alarms per 1,000 steady windows (80 runs of 1,000): 0.00–0.10 with independent steps,
-  0.38–0.71 where requests differ (Beta(ακ, (1 − α)κ) per request, κ = 20), 0.62–0.89 at κ = 5;
+  0.44–0.74 where requests differ (Beta(ακ, (1 − α)κ) per request, κ = 20), 0.65–0.89 at κ = 5;
 * a 20 % drop in L found within 5 windows: in 100 % of 200 runs with independent steps (median 1
   window), 82–96 % at κ = 20 (median 2–3), but only 26–57 % at κ = 5 (median 5–8): where requests
   differ that much, 200 steps from 8 requests cannot tell a 20 % drop from the request mix in 5
@@ -51,13 +51,21 @@ twice the steps holds twice the requests): it is measured at 200 steps and holds
 estimate from ``warmup`` windows, so φ is taken at its upper 90 % bound (``dispersion_bound``) and
 97.5 % is asked for where the target is 90 %: with φ̂ itself the κ = 5 traffic was found within 5
 windows in only 83-93 % of runs; and φ is read from the windows' successive differences
-(``Reference.successive``), which a change inside the warm-up barely moves. A warm-up that held a
-change (``level_shift``: von Neumann's ratio below its lower 1 % point) is measured again from the
-change on, at most ``REMEASURES`` times: sized from its pooled spread, a live warm-up that spanned
-a traffic switch gave windows of 11,735 steps. Then the change test warms up again on windows of S steps, so
+(``Reference.successive``), which a change inside the warm-up barely moves (sized from its pooled
+spread, a live warm-up that spanned a traffic switch gave windows of 11,735 steps). Then the
+change test warms up again on windows of S steps, so
 that its reference pools ``warmup`` windows of the size it judges (a reference of 12 × 200 steps
 judged against windows of 1,000 is itself off by a third of a window's error: 1.07 false alarms
 per 1,000 windows at κ = 5). After an alarm or a restart the traffic is measured again at 200.
+
+A change inside any warm-up (``level_shift``, every ``ChangeTest`` warm-up, fixed ``--min-steps``
+too): where von Neumann's ratio of the warm-up's windows is below its lower 1 % point under no
+change, the windows before the estimated change point are dropped and the warm-up goes on, at
+most ``REMEASURES`` times; so a reference is rarely the mix of two regimes (a live vLLM warm-up
+of 6 windows that spanned a switch read L 1.67 between 3.26 and 1.22, with a dispersion that then
+hid a 27 % drop from the CUSUM: 1.1 against 9.0 after 8 windows). Its power needs windows: a clean
+step halfway through W windows reads 2/W (0.17 at the default 12, against a bound of 0.38; 0.33 at
+6, against 0.21: not seen).
 """
 
 from __future__ import annotations
@@ -75,7 +83,7 @@ SIGMA_FLOOR = 8.0    # a shift of δ is at most this many standard errors of a w
 AUTO_START = 200     # --min-steps auto: decode steps per window of a warm-up (then sized)
 WITHIN = 5           # --min-steps auto: a change of `shift` found within this many windows ...
 POWER = 0.975        # ... in this share of cases (the target is 90 %: the reference is estimated)
-REMEASURES = 2       # --min-steps auto: a warm-up that held a change is measured again this often
+REMEASURES = 2       # a warm-up that held a change is measured on from it at most this often
 SHIFT_LEVEL = 0.01   # ... where von Neumann's ratio is below its lower 1 % point under no change
 AUTO_BOUNDS = (50, 100_000)     # the least and the most decode steps a sized window holds
 DISPERSION_CONFIDENCE = 0.9     # φ is taken at this upper confidence bound of its estimate
@@ -108,6 +116,7 @@ class Verdict:
     rise: float                  # g⁺
     threshold: float             # h
     direction: str = ""          # "drop" | "rise" on an alarm
+    shifted: LevelShift | None = None   # the warm-up held a change: measured on from it
 
     @property
     def change(self) -> float | None:
@@ -166,14 +175,15 @@ class Sizing:
                 f"windows, {ref.successive:.1f} from successive windows (which a change inside "
                 f"the warm-up barely moves), {dispersion_bound(ref):.1f} at its upper "
                 f"{DISPERSION_CONFIDENCE:.0%} bound; with windows of {self.steps} steps a "
-                f"{self.shift:.0%} change in L is found within {self.within} windows in {self.power:.1%} of cases by the "
+                f"{self.shift:.0%} change in L is found within {self.within} windows in "
+                f"{self.power:.1%} of cases by the "
                 "CUSUM's normal approximation" + (f"; {self.bounded}" if self.bounded else "")
                 + ")")
 
 
 @dataclass(frozen=True)
 class LevelShift:
-    """A change inside the sizing warm-up (``level_shift``): its windows from ``at`` on are kept."""
+    """A change inside a warm-up (``level_shift``): its windows from ``at`` on are kept."""
 
     ratio: float                 # von Neumann's ratio, halved (1 where nothing changed)
     bound: float                 # its lower SHIFT_LEVEL point under no change
@@ -183,12 +193,11 @@ class LevelShift:
     after: float
 
     def describe(self) -> str:
-        return (f"the traffic changed inside the sizing warm-up: L {self.before:.2f} in its "
+        return (f"the traffic changed inside the warm-up: L {self.before:.2f} in its "
                 f"first {self.at} windows, {self.after:.2f} in the next {self.windows - self.at} "
                 f"(successive windows differ {self.ratio:.2f} times as much as about their mean, "
                 f"below {self.bound:.2f}, the least that steady traffic reads in "
-                f"{1 - SHIFT_LEVEL:.0%} of warm-ups): measuring it again from the change on, "
-                "windows of 200 steps")
+                f"{1 - SHIFT_LEVEL:.0%} of warm-ups): measuring on from the change")
 
 
 def level_shift(warm: Sequence[Observation], level: float = SHIFT_LEVEL) -> LevelShift | None:
@@ -275,28 +284,20 @@ class WindowSizer:
     arl: float = ARL
     steps: int = AUTO_START
     phase: str = "measure"            # "measure" (200-step warm-up) | "reference" | "watch"
-    remeasured: int = 0               # warm-ups measured again since the last sizing
 
     def restart(self) -> None:
         """A server restart: the traffic is measured again at ``AUTO_START``."""
-        self.phase, self.steps, self.remeasured = "measure", AUTO_START, 0
+        self.phase, self.steps = "measure", AUTO_START
 
-    def after(self, test: ChangeTest) -> Sizing | LevelShift | None:
+    def after(self, test: ChangeTest) -> Sizing | None:
         """The new size where the measuring warm-up just ended (the test then warms up again at
-        it); a ``LevelShift`` where that warm-up held a change (its windows from the change on
-        are kept, the warm-up goes on: at most ``REMEASURES`` times, then it is sized as it is);
+        it; a warm-up that held a change was measured on by the test itself, ``level_shift``);
         back to ``AUTO_START`` where the test lost its reference (an alarm, a restart)."""
         if test.reference is None:
             if self.phase == "watch":
-                self.phase, self.steps, self.remeasured = "measure", AUTO_START, 0
+                self.phase, self.steps = "measure", AUTO_START
             return None
         if self.phase == "measure":
-            shifted = level_shift(test.warm)
-            if shifted is not None and self.remeasured < REMEASURES:
-                self.remeasured += 1
-                test.warm, test.reference = test.warm[shifted.at:], None
-                return shifted
-            self.remeasured = 0
             sizing = sized_steps(test.reference, self.shift, self.arl)
             self.phase, self.steps = "reference", sizing.steps
             test.restart()
@@ -316,6 +317,7 @@ class ChangeTest:
     reference: Reference | None = None
     drop: float = 0.0
     rise: float = 0.0
+    remeasured: int = 0          # times this warm-up was measured again from a change in it
 
     @property
     def threshold(self) -> float:
@@ -324,14 +326,22 @@ class ChangeTest:
     def restart(self) -> None:
         """A new warm-up (after an alarm, or a server restart)."""
         self.warm, self.reference, self.drop, self.rise = [], None, 0.0, 0.0
+        self.remeasured = 0
 
     def observe(self, obs: Observation) -> Verdict:
         length = AcceptanceCounts(steps=obs.steps, accepted=obs.accepted).tokens_per_decode_step
         if self.reference is None:
             self.warm.append(obs)
+            shifted = None
             if len(self.warm) >= self.warmup:
-                self.reference = reference_of(self.warm)
-            return Verdict("warm-up", length, None, 0.0, 0.0, self.threshold)
+                # a warm-up that held a change is measured on from it (module docstring)
+                shifted = level_shift(self.warm) if self.remeasured < REMEASURES else None
+                if shifted is not None:
+                    self.remeasured += 1
+                    self.warm = self.warm[shifted.at:]
+                else:
+                    self.reference, self.remeasured = reference_of(self.warm), 0
+            return Verdict("warm-up", length, None, 0.0, 0.0, self.threshold, shifted=shifted)
         ref = self.reference
         delta = self.shift * ref.mean_length
         variance = max(ref.dispersion * ref.variance / obs.steps, (delta / SIGMA_FLOOR) ** 2)

@@ -21,7 +21,6 @@ from tuner.watch.drift import (
     POWER,
     WITHIN,
     ChangeTest,
-    LevelShift,
     Observation,
     Sizing,
     Verdict,
@@ -195,12 +194,6 @@ def size_windows(state: WatchState, sizer: WindowSizer, windower: Windower, test
     windower.min_steps = sizer.steps
     if sizing is None:
         return
-    if isinstance(sizing, LevelShift):
-        say(sizing.describe())
-        log.write("window_size_remeasure", {"ratio": sizing.ratio, "bound": sizing.bound,
-                                            "at": sizing.at, "windows": sizing.windows,
-                                            "before": sizing.before, "after": sizing.after})
-        return
     ref = sizing.reference
     state.sizings.append(sizing)
     say(sizing.describe())
@@ -218,6 +211,12 @@ def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: C
     study = settings.study
     verdict = test.observe(Observation(w.steps, w.accepted, w.step_variance()))
     state.windows.append(w)
+    if verdict.shifted is not None:
+        shifted = verdict.shifted
+        say(shifted.describe())
+        log.write("warmup_shift", {"ratio": shifted.ratio, "bound": shifted.bound,
+                                   "at": shifted.at, "windows": shifted.windows,
+                                   "before": shifted.before, "after": shifted.after})
     pricing = None
     if settings.profile is not None and state.deployed_k and w.steps:
         pricing = price(w, settings.profile, state.deployed_k,
