@@ -603,7 +603,9 @@ def test_a_live_workload_switch_alarms_and_the_decision_is_priced(capsys, tmp_pa
     assert rc == 0 and not load.errors, (out[-3000:], load.errors[:3])
     windows = [r for r in records if r["kind"] == "window"]
     start = first_window_after(windows, load.switched_at["open"])
-    assert start > 4, out[-4000:]             # the reference came from the extractive prompts
+    # the reference came from the extractive prompts: its 4 windows ended before the switch
+    # (start is the first window to end after it; under load, 45 s can hold only 4 windows)
+    assert start >= 4, out[-4000:]
     alarms = [r for r in records if r["kind"] == "alarm" and r["window"] >= start]
     assert alarms and alarms[0]["direction"] == "drop", out[-4000:]
     assert alarms[0]["window"] < start + 5, (start, alarms[0], out[-4000:])
