@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from decoding.acceptance import AcceptanceCounts
-from tuner.watch.drift import ChangeTest, Observation, Sizing, Verdict, WindowSizer
+from tuner.watch.drift import ChangeTest, Observation, Verdict, WindowSizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def observe(test: ChangeTest, sizer: WindowSizer | None, steps: int, sizes: list
     verdict = test.observe(window(steps if sizer is None else sizer.steps))
     if sizer is not None:
         sized = sizer.after(test)
-        if isinstance(sized, Sizing) and sizes is not None:
+        if sized is not None and sizes is not None:
             sizes.append(sized.steps)
     return verdict
 
@@ -142,7 +142,7 @@ def sizes_across_a_change(alpha: float, kappa: float | None, runs: int, seed: in
                 first = reference_of(seen)
                 pooled.append(sized_steps(replace(first, successive=first.dispersion)).steps)
             sized = sizer.after(test)
-            if isinstance(sized, Sizing):
+            if sized is not None:
                 chosen.append(sized.steps)
                 measured += w
                 break

@@ -114,8 +114,8 @@ def make_profile(tmp_path, overrides, name, repeats=2, **hooks):
     from tuner.config.validate import plain
     cfg = compose_cfg(tmp_path, *overrides)
     models = {"target": plain(cfg.models)["target"], "draft": plain(cfg.models).get("draft")}
-    args = cli.parse(["--repeats", str(repeats), "--contexts", "16", "128", "384", "--rows", "1", "2",
-                      "3", "4", "5", "--draft-rows", "1", "2", "--prefill", "16", "64", "256"])
+    args = cli.parse(["--repeats", str(repeats), "--contexts", "16", "128", "384", "--rows", "1",
+                      "2", "3", "4", "5", "--draft-rows", "1", "2", "--prefill", "16", "64", "256"])
     path = tmp_path / name
     cli.make_profile(models, args, say=lambda line: None, **hooks).save(path)
     return path

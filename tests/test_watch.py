@@ -313,8 +313,8 @@ def test_the_decision_is_priced_at_the_live_batch_and_varying_drafts_are_estimat
     own counts (L · T_b(1) / T_b(d + 1), recomputed here from the profile), the others labelled
     estimates where n-gram drafts varied in length (T ≠ D · k), none below the deployment's
     lookup size (llama.cpp's ngram-simple drafts nothing where m < n); the summary states the
-    decision at the last window. The profile was measured with a draft model's steps and this deployment
-    drafts n-grams: the watch says so and recommends no switch from those prices."""
+    decision at the last window. The profile was measured with a draft model's steps and this
+    deployment drafts n-grams: the watch says so and recommends no switch from those prices."""
     from tuner.predict.served import decode_speedup
     from tuner.predict.surface import load_profile
     path = FIXTURES / "llamacpp-switch.jsonl.gz"

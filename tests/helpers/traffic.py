@@ -3,7 +3,8 @@ engine server by a few threads, each phase bounded in time and in requests.
 
 Three workloads from the repository's data: *extractive* (a CNN/DailyMail article to repeat word
 for word: prompt lookup finds nearly every token in the prompt), *summaries* (the articles to
-summarize: many drafts, most rejected) and *open* (MT-Bench's first turns: little to look up). Loopback servers only.
+summarize: many drafts, most rejected) and *open* (MT-Bench's first turns: little to look up).
+Loopback servers only.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ the normal approximation of the CUSUM's walk: each window adds, under the change
 mean D = δ² / (2σ²_w) and standard deviation √(2D), so after n windows the sum exceeds h with
 probability Φ((nD − h) / √(2nD)); S = 2 D* φ v0 / δ² for the least D* with n D* − z √(2 n D*) ≥ h
 (z = Φ⁻¹(POWER), POWER 97.5 %). φ is a property of the traffic, not of the window (a window of
-twice the steps holds twice the requests): it is measured at 200 steps and holds at S. The reference is itself an
-estimate from ``warmup`` windows, so φ is taken at its upper 90 % bound (``dispersion_bound``) and
+twice the steps holds twice the requests): it is measured at 200 steps and holds at S. The
+reference is itself an estimate from ``warmup`` windows, so φ is taken at its upper 90 % bound (``dispersion_bound``) and
 97.5 % is asked for where the target is 90 %: with φ̂ itself the κ = 5 traffic was found within 5
 windows in only 83-93 % of runs; and φ is read from the windows' successive differences
 (``Reference.successive``), which a change inside the warm-up barely moves (sized from its pooled
@@ -135,6 +135,19 @@ class Observation:
     variance: float
 
 
+def spreads(warm: Sequence[Observation]) -> tuple[float, float]:
+    """The windows' spread about their pooled mean, Σ S_w (x_w − μ)², and their successive
+    differences, Σ (x_{w+1} − x_w)² / (1/S_w + 1/S_{w+1}) (von Neumann's: each term has the mean
+    φ v0 when nothing changed; a level shift inside the warm-up adds to one difference only, but
+    to every window's distance from the mean)."""
+    mean = sum(o.accepted for o in warm) / sum(o.steps for o in warm)
+    xs = [o.accepted / o.steps for o in warm]
+    spread = sum(o.steps * (x - mean) ** 2 for o, x in zip(warm, xs))
+    jumps = sum((xb - xa) ** 2 / (1 / a.steps + 1 / b.steps)
+                for a, b, xa, xb in zip(warm, warm[1:], xs, xs[1:]))
+    return spread, jumps
+
+
 def reference_of(warm: Sequence[Observation]) -> Reference:
     steps = sum(o.steps for o in warm)
     mean = sum(o.accepted for o in warm) / steps
@@ -142,12 +155,8 @@ def reference_of(warm: Sequence[Observation]) -> Reference:
     second = sum(o.steps * (o.variance + (o.accepted / o.steps) ** 2) for o in warm) / steps
     variance = max(second - mean * mean, 0.0)
     if len(warm) > 1 and variance > 0:
-        spread = sum(o.steps * (o.accepted / o.steps - mean) ** 2 for o in warm)
+        spread, jumps = spreads(warm)
         dispersion = max(1.0, spread / ((len(warm) - 1) * variance))
-        # von Neumann's successive differences: Var(x_{w+1} − x_w) = φ v0 (1/S_w + 1/S_{w+1})
-        # when nothing changed; a level shift inside the warm-up adds to one difference only
-        jumps = sum((b.accepted / b.steps - a.accepted / a.steps) ** 2 / (1 / a.steps + 1 / b.steps)
-                    for a, b in zip(warm, warm[1:]))
         successive = max(1.0, jumps / ((len(warm) - 1) * variance))
     else:
         dispersion = successive = 1.0
@@ -212,15 +221,12 @@ def level_shift(warm: Sequence[Observation], level: float = SHIFT_LEVEL) -> Leve
     n = len(warm)
     if n < 4:
         return None
-    xs = [o.accepted / o.steps for o in warm]
-    total = sum(o.steps for o in warm)
-    mean = sum(o.accepted for o in warm) / total
-    spread = sum(o.steps * (x - mean) ** 2 for o, x in zip(warm, xs))
+    spread, jumps = spreads(warm)
     if spread <= 0:
         return None
-    jumps = sum((xb - xa) ** 2 / (1 / a.steps + 1 / b.steps)
-                for a, b, xa, xb in zip(warm, warm[1:], xs, xs[1:]))
-    ratio = (jumps / (n - 1)) / (spread / (n - 1))
+    ratio = jumps / spread
+    total = sum(o.steps for o in warm)
+    mean = sum(o.accepted for o in warm) / total
     bound = 1.0 + NormalDist().inv_cdf(level) * math.sqrt((n - 2) / (n * n - 1))
     if ratio >= bound:
         return None
