@@ -5,8 +5,16 @@ imports no test code; the tests import it from here.
 
 Each worker is the production CLI (``python -m tuner ... phase=work`` after one ``phase=prepare``,
 or ``phase=all`` for all of them) on the tiny models, with ``bench/jitter.py`` widening the claim
-and enqueue windows. A repetition reports the completed points, the duplicates (a point completed
-more than once, trial 0's default point included) and the lost points (planned, never completed).
+and enqueue windows. A repetition reports the evaluated points, the duplicates (a point evaluated
+more than once, trial 0's default point included) and the lost points (planned, never evaluated).
+
+A point is *evaluated* by a trial that ended COMPLETE or PRUNED, or FAIL for a reason its point
+caused (the measurement's own guards: e.g. ``impossible``, a batch read beyond its physical bound
+twice, which four workers on two cores do cause now and then); a trial failed because it lost a
+race for its point (``duplicate``), or because its worker died or was stopped (``orphaned``,
+``interrupted``), evaluated nothing: its point is claimed again. That is the study's own rule
+(``tuner.study.trials``: which failures use budget), restated here from the trials' attributes
+because benchmarks do not import the study's internals.
 """
 
 from __future__ import annotations
@@ -36,15 +44,20 @@ RUN = (f"import runpy; runpy.run_path({str(ROOT / 'bench' / 'jitter.py')!r}); "
        "runpy.run_module('tuner', run_name='__main__', alter_sys=True)")
 
 
+# a failure that evaluated nothing: the point is claimed again (tuner.study.trials.RETRIED)
+NOT_EVALUATED = ("orphaned", "interrupted", "duplicate")
+
+
 @dataclass(frozen=True)
 class Repetition:
-    completed: tuple[int, ...]      # num_draft_tokens of every COMPLETE trial
-    duplicates: tuple[int, ...]     # points completed more than once
-    lost: tuple[int, ...]           # planned points never completed
-    default_runs: int               # COMPLETE trials holding the default point (2)
+    completed: tuple[int, ...]      # num_draft_tokens of every evaluated trial (see above)
+    duplicates: tuple[int, ...]     # points evaluated more than once
+    lost: tuple[int, ...]           # planned points never evaluated
+    default_runs: int               # evaluated trials holding the default point (2)
     seconds: float
     failed_workers: int             # workers that exited non-zero
     errors: tuple[str, ...] = ()    # the end of each failed worker's stderr
+    failed_evaluations: tuple[str, ...] = ()   # "point: kind" of each evaluation that failed
 
 
 def repetition(folder: Path, workers: int, code_root: Path = ROOT, storage: str | None = None,
@@ -85,13 +98,30 @@ def load(folder: Path, name: str, storage: str | None) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage)
 
 
+def evaluated(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+    """Did ``trial`` evaluate its point (COMPLETE, PRUNED, or failed by its measurement)?"""
+    State = optuna.trial.TrialState
+    if trial.state in (State.COMPLETE, State.PRUNED):
+        return True
+    if trial.state != State.FAIL:
+        return False
+    reason = str(trial.user_attrs.get("error") or
+                 study.user_attrs.get(f"trial_{trial.number}_error", ""))
+    return not reason.startswith(NOT_EVALUATED) and \
+        not any(int(t.user_attrs.get("retry_of", -1)) == trial.number
+                for t in study.get_trials(deepcopy=False))
+
+
 def summarize(study: optuna.Study, seconds: float, errors: tuple[str, ...]) -> Repetition:
-    done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
-    points = [t.params["num_draft_tokens"] for t in done]
+    done = [t for t in study.get_trials() if evaluated(study, t)]
+    points = [json.loads(t.user_attrs["point"])["num_draft_tokens"] if "point" in t.user_attrs
+              else t.params["num_draft_tokens"] for t in done]
     counts = collections.Counter(points)
+    failures = tuple(f"{p}: {t.user_attrs.get('error_kind', '?')}" for p, t in zip(points, done)
+                     if t.state == optuna.trial.TrialState.FAIL)
     return Repetition(tuple(sorted(points)), tuple(sorted(p for p, n in counts.items() if n > 1)),
                       tuple(p for p in PLANNED if p not in counts), counts[2], seconds,
-                      len(errors), errors)
+                      len(errors), errors, failures)
 
 
 def as_json(reps: list[Repetition]) -> str:
