@@ -183,7 +183,7 @@ def guard_settings(tmp_path, *overrides):
 def test_the_guard_refuses_a_path_that_does_not_read_itself_and_records_an_override(tmp_path):
     import optuna
     from tuner.study.guard import CONTROL, OVERRIDE, guard
-    from tuner.study.notes import control_notes
+    from tuner.answer.notes import control_notes
     lines: list[str] = []
     study = optuna.create_study()
     path = PlantedPath(ttft=1.17)

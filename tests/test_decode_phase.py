@@ -109,7 +109,7 @@ def test_the_verdict_reads_the_speedup_the_winner_was_chosen_by():
     """Long prompts: 0.97x end to end, 1.30x in the decode phase. A study chosen by the decode
     phase is judged by it on held-out prompts (and says so); one chosen end to end is judged
     end to end. The summary marks the row the verdict reads."""
-    from tuner.study.verdict import recommendation
+    from tuner.answer.verdict import recommendation
     from tuner.tracking.report import summary_rows
     held = confirmed(0.97, 1.30)
     decode = recommendation(held, 3, "decode_speedup")

@@ -77,11 +77,11 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys
     example, which tests/test_readme.py only validates), and at a request rate of 4/s under an
     SLO: both trials complete with the server's own counts, per-level and per-rate figures; the
     summary answers per rate; each level and the rate is decided once in the finish
-    (tuner.study.decide, spied) and the best YAML holds structures, not JSON text; the answer is
+    (tuner.answer.decide, spied) and the best YAML holds structures, not JSON text; the answer is
     a 4-slot launch line that, started as printed, reproduces the winner's tokens; no server or
     port outlives the study."""
     from tests.helpers.outcome import json_texts
-    from tuner.study import decide
+    from tuner.answer import decide
     decided: list[tuple[str, object]] = []
     for name in ("level_decision", "rate_decision"):
         real = getattr(decide, name)

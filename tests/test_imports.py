@@ -47,14 +47,24 @@ FORBIDDEN: list[tuple[str, str, str]] = [
     ("tuner.measure", "tuner.engines", "the paired protocol and the records are below the "
      "engines: an engine's backend uses them"),
     # the rooms of prediction, the study, tracking and the engines, one way between them:
-    # engines -> predict (forms, surfaces); study -> engines, predict; tracking -> study
-    ("tuner.predict", "tuner.study", "prediction prices and plans; the study hands it its points "
-     "(tuner.study.predicted), never the reverse"),
+    # engines -> predict (forms, surfaces); study -> engines, predict; answer -> study;
+    # tracking -> answer, study
+    ("tuner.predict", "tuner.study", "prediction prices and plans; the study and the answer hand "
+     "it its points (tuner.answer.predicted), never the reverse"),
     ("tuner.predict", "tuner.engines", "prediction owns the schedules' content and forms; each "
      "engine writes its own form from it (Engine.schedule_form)"),
     ("tuner.predict", "tuner.tracking", "prediction records nothing itself"),
-    ("tuner.study", "tuner.tracking", "the study decides (StudyOutcome) and tracking renders: "
+    ("tuner.study", "tuner.tracking", "the study runs trials and tracking renders them: "
+     "tuner.run hands the listeners down"),
+    ("tuner.answer", "tuner.tracking", "the answer decides (StudyOutcome) and tracking renders: "
      "tuner.run hands tuner.tracking.render.publish down to the finish"),
+    ("tuner.study", "tuner.answer", "the study runs the trials; the answer reads them once they "
+     "are in (tuner.run calls the finish after the optimize loop), never the reverse"),
+    ("tuner.predict", "tuner.answer", "prediction prices; the answer reads its calibration"),
+    ("tuner.engines", "tuner.answer", "an engine measures; the answer decides from the trials"),
+    ("tuner.measure", "tuner.answer", "a measurement knows no study and no answer"),
+    ("tuner.answer", "tuner.watch", "the watch reads a study's outcome, never the reverse"),
+    ("bench", "tuner.answer", "benchmarks measure decoding and engines, not a study's answer"),
     ("tuner.engines", "tuner.study", "an engine measures; the study decides what to measure"),
     ("tuner.engines", "tuner.tracking", "an engine reports through the study's listeners"),
     ("tuner.engines", "tuner.watch", "the watch reads an engine's metrics, never the reverse"),

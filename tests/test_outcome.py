@@ -1,4 +1,4 @@
-"""One typed outcome per study (tuner.study.outcome): every decision made once, every renderer
+"""One typed outcome per study (tuner.answer.outcome): every decision made once, every renderer
 given the outcome alone, the best YAML holding YAML structures (no JSON text), ``outcome.json``
 versioned beside it, and nothing unconfirmed written as a recommendation.
 
@@ -17,8 +17,8 @@ from optuna.distributions import IntDistribution
 
 from tests.conftest import run_study
 from tests.helpers.outcome import json_texts
-from tuner.study import decide
-from tuner.study.outcome import OUTCOME_VERSION, State, StudyOutcome, read_outcome
+from tuner.answer import decide
+from tuner.answer.outcome import OUTCOME_VERSION, State, StudyOutcome, read_outcome
 from tuner.tracking import render
 
 pytestmark = pytest.mark.usefixtures("in_tmp")

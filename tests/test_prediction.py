@@ -313,8 +313,40 @@ def test_search_predict_measures_fewer_points_than_the_grid(tmp_path, monkeypatc
         spread.user_attrs["predicted_speedup"]
 
 
+def test_search_predict_ranks_after_a_failed_trial_0(tmp_path, monkeypatch, capsys,
+                                                    tiny_profile):
+    """Trial 0 fails (a simulated out-of-memory error), so its hook never ranks: the run ranks
+    after the optimize loop, on the evaluator's ranker and the study's shared prompt order, and
+    goes on to measure the ranked points (the call once lacked the prompts: a TypeError)."""
+    import torch
+    from optuna.trial import TrialState
+
+    from tests.conftest import load_study, run_study
+    from tuner.engines.inprocess import HFEvaluator
+    real = HFEvaluator.measure
+
+    def trial_0_fails(self, params, prompts, parity, store=None):
+        if parity == 0:
+            raise torch.OutOfMemoryError("simulated out of memory")
+        return real(self, params, prompts, parity, store)
+
+    monkeypatch.setattr(HFEvaluator, "measure", trial_0_fails)
+    monkeypatch.chdir(tmp_path)
+    run_study(tmp_path, *STUDY, "search=predict", "method.space.num_draft_tokens.high=4",
+              "search.top=1", "search.spread=1", "search.race=null",
+              f"search.profile={tiny_profile}")
+    out = capsys.readouterr().out
+    trials = load_study(tmp_path).get_trials()
+    assert trials[0].state == TrialState.FAIL and trials[0].user_attrs["stage"] == "default"
+    assert "search=predict: predicting 4 points" in out
+    measured = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert {t.user_attrs["stage"] for t in measured} == {"top", "spread"}
+    assert all(t.user_attrs["predicted_speedup"] > 0 for t in measured)
+
+
 @pytest.mark.parametrize("overrides,message", [
-    (["search=predict"], "search.profile=None is invalid for search=predict"),
+    (["search=predict", "search.profile=null"], "search.profile=None is invalid for "
+     "search=predict: it ranks the grid by predicted speedup, so allowed is auto"),
     (["search=predict", "search.profile=x.json", "search.top=0"], "search.top=0 is invalid"),
     (["search=predict", "search.profile=x.json", "search.objectives=[perplexity]"],
      "search.objectives=['perplexity'] is invalid for search=predict"),

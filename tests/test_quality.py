@@ -1,6 +1,6 @@
 """Quality of lossy trials: perplexity under the target, the quality bound as Optuna constraints,
 and studies that never report an infeasible trial as best (tuner/measure/quality.py,
-tuner/study/finish.py)."""
+tuner/answer/finish.py)."""
 
 from __future__ import annotations
 

@@ -220,7 +220,7 @@ def test_a_raced_llamacpp_study_breaks_ties_by_the_ngram_draft_length(tmp_path):
     the faster, longer draft won)."""
     from tests.conftest import compose_cfg
     from tests.helpers.services import require_llama_server
-    from tuner.study.finish import tie
+    from tuner.answer.finish import tie
     from tuner.study.settings import StudySettings
     require_llama_server()
     settings = StudySettings.from_config(compose_cfg(

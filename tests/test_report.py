@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from tuner.study.finish import finish_lock
-from tuner.study.verdict import recommendation, relative, self_control
+from tuner.answer.finish import finish_lock
+from tuner.answer.verdict import recommendation, relative, self_control
 from tuner.tracking.trackers import trials_csv, trials_markdown
 
 
@@ -54,8 +54,8 @@ def test_a_setting_that_accepted_nothing_is_never_recommended():
     (1.00 tokens per decode step) and read 1.025x in the decode phase with a lower bound of
     1.002 (its server process ran a little faster than the baseline's): no gain can come from
     speculation, so the level is OFF and the verdict keeps vanilla."""
-    from tuner.study.decide import level_decision
-    from tuner.study.outcome import State
+    from tuner.answer.decide import level_decision
+    from tuner.answer.outcome import State
     study = levels_study((SIMPLE, {1: 1.183}))
     nothing = {**held_at(1, 1.025, 1.002), "held_out_decode_tokens_per_step@c1": 1.0}
     decision = level_decision(level_settings((1,)), study, nothing, 1, winner=0)
@@ -105,7 +105,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, monkeypatch):
     """Taken over at once: no poll interval is waited (the sleep is recorded, not timed)."""
     import socket
 
-    import tuner.study.finish as finish
+    import tuner.answer.finish as finish
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     lock = tmp_path / "s.finish.lock"
@@ -207,8 +207,8 @@ def test_a_level_is_on_only_where_the_held_out_run_beat_vanilla_beyond_the_noise
     by the study's objective (the decode phase): ON where its lower bound is above 1, OFF
     otherwise (1.05x with a lower bound of 0.97 is noise: said so), or not confirmed (no
     held-out prompts)."""
-    from tuner.study.decide import level_decision
-    from tuner.study.outcome import State
+    from tuner.answer.decide import level_decision
+    from tuner.answer.outcome import State
     study = levels_study((SIMPLE, {1: 1.3, 4: 0.9}))
     confirmed = {} if held is None else {**held_at(1, *held), **held_at(4, 0.8, 0.7)}
     one, four = (level_decision(level_settings(), study, confirmed, level) for level in (1, 4))
@@ -237,7 +237,7 @@ def test_a_rate_is_on_only_where_the_held_out_goodput_was_higher(held, on):
     import optuna
 
     from tuner.measure.rates import Traffic
-    from tuner.study.decide import rate_decision, rates_of
+    from tuner.answer.decide import rate_decision, rates_of
     study = levels_study((SIMPLE, {1: 1.3}))        # trial 0: no rate measured
     for params, figures in (({"spec_type": "ngram-mod", "size_n": 3, "mod_n_match": 4},
                              {"goodput@r4": 1.0, "vanilla_goodput@r4": 1.1,      # trial 1
@@ -272,7 +272,7 @@ def test_a_rate_is_on_only_where_the_held_out_goodput_was_higher(held, on):
 def test_a_level_is_decided_by_the_objective_and_names_the_studys_winner():
     """The objective's figure at the level decides (never throughput beside it); where the
     study measured one level, its winner is the level's one winner."""
-    from tuner.study.decide import level_decision
+    from tuner.answer.decide import level_decision
     mod = {"spec_type": "ngram-mod", "size_n": 12, "mod_n_match": 4}
     study = levels_study((SIMPLE, {1: 1.10}, {"throughput_ratio@c1": 1.9}),   # throughput
                          (mod, {1: 1.12}, {"throughput_ratio@c1": 1.0}))     # favours #0
@@ -291,7 +291,7 @@ def test_a_level_is_decided_by_the_objective_and_names_the_studys_winner():
 def test_a_level_line_shows_only_the_parameters_that_act():
     """ngram-simple's size_n is shown, ngram-mod's mod_n_match (not acting there) is not."""
     from tuner.search.space import active_params
-    from tuner.study.decide import level_decision
+    from tuner.answer.decide import level_decision
     study = levels_study((SIMPLE, {1: 1.3, 4: 1.2}))
     line = level_decision(level_settings(), study, {**held_at(1, 1.1, 1.05),
                                                     **held_at(4, 1.05, 1.01)}, 1).reason

@@ -467,8 +467,8 @@ def test_a_scheduled_rerun_says_what_changed_since_the_previous_run(tmp_path):
 
     from omegaconf import OmegaConf
 
-    from tuner.study.conclude import replay_body
-    from tuner.study.notes import compare_previous
+    from tuner.answer.conclude import replay_body
+    from tuner.answer.notes import compare_previous
     from tuner.study.settings import StudySettings
     folder = tmp_path / "best"
     settings = replace(StudySettings.from_config(compose_cfg(tmp_path, *TINY)),

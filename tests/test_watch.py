@@ -546,7 +546,7 @@ def test_a_study_of_our_own_loops_is_not_watched(capsys, tmp_path, monkeypatch):
 
 
 def test_the_deployed_k_is_read_from_the_winners_parameters_not_the_launch_line(tmp_path):
-    """The typed reader (tuner.study.outcome.read_outcome) and the engine's declared draft size:
+    """The typed reader (tuner.answer.outcome.read_outcome) and the engine's declared draft size:
     the k is the winner's size_m for ngram-simple and its mod_n_max once the type is ngram-mod
     (the same parameters, size_m still 4), whatever number the launch line's text holds; the
     launch line only names the flag a candidate sets."""

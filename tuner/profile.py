@@ -435,40 +435,13 @@ def slug(text: str) -> str:
 
 def make_profile(models: dict, args: argparse.Namespace, say=print,
                  between_rounds=lambda round_: None):
-    """Our own loops' profile on this machine: surfaces and overhead fit timed in interleaved
-    rounds (``tuner.predict.loops.measure_profile``), the fit checked
-    (``tuner.predict.check.fit_flags``: its lines go into the profile's ``flags``)."""
-    import torch
-
-    from decoding.hardware import hardware
-    from decoding.models import load_pair
-    from tuner.measure.hygiene import configure_threads
-    from tuner.predict import loops
-    from tuner.predict.check import fit_flags
-    from tuner.predict.surface import HardwareProfile
-    threads = configure_threads(None if args.threads == "auto" else args.threads)
-    draft_spec = models["draft"] or {"kind": "none"}
-    pair = load_pair(models["target"], draft_spec)
-    device = next(pair.target.parameters()).device
-    say(f"profiling {pair.target_name}" + (f" and its draft {pair.draft_name}" if pair.draft
-                                            is not None else "") +
-        f" on {hardware(device)}, {threads} threads: {args.repeats} rounds after a warm-up "
-        "round, each timing every forward cell and every loop's overhead run once")
-    target, draft, fit = loops.measure_profile(
-        pair.target, pair.draft, contexts=tuple(args.contexts or loops.CONTEXTS),
-        rows=tuple(args.rows or loops.TARGET_ROWS),
-        draft_rows=tuple(args.draft_rows or loops.DRAFT_ROWS),
-        prefill=tuple(args.prefill or loops.PREFILL), repeats=args.repeats,
-        progress=say, between_rounds=between_rounds)
-    import transformers
-    return HardwareProfile(
-        kind="measured", machine=hardware(device), engine=DEFAULT,
-        build={"torch": torch.__version__, "transformers": transformers.__version__,
-               "python": platform.python_version()},
-        threads=threads, models=loops.describe_models(models), target=target, draft=draft,
-        step_overhead_s=fit.values(), step_overhead_spread_s=fit.spreads(),
-        flags=tuple(fit_flags(fit)),
-        made=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    """Our own loops' profile on this machine, as ``args`` sizes it
+    (``tuner.predict.cache.measure_loops_profile``, which ``search.profile=auto`` uses too)."""
+    from tuner.predict.cache import measure_loops_profile
+    return measure_loops_profile(
+        models, args.threads, args.repeats, say=say, between_rounds=between_rounds,
+        contexts=tuple(args.contexts or ()), rows=tuple(args.rows or ()),
+        draft_rows=tuple(args.draft_rows or ()), prefill=tuple(args.prefill or ()))
 
 
 if __name__ == "__main__":

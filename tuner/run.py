@@ -8,7 +8,7 @@
               (tuner.study.optimize), the default first: the hardware profile is checked
               against it, and search=predict ranks after it (tuner.study.ranking)
     finish    the winner, its held-out confirmation, the best YAML and the summary
-              (tuner.study.finish)
+              (tuner.answer.finish)
 
 Ctrl-C / SIGTERM marks the running trial FAIL ("interrupted") and its MLflow runs KILLED;
 re-running the same command resumes with nothing lost. Several processes may work on one study
@@ -20,7 +20,8 @@ from __future__ import annotations
 import signal
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from dataclasses import replace
+from typing import Any, Callable, Iterator
 
 import optuna
 from hydra.utils import instantiate
@@ -30,20 +31,21 @@ from tuner.cluster.slurm import job_alive_or_none
 from tuner.config.errors import ConfigError, Interrupted
 from tuner.config.validate import PHASES, plain
 from tuner.measure.timing import Timer, time_generation
+from tuner.predict.cache import AUTO, PROFILE_USED, obtain, thread_count
 from tuner.search.pruners import PairedPruner
 from tuner.study.callbacks import Callbacks
 from tuner.study.cost import SearchCost, record_seconds
-from tuner.study.finish import confirm, held_out_record, measure
+from tuner.answer.finish import confirm, held_out_record, measure
 from tuner.study.guard import guard
-from tuner.study.finish import finish as finish_study
-from tuner.study.objective import Objective
+from tuner.answer.finish import finish as finish_study
+from tuner.study.objective import Objective, shared_order
 from tuner.study.optimize import optimize
 from tuner.study.points import Points, make_plan
 from tuner.study.ranking import RANKING, AfterDefault, profile_refused, restore
 from tuner.study.ranking import rank as plan_rank
 from tuner.study.settings import StudySettings
 from tuner.study.storage import make_storage, open_study
-from tuner.study.verdict import held_out, quality_line
+from tuner.answer.verdict import held_out, quality_line
 from tuner.tracking import render, report
 from tuner.tracking.console import ConsoleProgress
 from tuner.tracking.trackers import end_replay, make_tracker, start_replay
@@ -72,7 +74,10 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
         return launch(cfg, settings.name, say)
     for notice in settings.notices:
         say(notice)
+    settings, obtained = auto_profile(settings, phase)
     study, created = _open(settings)
+    if obtained is not None:
+        study.set_user_attr(PROFILE_USED, obtained.record())
     points = Points(settings, study, make_plan(settings, say))
     cost = SearchCost(settings, study, points, say)
     callbacks = Callbacks([ConsoleProgress(say, study, points.limit(), cost),
@@ -116,16 +121,20 @@ def work(settings: StudySettings, study: optuna.Study, points: Points, evaluator
     """One worker's trials: the cost said (refused over the cap before the first trial where a
     profile prices it, or after it), the profile's earlier verdict read, then the optimize loop
     (trial 0 first: ``AfterDefault`` checks the profile and ranks for search=predict)."""
+    ranker = evaluator.ranker()            # tuner.predict.ranker, or None (engine servers)
     refused = profile_refused(study)
-    if refused is not None and settings.profile is not None:
+    if refused is not None and settings.profile is not None and ranker is not None:
         say(f"{refused}: this study does not use it (checked against trial 0 earlier)")
-        evaluator.refuse_profile(refused)
+        ranker.refuse_profile(refused)
     guard(settings, study, evaluator, say)
     restore(points.plan, study)
     plan = points.plan
-    cost.announce(evaluator.vanilla_price(settings.profile) if refused is None else None)
-    after_default = AfterDefault(settings, study, plan, evaluator, cost, say)
-    objective = Objective(settings, evaluator, study, callbacks.prompt_measured, after_default)
+    cost.announce(ranker.vanilla_price(settings.profile)
+                  if ranker is not None and refused is None else None)
+    after_default = AfterDefault(settings, study, plan, ranker, cost, say,
+                                 remake=remake_profile(settings, study))
+    objective = Objective(settings, evaluator, study, callbacks.prompt_measured, after_default,
+                          ranker)
 
     def stop() -> str | None:
         after_default.stop()               # Ctrl-C caught in a ranking: raised after trial 0
@@ -138,7 +147,8 @@ def work(settings: StudySettings, study: optuna.Study, points: Points, evaluator
         # stored: rank here (what an interrupted ranking kept is not predicted again), go on
         restore(plan, study)
         if not plan.ranked:
-            plan_rank(plan, evaluator, study, say)
+            plan_rank(plan, ranker, study, say,
+                      [prompt for _, prompt in shared_order(settings)])
             study.set_user_attr(RANKING, plan.stored())
         reason = optimize(settings, study, points, objective, callbacks, say,
                           job_alive=job_alive_or_none, stop=stop)
@@ -147,6 +157,31 @@ def work(settings: StudySettings, study: optuna.Study, points: Points, evaluator
         reason = plan.refused
     if reason is not None:
         raise ConfigError(reason)
+
+
+def auto_profile(settings: StudySettings, phase: str) -> tuple[StudySettings, Any]:
+    """``search.profile=auto`` where no profile is cached: made now, before the models load for
+    the trials (``tuner.predict.cache.obtain``: said with its time, cached); the settings with
+    it, and what was obtained (None: the setting is not auto, or this phase measures nothing)."""
+    if settings.search.get("profile") != AUTO or phase not in ("all", "work"):
+        return settings, None
+    obtained = obtain(settings.models, thread_count(settings.threads), say,
+                      int(settings.search.get("profile_rounds", 5)))
+    return replace(settings, profile=obtained.profile), obtained
+
+
+def remake_profile(settings: StudySettings, study: optuna.Study) -> Callable[[], Any] | None:
+    """With ``search.profile=auto``: make the profile again (once, when it fails its check
+    against trial 0; ``tuner.study.ranking.AfterDefault``), recorded in the study; else None."""
+    if settings.search.get("profile") != AUTO:
+        return None
+
+    def remake() -> Any:
+        obtained = obtain(settings.models, thread_count(settings.threads), say,
+                          int(settings.search.get("profile_rounds", 5)), remake=True)
+        study.set_user_attr(PROFILE_USED, obtained.record())
+        return obtained.profile
+    return remake
 
 
 def quiet_third_parties() -> None:

@@ -40,16 +40,21 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
     the SLO (a key only where rates are measured; ``search.slo`` is read only there, so it is
     kept out of the ``search`` key and every older study keeps its name). ``search.profile`` only
     adds predictions beside the measurements: not a key either, except under ``search=predict``,
-    where it chooses which points are measured. ``search.predict_for`` (a prediction for
+    where it chooses which points are measured (``auto``, this machine's cached profile, is
+    recorded by file and date in the study instead; ``search.profile_rounds`` only sizes how it
+    is made: never a key). ``search.predict_for`` (a prediction for
     another machine) changes no measurement: never a key. ``search.race`` decides which points
     and how many prompts are measured, never how a measurement is made (as ``n_trials``): not a
     key, so a study made before racing resumes, raced from where it stands.
     """
     search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout", "slo",
                                                                    "profile", "predict_for",
-                                                                   "max_hours", "race")}
+                                                                   "max_hours", "race",
+                                                                   "profile_rounds")}
     if search.get("kind") == "predict":      # there the profile chooses the measured points:
         from pathlib import Path             # its content, not its path, is the identity
+        #                                      (auto: this machine's cached one, whose file and
+        #                                      date the study records: tuner.predict.cache)
         path = Path(str(search.get("profile")))
         search_keys["profile"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16] \
             if path.is_file() else str(path)

@@ -25,6 +25,8 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
     if kind not in SEARCH_KINDS:
         raise ConfigError(f"search.kind={kind!r} is unknown: allowed are {list(SEARCH_KINDS)}")
     integer("search.n_trials", search.get("n_trials"), 1, "an integer >= 1")
+    integer("search.profile_rounds", search.get("profile_rounds", 5), 1, "an integer >= 1 (the "
+            "timed rounds of a profile made here for search.profile=auto)")
     timeout = search.get("timeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not timeout > 0):
@@ -64,8 +66,9 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
     if kind == "predict":
         if not search.get("profile"):
             raise ConfigError("search.profile=None is invalid for search=predict: it ranks the "
-                              "grid by predicted speedup, so allowed is a hardware profile JSON "
-                              "(python -m tuner.profile --models <models> --out <file>)")
+                              "grid by predicted speedup, so allowed is auto (this machine's "
+                              "profile, made on first use and cached) or a hardware profile "
+                              "JSON (python -m tuner.profile --models <models> --out <file>)")
         if objectives not in (["auto"], ["speedup"]):
             raise ConfigError(f"search.objectives={objectives} is invalid for search=predict: it "
                               "ranks points by predicted paired speedup, so allowed is [auto] or "

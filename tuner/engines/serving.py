@@ -502,17 +502,11 @@ class ServerEvaluator:
         return out
 
 
-    def check_profile(self, pairs: Sequence[Paired]) -> None:
-        """Not checked against trial 0: an engine's surface is the engine's own step times at
-        each k (``tuner.predict.synthetic``), and each trial's per-level prediction is shown
-        beside its measurement."""
-        return None
-
-    def refuse_profile(self, line: str) -> None:
-        self.profile = None
-
-    def vanilla_price(self, profile: Any) -> None:
-        """Not priced before the first trial (the estimate comes from that trial)."""
+    def ranker(self) -> None:
+        """No ranker: an engine's surface is the engine's own step times at each k
+        (``tuner.predict.synthetic``), not checked against trial 0 nor priced before the first
+        trial (the search's estimate comes from that trial); each trial's per-level prediction
+        is shown beside its measurement (``extra_summary``)."""
         return None
 
 

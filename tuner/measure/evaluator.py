@@ -176,18 +176,12 @@ class Evaluator(Protocol):
     def assess(self, pairs: Sequence[Paired]) -> Evaluation:
         """Summarise ``pairs`` (quality and perplexity are scored here, outside timing)."""
 
-    def check_profile(self, pairs: Sequence[Paired]) -> Any:
-        """``search.profile`` against the default's measured ``pairs`` (trial 0): a
-        ``tuner.predict.check.VanillaCheck``, or None where this engine's profile is not
-        checked this way."""
-
-    def refuse_profile(self, line: str) -> None:
-        """Stop predicting by ``search.profile`` (it failed its check: ``line`` says why)."""
-
-    def vanilla_price(self, profile: Any) -> list[float] | None:
-        """``profile``'s price of the baseline's generation on each tuning prompt, in seconds
-        (what a search's cost is estimated from before its first trial), or None where this
-        engine's profile does not price it."""
+    def ranker(self) -> Any:
+        """The ranker on this evaluator's loaded models (``tuner.predict.ranker.Ranker``: the
+        profile's check and price, ``search=predict``'s ranking, each trial's prediction), or
+        None where this engine's points are not ranked so (an engine server predicts each
+        trial per level from its own surface, in ``extra_summary``); asked after ``open``."""
+        return None
 
     def speculative_base(self, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """The fixed entries of a speculative config for ``params`` (method, draft model, every

@@ -9,7 +9,7 @@ measured on the same batches at the same level:
     token, the number one user of that server feels);
   * ``<figure>_lcb@c<c>``: the one-sided 95 % lower confidence bound of ``speedup``,
     ``decode_speedup`` (over the requests) and ``throughput_ratio`` (over the batches), which the
-    level's decision reads (``tuner.study.decide``);
+    level's decision reads (``tuner.answer.decide``);
   * ``decode_speedup@c<c>``: the same of the decode phase alone (the server's own decode time
     per token after the first; the prefill left out);
   * ``tpot_ms@c<c>`` / ``vanilla_tpot_ms@c<c>``: the server's own decode time per output token

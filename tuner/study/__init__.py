@@ -1,2 +1,2 @@
 """A study as Optuna sees it: settings, storage, the points trials hold, the objective and the
-optimize loop, and the finish step."""
+optimize loop (the answer, once the trials are in, is ``tuner.answer``)."""

@@ -10,6 +10,8 @@ The objective records on the trial what the report reads later (summary keys, co
 feasibility, drift, contention) and sets the quality constraints with ``Trial.set_constraint``.
 ``after_default(trial, pairs)`` runs once the default (stage ``default``, trial 0) is measured,
 before its assessment (``tuner.study.ranking``: the profile's check, search=predict's ranking).
+With a ranker (``tuner.predict.ranker``; the in-process engine's), each trial's prediction by the
+profile (``search.profile``, ``search.predict_for``) is added to its summary after assessment.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Evaluation, Evaluator, Paired
+    from tuner.predict.ranker import Ranker
     from tuner.study.settings import StudySettings
     from tuner.tasks.task import Prompt
-
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,10 @@ class Objective:
 
     def __init__(self, settings: StudySettings, evaluator: Evaluator, study: optuna.Study,
                  progress: Callable[[optuna.Trial, int, int, Paired], None],
-                 after_default: Callable[[optuna.Trial, list[Paired]], None] | None = None
-                 ) -> None:
+                 after_default: Callable[[optuna.Trial, list[Paired]], None] | None = None,
+                 ranker: Ranker | None = None) -> None:
         self.settings, self.evaluator, self.study = settings, evaluator, study
-        self.progress, self.after_default = progress, after_default
+        self.progress, self.after_default, self.ranker = progress, after_default, ranker
         # one per-request speedup objective: each pair's value is reported to the pruner
         self.fed = settings.objectives[0] if list(settings.objectives) in (
             ["speedup"], ["decode_speedup"]) else None
@@ -115,7 +117,10 @@ class Objective:
         if not pruned and self.after_default is not None and \
                 trial.user_attrs.get("stage") == "default":
             self.after_default(trial, pairs)
-        result = self._record(trial, self.evaluator.assess(pairs))
+        evaluation = self.evaluator.assess(pairs)
+        if self.ranker is not None:     # search.profile / predict_for: the trial's prediction
+            evaluation.summary.update(self.ranker.trial_prediction(params, pairs))
+        result = self._record(trial, evaluation)
         if pruned:
             TrialRecord(pruned_at=len(pairs)).write(trial)
             raise Pruned(result, len(pairs))

@@ -10,8 +10,8 @@ hardware profile against it and, for ``search=predict``, rank the grid by that p
     making the profile again (a few minutes).
   * ``search=predict``: the ranking's cost is estimated again with trial 0's measured method time
     (``tuner.study.cost``) and refused over the cap; then every point is predicted
-    (``evaluator.rank_points``), ranked, and the ranking stored in the study (``RANKING``)
-    before trial 0 is told complete. Other workers wait for it (the plan says WAIT while trial 0
+    (``tuner.predict.ranker.Ranker.rank_points``), ranked, and the ranking stored in the study
+    (``RANKING``) before trial 0 is told complete. Other workers wait for it (the plan says WAIT while trial 0
     runs) and a resumed study restores it (``restore``): neither ranks again. If this worker dies
     while ranking, trial 0 is re-queued by the reaper and whoever measures it again ranks.
     The ranking keeps its predictions in the study as it goes (``PARTIAL`` chunks, every
@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from tuner.config.errors import ConfigError
 from tuner.search.plans import point_key
 from tuner.study.cost import RANKING_S
 from tuner.study.objective import shared_order
@@ -31,7 +32,8 @@ from tuner.study.objective import shared_order
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.measure.evaluator import Evaluator, Paired
+    from tuner.measure.evaluator import Paired
+    from tuner.predict.ranker import Ranker
     from tuner.study.cost import SearchCost
     from tuner.study.settings import StudySettings
 
@@ -57,24 +59,36 @@ def profile_refused(study: optuna.Study) -> str | None:
 
 
 class AfterDefault:
-    """``Objective``'s ``after_default`` hook (module docstring)."""
+    """``Objective``'s ``after_default`` hook (module docstring), on the evaluator's ranker
+    (``tuner.run`` hands it in; None for an engine server: nothing to check or rank here).
+
+    It runs inside trial 0, before trial 0 is told complete, and not as a step of its own
+    after it, because of several workers: while trial 0 runs, the others wait for the ranking
+    (the plan says WAIT), and if this worker dies while ranking, the reaper re-queues trial 0
+    and whoever measures it again ranks; a ranking after trial 0's tell would leave a dead
+    ranker's study waiting with no trial to re-queue."""
 
     def __init__(self, settings: StudySettings, study: optuna.Study, plan: Any,
-                 evaluator: Evaluator, cost: SearchCost, say: Callable[[str], None]) -> None:
+                 ranker: Ranker | None, cost: SearchCost, say: Callable[[str], None],
+                 remake: Callable[[], Any] | None = None) -> None:
+        """``remake``: ``search.profile=auto``'s way to make the profile again, once, where it
+        fails its check against trial 0 (then it is checked again: failed twice, refused)."""
         self.settings, self.study, self.plan = settings, study, plan
-        self.evaluator, self.cost, self.say = evaluator, cost, say
+        self.ranker, self.cost, self.say, self.remake = ranker, cost, say, remake
         self.interrupted = False        # Ctrl-C during the ranking: trial 0 ends, then the stop
 
     def __call__(self, trial: optuna.Trial, pairs: Sequence[Paired]) -> None:
         record = self.check_profile(pairs)
         restore(self.plan, self.study)
-        if self.plan is None or not self.plan.needs_ranking or self.plan.ranked:
+        if self.plan is None or not self.plan.needs_ranking or self.plan.ranked or \
+                self.ranker is None:
             return
         if record is not None and record.get("ok") is False:
+            again = " (made again once already)" if self.remake is not None else ""
             self.plan.refuse(
-                f"search=predict stops after trial 0: {record['line']}; ranking by it would "
-                "misprice every point. Make the profile again on a quiet machine (python -m "
-                "tuner.profile; check uptime first), or measure the same points with "
+                f"search=predict stops after trial 0: {record['line']}{again}; ranking by it "
+                "would misprice every point. Make the profile again on a quiet machine (python "
+                "-m tuner.profile; check uptime first), or measure the same points with "
                 "search=grid")
         else:
             # an untimed run per point: the method's side of trial 0 (one request at a time)
@@ -84,7 +98,7 @@ class AfterDefault:
             else:
                 began = time.perf_counter()
                 try:
-                    rank(self.plan, self.evaluator, self.study, self.say,
+                    rank(self.plan, self.ranker, self.study, self.say,
                          [prompt for _, prompt in shared_order(self.settings)])
                 except KeyboardInterrupt:
                     self.interrupted = True      # trial 0 is kept; the study stops after it
@@ -105,20 +119,30 @@ class AfterDefault:
         """The profile's check against this trial 0 (stored; said in one line), or the stored
         one where a trial 0 measured earlier was checked already."""
         s = self.settings
-        if s.profile is None:
+        if s.profile is None or self.ranker is None:
             return None
         stored = self.study.user_attrs.get(PROFILE_CHECK)
         if stored is not None:
             return stored
         name = f"search.profile={s.search.get('profile')}"
         try:
-            check = self.evaluator.check_profile(pairs)
+            check = self.ranker.check_profile(pairs)
         except Exception as err:          # noqa: BLE001 - a check never fails the trial
             self.say(f"profile check failed ({type(err).__name__}: {err}): {name} is used "
                      "unchecked")
             return None
         if check is None:
             return None
+        if not check.ok and self.remake is not None:
+            self.say(f"{check.line(name)}: making the profile again, once")
+            try:
+                self.ranker.profile = self.remake()
+            except ConfigError as err:        # flagged twice, or a loaded machine: said
+                self.say(str(err))
+            else:
+                check = self.ranker.check_profile(pairs)
+                if check is None:
+                    return None
         record = {**check.to_json(), "line": check.line(name)}
         self.study.set_user_attr(PROFILE_CHECK, record)
         if check.ok:
@@ -126,14 +150,14 @@ class AfterDefault:
         else:
             self.say(f"{record['line']}: this study does not use it (no trial records a "
                      "prediction by it); make it again on a quiet machine")
-            self.evaluator.refuse_profile(record["line"])
+            self.ranker.refuse_profile(record["line"])
         return record
 
 
-def rank(plan: Any, evaluator: Evaluator, study: optuna.Study,
+def rank(plan: Any, ranker: Ranker, study: optuna.Study,
          say: Callable[[str], None], prompts: Sequence[Any]) -> float:
     """``search=predict``: every grid point's predicted speedup on ``prompts`` (the study's
-    shared order, ``tuner.study.objective.shared_order``) by ``evaluator.rank_points`` (what an
+    shared order, ``tuner.study.objective.shared_order``) by ``ranker.rank_points`` (what an
     interrupted ranking of this study kept is not predicted again, and what is predicted now
     is kept as it goes), ranked; says which points the plan will measure; returns the seconds
     it took."""
@@ -165,7 +189,7 @@ def rank(plan: Any, evaluator: Evaluator, study: optuna.Study,
             flush()
     start = time.perf_counter()
     try:
-        predicted, cut = evaluator.rank_points(plan.points, prompts, known, keep)
+        predicted, cut = ranker.rank_points(plan.points, prompts, known, keep)
     finally:
         flush()
     chosen = plan.rank(predicted, cut)

@@ -30,6 +30,7 @@ from tuner.measure.evaluator import MeasureSettings, MethodView
 from tuner.measure.hygiene import DEFAULT_WINDOW_S
 from tuner.measure.quality import QualityBound
 from tuner.measure.rates import Traffic
+from tuner.predict.cache import AUTO
 from tuner.search.objectives import ENERGY, PERPLEXITY, better_first, directions
 from tuner.study.storage import journal_path
 from tuner.tasks.task import Prompt, Task
@@ -160,7 +161,9 @@ class StudySettings(MethodView):
         traffic = Traffic(tuple(float(r) for r in budget_cfg.get("request_rate") or ()),
                           int(budget_cfg.get("requests_per_rate", 8)), search.get("slo"))
         profile = None
-        if search.get("profile"):          # one line for a profile of other models or engine
+        if search.get("profile") == AUTO:  # this machine's, cached; made in the run if none
+            profile = auto_profile(engine_object, plain(cfg.models), threads)
+        elif search.get("profile"):        # one line for a profile of other models or engine
             from tuner.predict.surface import load_profile
             profile = load_profile(str(search["profile"]), models=plain(cfg.models),
                                    engine=engine_object.name, setting="search.profile")
@@ -226,6 +229,19 @@ class StudySettings(MethodView):
             min_held_out_prompts=int(cfg.get("min_held_out_prompts", 3)), traffic=traffic,
             profile=profile, predict_for=predict_for, control=control_settings(cfg),
             bound_slack=bound_slack(cfg))
+
+
+def auto_profile(engine: Engine, models: Mapping[str, Any], threads: Any) -> Any:
+    """``search.profile=auto``: the profile cached for these models, this machine, engine and
+    thread count (``tuner.predict.cache``), or None: the run makes it before the models load
+    (``tuner.run``). Our own loops only: an engine server's profile is made by ``python -m
+    tuner.profile --engine <kind>`` (one line)."""
+    if not engine.own_loops:
+        raise ConfigError(f"search.profile=auto is invalid for engine={engine.name}: a profile "
+                          "is made here on first use for our own loops only; allowed is a "
+                          f"profile file (python -m tuner.profile --engine {engine.name} ...)")
+    from tuner.predict.cache import Key, cached, thread_count
+    return cached(Key.here(models, thread_count(threads)))
 
 
 def bound_slack(cfg: DictConfig) -> float:

@@ -21,7 +21,7 @@ import optuna
 from omegaconf import OmegaConf
 
 from tuner.study.callbacks import Callback, StudyResult
-from tuner.study.outcome import StudyOutcome
+from tuner.answer.outcome import StudyOutcome
 from tuner.study.record import FIGURES
 from tuner.tracking.report import plots_html, plots_png, summary_rows
 

@@ -13,7 +13,7 @@ import optuna
 
 from tuner.measure.figures import split_level
 from tuner.study.record import TrialRecord
-from tuner.study.verdict import held_out, quality_line, relative, verdict_key
+from tuner.answer.verdict import held_out, quality_line, relative, verdict_key
 
 
 def describe(settings, created: bool, limit: int) -> str:

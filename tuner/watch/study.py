@@ -1,5 +1,5 @@
 """The study a deployment came from, as the watch reads it: its ``outcome.json`` through the typed
-reader beside its writer (``tuner.study.outcome.read_outcome``: the decisions, the winner's
+reader beside its writer (``tuner.answer.outcome.read_outcome``: the decisions, the winner's
 parameters, the deployed launch line, the winner's acceptance per position, the profile's
 calibration) and the best YAML beside it (the models, sampling, levels and config choices a
 re-tune repeats). The deployed k is the winner's draft size as the engine declares it
@@ -22,7 +22,7 @@ from decoding.acceptance import variance_of
 from tuner.config.errors import ConfigError
 from tuner.engines import ENGINES, engine_named
 from tuner.engines.servers import ServerEngine
-from tuner.study.outcome import StudyOutcome, read_outcome
+from tuner.answer.outcome import StudyOutcome, read_outcome
 
 BEST_DIR = Path("studies") / "best"
 DEFAULT_MARGIN = 0.10        # the least predicted gain worth a switch without a calibration

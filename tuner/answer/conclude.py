@@ -1,5 +1,5 @@
-"""From a confirmed winner to the ``StudyOutcome`` (``tuner.study.outcome``): every decision
-made once (``tuner.study.decide``), the deploy answer as nested data (the evaluator's launch line
+"""From a confirmed winner to the ``StudyOutcome`` (``tuner.answer.outcome``): every decision
+made once (``tuner.answer.decide``), the deploy answer as nested data (the evaluator's launch line
 and request, per level and per rate as decided, the schedule forms prediction wrote), what
 prediction added, the summary's head rows, notes and the replay body of the best YAML. Nothing
 here writes or prints: the renderers do (``tuner.tracking.render``)."""
@@ -13,16 +13,16 @@ from optuna.trial import FrozenTrial
 
 from tuner.predict.predict import summary_line
 from tuner.search.space import active_params
-from tuner.study import decide
+from tuner.answer import decide
 from tuner.study.guard import CONTROL, OVERRIDE
 from tuner.study.level_plan import level_schedule
 from tuner.study.level_plan import rows as level_plan_rows
-from tuner.study.notes import compare_previous, study_notes, time_line, trials_table
-from tuner.study.outcome import Decision, Prediction, StudyOutcome, Winner
-from tuner.study.predicted import predict_elsewhere, prediction_calibration
+from tuner.answer.notes import compare_previous, study_notes, time_line, trials_table
+from tuner.answer.outcome import Decision, Prediction, StudyOutcome, Winner
+from tuner.answer.predicted import predict_elsewhere, prediction_calibration
 from tuner.study.record import TrialRecord
 from tuner.study.trials import completed, trial_params
-from tuner.study.verdict import verdict_key
+from tuner.answer.verdict import verdict_key
 
 if TYPE_CHECKING:
     import optuna
@@ -35,7 +35,7 @@ def conclude(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
              winner: FrozenTrial, confirmed: Mapping[str, float],
              say: Callable[[str], None]) -> StudyOutcome:
     """The winner and its held-out confirmation (``confirmed``) into one ``StudyOutcome``, with
-    every decision made once (``tuner.study.decide``)."""
+    every decision made once (``tuner.answer.decide``)."""
     params = trial_params(settings, winner)
     best = {"trial": winner.number, "value": winner.values[0], "trials": len(completed(study)),
             "run_id": winner.user_attrs.get("mlflow_run_id")}

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import optuna
 
     from tuner.measure.evaluator import Evaluator
+    from tuner.predict.ranker import Ranker
     from tuner.study.settings import StudySettings
 
 
@@ -72,9 +73,10 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
     say(f"search.predict_for: predicting {len(points)} points of the {ranges} grid"
         f"{f' (its first {most})' if cut else ''}, the default and the winner "
         f"for {profile.machine} ...")
-    replayed = evaluator.acceptance_points(points)
+    ranker = evaluator.ranker()
+    replayed = ranker.acceptance_points(points)
     one = profile.at_batch(1)
-    predicted = [float("-inf") if g is None else evaluator.price(g, one).speedup
+    predicted = [float("-inf") if g is None else ranker.price(g, one).speedup
                  for g in replayed]
     by_key = {point_key(p): v for p, v in zip(points, predicted)}
     best = max(range(len(points)), key=lambda i: predicted[i])
@@ -93,13 +95,13 @@ def predict_elsewhere(settings: StudySettings, evaluator: Evaluator, params: Map
     out = {"line": line, "machine": profile.machine, "kind": profile.kind,
            "params": dict(points[best]), "speedup": predicted[best],
            "winner_speedup": by_key[point_key(winner)]}
-    schedule = batch_schedule(settings, evaluator, profile, winner, points, replayed)
+    schedule = batch_schedule(settings, ranker, profile, winner, points, replayed)
     if schedule is not None:
         out["schedule"] = schedule
     return out
 
 
-def batch_schedule(settings: StudySettings, evaluator: Evaluator, profile: Any,
+def batch_schedule(settings: StudySettings, ranker: Ranker, profile: Any,
                    winner: Mapping[str, Any], points: list, replayed: list) -> Any:
     """The schedule of ``num_draft_tokens`` over the profile's batch sizes, the winner's other
     parameters held (``tuner.predict.schedule.plan``); None with one batch size or without
@@ -120,6 +122,6 @@ def batch_schedule(settings: StudySettings, evaluator: Evaluator, profile: Any,
         if (k, batch) not in cache:
             if batch not in at:
                 at[batch] = profile.at_batch(batch)
-            cache[k, batch] = evaluator.price(by_k[k], at[batch]).speedup
+            cache[k, batch] = ranker.price(by_k[k], at[batch]).speedup
         return cache[k, batch]
     return plan(speedup, sorted(by_k), sizes)

@@ -4,8 +4,8 @@
      was measured while the machine was busy is re-measured on the tuning prompts before it can
      win (``contention``), so no winner rests on a contended measurement alone;
   2. the winner against vanilla on held-out prompts the search never saw (interleaved);
-  3. every decision made once (``tuner.study.decide``: per level, per rate, the
-     recommendation) into one ``StudyOutcome`` (``tuner.study.outcome``), with the deploy answer
+  3. every decision made once (``tuner.answer.decide``: per level, per rate, the
+     recommendation) into one ``StudyOutcome`` (``tuner.answer.outcome``), with the deploy answer
      as data and what prediction added;
   4. the outcome handed to ``publish`` (``tuner.tracking.render.publish``, from ``tuner.run``):
      ``studies/best/<study>.yaml`` and ``<study>.outcome.json``, the summary on the terminal,
@@ -31,10 +31,10 @@ from tuner.measure.figures import parse
 from tuner.measure.quality import feasible
 from tuner.search.objectives import objective_values
 from tuner.search.racing import tie_break
-from tuner.study.conclude import conclude
+from tuner.answer.conclude import conclude
 from tuner.study.cost import record_seconds
-from tuner.study.notes import study_notes
-from tuner.study.outcome import StudyOutcome
+from tuner.answer.notes import study_notes
+from tuner.answer.outcome import StudyOutcome
 from tuner.study.record import TrialRecord
 from tuner.study.trials import completed, failure_reason, ranked, trial_params
 

@@ -1,6 +1,6 @@
 """``StudyOutcome``: what a finished study concluded, as one typed record.
 
-The finish step (``tuner.study.finish``) makes every decision once, from the study's data, and
+The finish step (``tuner.answer.finish``) makes every decision once, from the study's data, and
 returns this record; the summary table, the console, the MLflow parent run, the best YAML and
 ``outcome.json`` only *render* it (``tuner.tracking.render``). Nothing reads a decision back from
 text.

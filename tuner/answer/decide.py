@@ -1,4 +1,4 @@
-"""The finish step's decisions, each made once from the study's data (``tuner.study.outcome``),
+"""The finish step's decisions, each made once from the study's data (``tuner.answer.outcome``),
 all by the study's one objective.
 
 Per concurrency level (engine servers) the figure is the objective's at that level
@@ -22,7 +22,7 @@ the figure at that level. The rule, for each:
 
 The recommendation (``recommendation``) is read from these decisions where the study has any
 (engines): one clause per level and rate, so it can never say both "use vanilla" and ON for the
-same place; in process it is ``tuner.study.verdict.recommendation`` by the same rule. A study of
+same place; in process it is ``tuner.answer.verdict.recommendation`` by the same rule. A study of
 ``method=vanilla`` is an A/A control of its path: it never recommends vanilla over itself.
 """
 
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tuner.measure.bounds import credible
 from tuner.measure.figures import level_key, rate_key, rate_text, split_level
 from tuner.search.space import active_params
-from tuner.study import verdict
-from tuner.study.outcome import Decision, State
+from tuner.answer import verdict
+from tuner.answer.outcome import Decision, State
 from tuner.study.record import TrialRecord
 from tuner.study.trials import completed, trial_params
 

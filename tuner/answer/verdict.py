@@ -5,7 +5,7 @@ held-out speedup beats vanilla beyond the noise: its one-sided 95 % lower confid
 (``held_out_<key>_lcb``, ``tuner.measure.control.lower_bound``) above 1 plus the A/A control's
 bias (``margin``). ``self_control``: a study of vanilla against itself, which never recommends
 vanilla over itself. Engine studies recommend from their per-level decisions
-(``tuner.study.decide``)."""
+(``tuner.answer.decide``)."""
 
 from __future__ import annotations
 
