@@ -19,7 +19,8 @@ from optuna.trial import TrialState
 from tests.conftest import SIDE_BY_SIDE, compose_cfg, load_study, run_study
 from tests.helpers.services import require_llama_server, require_vllm
 from tuner.config.errors import MeasurementRefused
-from tuner.measure.control import ControlReport, ControlRow, Interval, t_quantile
+from tuner.measure.control import ControlReport, ControlRow
+from tuner.measure.intervals import Interval, t_quantile
 
 pytestmark = pytest.mark.usefixtures("in_tmp")
 QUICK = ["task.n_prompts=3", "task.n_held_out=3", "task.max_new_tokens=24", "warmup_prompts=1",

@@ -14,7 +14,7 @@ from tuner.measure.evaluator import Paired
 from tuner.measure.levels import level_summary, throughput, tpot_ms
 from tuner.measure.measurement import Measurement, paired_decode_speedup
 from decoding.acceptance import AcceptanceCounts
-from tuner.measure.control import lower_bound
+from tuner.measure.intervals import lower_bound
 
 
 def run(tokens, wall_s, level=1, batch_wall_s=None, speedup=None, decode_s=None, steps=1,

@@ -58,9 +58,9 @@ def test_a_cached_profile_of_other_threads_or_models_is_not_used(cache):
     from tuner.predict.cache import Key, cached
     models = {"target": {"kind": "tiny", "seed": 0}, "draft": {"kind": "early_exit",
                                                                "num_layers": 1}}
-    one, two = Key.here(models, 1), Key.here(models, 2)
+    one, two = Key.here(models, "hf", 1), Key.here(models, "hf", 2)
     assert one.path() != two.path()
-    other = Key.here({**models, "draft": None}, 1)
+    other = Key.here({**models, "draft": None}, "hf", 1)
     assert other.path() != one.path()
     assert cached(one) is None                   # nothing cached yet
     one.path().parent.mkdir(parents=True)
@@ -80,20 +80,21 @@ def test_a_flagged_profile_is_made_again_once_then_refused(tmp_path, cache):
     models = {"target": {"kind": "tiny", "seed": 0}, "draft": None}
     made, lines = [], []
 
-    def always_flagged(models, threads, repeats, say):
+    def always_flagged(models, engine, threads, repeats, say):
         made.append(repeats)
         return flagged
     with pytest.raises(ConfigError) as err:
-        obtain(models, 1, lines.append, repeats=2, measure=always_flagged)
+        obtain(models, "hf", 1, lines.append, repeats=2, measure=always_flagged)
     assert made == [2, 2] and "\n" not in str(err.value)
     assert "search.profile=auto: the profile made here was flagged twice" in str(err.value)
     assert any("making it again once" in line for line in lines)
     assert not list(cache.glob("*.json"))        # nothing cached
 
-    def flagged_then_clean(models, threads, repeats, say):
+    def flagged_then_clean(models, engine, threads, repeats, say):
         made.append(repeats)
         return flagged if len(made) == 3 else clean
-    got = obtain(models, 1, lines.append, repeats=2, measure=flagged_then_clean)
+    got = obtain(models, "hf", 1, lines.append, repeats=2,
+                 measure=flagged_then_clean)
     assert got.made_now and got.path.is_file() and not got.profile.flags and len(made) == 4
 
 

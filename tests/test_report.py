@@ -37,7 +37,7 @@ def test_a_win_on_enough_prompts_is_recommended_with_its_spread():
 def test_a_win_inside_the_noise_is_not_recommended():
     """1.02x on three prompts whose lower bound is below 1 (the A/A finding of vanilla against
     itself: 1.007, 1.077, 0.953): keep vanilla; an A/A control's bias raises the bar."""
-    from tuner.measure.control import lower_bound
+    from tuner.measure.intervals import lower_bound
     values = [1.007, 1.077, 0.953]
     lcb = lower_bound(values)
     assert lcb < 1.0

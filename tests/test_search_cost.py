@@ -1,4 +1,4 @@
-"""A search's cost is said before it starts, refined as it runs and capped (tuner.study.cost);
+"""A search's cost is said before it starts, refined as it runs and capped (tuner.search.cost);
 search=predict's ranking is stored in the study, so a resumed study does not rank again."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ENV, SIDE_BY_SIDE
 from tuner.config.errors import ConfigError
-from tuner.study.cost import Estimate, duration
+from tuner.search.cost import Estimate, duration
 
 
 def test_an_estimate_by_hand():

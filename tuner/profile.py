@@ -439,7 +439,7 @@ def make_profile(models: dict, args: argparse.Namespace, say=print,
     (``tuner.predict.cache.measure_loops_profile``, which ``search.profile=auto`` uses too)."""
     from tuner.predict.cache import measure_loops_profile
     return measure_loops_profile(
-        models, args.threads, args.repeats, say=say, between_rounds=between_rounds,
+        models, DEFAULT, args.threads, args.repeats, say=say, between_rounds=between_rounds,
         contexts=tuple(args.contexts or ()), rows=tuple(args.rows or ()),
         draft_rows=tuple(args.draft_rows or ()), prefill=tuple(args.prefill or ()))
 

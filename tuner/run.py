@@ -4,9 +4,9 @@
     prepare   create the study (trial 0 = the method's default, once) or resume it (refused if
               its fingerprint differs); the MLflow parent run
     work      the evaluator opens (models load); the search's cost is said (and capped:
-              tuner.study.cost); the optimize loop runs trials until the search is done
+              tuner.search.cost); the optimize loop runs trials until the search is done
               (tuner.study.optimize), the default first: the hardware profile is checked
-              against it, and search=predict ranks after it (tuner.study.ranking)
+              against it, and search=predict ranks after it (tuner.search.ranking)
     finish    the winner, its held-out confirmation, the best YAML and the summary
               (tuner.answer.finish)
 
@@ -34,15 +34,15 @@ from tuner.measure.timing import Timer, time_generation
 from tuner.predict.cache import AUTO, PROFILE_USED, obtain, thread_count
 from tuner.search.pruners import PairedPruner
 from tuner.study.callbacks import Callbacks
-from tuner.study.cost import SearchCost, record_seconds
+from tuner.search.cost import SearchCost, record_seconds
 from tuner.answer.finish import confirm, held_out_record, measure
 from tuner.study.guard import guard
 from tuner.answer.finish import finish as finish_study
 from tuner.study.objective import Objective, shared_order
 from tuner.study.optimize import optimize
-from tuner.study.points import Points, make_plan
-from tuner.study.ranking import RANKING, AfterDefault, profile_refused, restore
-from tuner.study.ranking import rank as plan_rank
+from tuner.search.points import Points, make_plan
+from tuner.search.ranking import RANKING, AfterDefault, profile_refused, restore
+from tuner.search.ranking import rank as plan_rank
 from tuner.study.settings import StudySettings
 from tuner.study.storage import make_storage, open_study
 from tuner.answer.verdict import held_out, quality_line
@@ -165,19 +165,21 @@ def auto_profile(settings: StudySettings, phase: str) -> tuple[StudySettings, An
     it, and what was obtained (None: the setting is not auto, or this phase measures nothing)."""
     if settings.search.get("profile") != AUTO or phase not in ("all", "work"):
         return settings, None
-    obtained = obtain(settings.models, thread_count(settings.threads), say,
+    obtained = obtain(settings.models, settings.engine_object.name,
+                      thread_count(settings.threads), say,
                       int(settings.search.get("profile_rounds", 5)))
     return replace(settings, profile=obtained.profile), obtained
 
 
 def remake_profile(settings: StudySettings, study: optuna.Study) -> Callable[[], Any] | None:
     """With ``search.profile=auto``: make the profile again (once, when it fails its check
-    against trial 0; ``tuner.study.ranking.AfterDefault``), recorded in the study; else None."""
+    against trial 0; ``tuner.search.ranking.AfterDefault``), recorded in the study; else None."""
     if settings.search.get("profile") != AUTO:
         return None
 
     def remake() -> Any:
-        obtained = obtain(settings.models, thread_count(settings.threads), say,
+        obtained = obtain(settings.models, settings.engine_object.name,
+                          thread_count(settings.threads), say,
                           int(settings.search.get("profile_rounds", 5)), remake=True)
         study.set_user_attr(PROFILE_USED, obtained.record())
         return obtained.profile

@@ -145,7 +145,7 @@ def acceptance(confirmed: Mapping[str, float]) -> dict[str, Any]:
 
 
 def search_cost(study: optuna.Study) -> dict[str, Any]:
-    """What the search was estimated to cost (``tuner.study.cost``) and what each phase spent,
+    """What the search was estimated to cost (``tuner.search.cost``) and what each phase spent,
     summed over the runs of this study (seconds)."""
     spent = study.user_attrs.get("phase_seconds") or {}
     return {"estimates": study.user_attrs.get("estimates") or {},

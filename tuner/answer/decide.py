@@ -13,7 +13,7 @@ the figure at that level. The rule, for each:
 * NOT_CONFIRMED without held-out figures there, or on fewer than ``min_held_out_prompts``;
 * OFF where the held-out winner broke the quality bound, or did not beat vanilla beyond the
   noise: its held-out ratio there must exceed 1 + the A/A control's bias (``margin``) with its
-  one-sided 95 % lower confidence bound (``*_lcb``: ``tuner.measure.control.lower_bound``), or,
+  one-sided 95 % lower confidence bound (``*_lcb``: ``tuner.measure.intervals.lower_bound``), or,
   where no bound can be computed (a rate's percentiles, one prompt), by ``STATED_MARGIN``; and
   no more of it counts than its tokens per decode step allow (``credible``: a setting that
   accepted nothing on the held-out prompts is never ON, however fast its server process ran:

@@ -32,7 +32,7 @@ from tuner.measure.quality import feasible
 from tuner.search.objectives import objective_values
 from tuner.search.racing import tie_break
 from tuner.answer.conclude import conclude
-from tuner.study.cost import record_seconds
+from tuner.search.cost import record_seconds
 from tuner.answer.notes import study_notes
 from tuner.answer.outcome import StudyOutcome
 from tuner.study.record import TrialRecord

@@ -12,7 +12,7 @@ from tuner.engines.base import Engine
 from tuner.search.plans import point_key
 from tuner.study.guard import CONTROL, OVERRIDE, SKIPPED
 from tuner.study.holding import held_point
-from tuner.study.ranking import RACE_STOPPED, RANKING
+from tuner.search.ranking import RACE_STOPPED, RANKING
 from tuner.study.record import TrialRecord
 from tuner.study.trials import completed, counts, failure_reason, trial_params
 
@@ -105,8 +105,8 @@ def study_notes(settings: StudySettings, study: optuna.Study, confirmed: Mapping
 
 def time_line(study: optuna.Study) -> str:
     """Where the search's time went (``phase_seconds``, summed over runs of this study) and what
-    was estimated after its first trial (``tuner.study.cost``)."""
-    from tuner.study.cost import duration
+    was estimated after its first trial (``tuner.search.cost``)."""
+    from tuner.search.cost import duration
     phases = {k: sum(v) for k, v in (study.user_attrs.get("phase_seconds") or {}).items()}
     ranking = sum(float(t.user_attrs.get("ranking_s") or 0) for t in
                   study.get_trials(deepcopy=False))

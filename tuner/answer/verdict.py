@@ -2,7 +2,7 @@
 as the held-out evidence supports (``recommendation``), judged by the held-out speedup of the
 kind the winner was chosen by (``verdict_key``). A setting is recommended only where its
 held-out speedup beats vanilla beyond the noise: its one-sided 95 % lower confidence bound
-(``held_out_<key>_lcb``, ``tuner.measure.control.lower_bound``) above 1 plus the A/A control's
+(``held_out_<key>_lcb``, ``tuner.measure.intervals.lower_bound``) above 1 plus the A/A control's
 bias (``margin``). ``self_control``: a study of vanilla against itself, which never recommends
 vanilla over itself. Engine studies recommend from their per-level decisions
 (``tuner.answer.decide``)."""

@@ -18,75 +18,25 @@ and per request rate (TPOT, TTFT, end to end, request by request of the same sch
     bound     the interval holds 1.00, and where ``MANY`` or more requests were measured the
               ratio is within ±``TOLERANCE`` as well
 
-``log_interval`` and ``lower_bound`` are the one place such intervals are computed (the study's
-recommendation reads ``lower_bound`` of the held-out ratios).
+The intervals themselves (``log_interval``, ``lower_bound``) are computed in one place,
+``tuner.measure.intervals`` (the study's recommendation reads ``lower_bound`` of the held-out
+ratios).
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from tuner.measure.figures import rate_text
+from tuner.measure.intervals import CONFIDENCE, MANY, TOLERANCE, Interval, log_interval
 
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Paired
     from tuner.measure.traffic import StreamedRequest
 
-CONFIDENCE = 0.99          # the control's two-sided interval
-TOLERANCE = 0.03           # |ratio - 1| allowed once MANY requests were measured
-MANY = 6
 FIGURES = (("speedup", "end to end"), ("decode_speedup", "decode phase"),
            ("ttft_ratio", "time to first token"))
-
-
-def t_quantile(probability: float, freedom: int) -> float:
-    """Student's t quantile (scipy)."""
-    from scipy.stats import t
-    return float(t.ppf(probability, freedom))
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A ratio's geometric mean over ``n`` paired values and its interval."""
-
-    ratio: float
-    low: float
-    high: float
-    n: int
-    log_sd: float            # the sample sd of the values' logs (0.0 for one value)
-
-    def within(self, tolerance: float = TOLERANCE, many: int = MANY) -> bool:
-        """1.00 inside the interval, and within ±tolerance where ``many`` values were paired."""
-        held = self.low <= 1.0 <= self.high
-        return held and (self.n < many or abs(self.ratio - 1.0) <= tolerance)
-
-    def text(self) -> str:
-        return f"{self.ratio:.3f}x ({self.low:.3f}-{self.high:.3f}, {self.n})"
-
-
-def log_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """The geometric mean of ``values`` (ratios > 0) and a two-sided t interval of their logs;
-    with one value the interval is unbounded (nothing is known of its noise)."""
-    logs = [math.log(v) for v in values]
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
-        return Interval(math.exp(mean), 0.0, math.inf, len(logs), 0.0)
-    sd = statistics.stdev(logs)
-    half = t_quantile(0.5 + confidence / 2, len(logs) - 1) * sd / math.sqrt(len(logs))
-    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs), sd)
-
-
-def lower_bound(values: Sequence[float], confidence: float = 0.95) -> float:
-    """A one-sided lower confidence bound of the geometric mean of ``values`` (t on their
-    logs): the held-out ratio a recommendation must exceed 1.00 with. 0.0 with one value."""
-    logs = [math.log(v) for v in values]
-    if len(logs) < 2:
-        return 0.0
-    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
-    return math.exp(mean - t_quantile(confidence, len(logs) - 1) * sd / math.sqrt(len(logs)))
 
 
 @dataclass(frozen=True)

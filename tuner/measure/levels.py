@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from decoding.acceptance import total
-from tuner.measure.control import lower_bound
+from tuner.measure.intervals import lower_bound
 from tuner.measure.evaluator import Paired
 from tuner.measure.figures import level_key
 from tuner.measure.measurement import Measurement, geometric_mean

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from decoding.acceptance import AcceptanceCounts, total
-from tuner.measure.control import lower_bound
+from tuner.measure.intervals import lower_bound
 from tuner.measure.energy import EnergyReading
 from tuner.measure.timing import peak_memory_bytes
 
@@ -121,7 +121,7 @@ def geometric_mean(values: Sequence[float]) -> float:
 def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
               device: torch.device) -> dict[str, float]:
     """The numbers logged per trial; ``speedup`` is the paired geometric mean, ``*_lcb`` its
-    one-sided 95 % lower confidence bound (``tuner.measure.control.lower_bound``)."""
+    one-sided 95 % lower confidence bound (``tuner.measure.intervals.lower_bound``)."""
     tokens = sum(m.new_tokens for m in ms)
     wall = sum(m.wall_s for m in ms)
     counts = total([m.counts for m in ms])

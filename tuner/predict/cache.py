@@ -7,7 +7,7 @@ same engine (our own loops), the same thread count and the same build (torch, tr
 Python); where there is none, it makes one before the models load for the trials, says so with
 its time, and caches it. A profile whose fit was flagged when it was made (``fit_flags``) is
 made again once, then refused in one line. Every study still checks the profile against its
-trial 0 (``tuner.study.ranking``); with ``auto`` a failed check remakes the profile once too.
+trial 0 (``tuner.search.ranking``); with ``auto`` a failed check remakes the profile once too.
 
 Cached under ``$SPECTUNE_PROFILES`` (default ``~/.cache/spectune/profiles/``), one JSON file per
 key: ``<models' target kind>-<8 hex of machine, models, engine, threads, build>.json``.
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from tuner.predict.surface import HardwareProfile
 
 AUTO = "auto"
-ENGINE = "hf"                  # our own loops (tuner.engines.DEFAULT): the only engine cached
 PROFILE_USED = "profile_used"  # study user attr: the profile a study priced by (auto: its file)
 
 
@@ -63,28 +62,30 @@ class Key:
 
     machine: str
     models: Mapping[str, Any]          # tuner.predict.loops.describe_models
+    engine: str                        # our own loops' engine name (tuner.engines.DEFAULT)
     threads: int
     build: Mapping[str, str]
 
     @classmethod
-    def here(cls, models: Mapping[str, Any], threads: int) -> Key:
-        """The key of this machine for ``models`` (target/draft specs) at ``threads``."""
+    def here(cls, models: Mapping[str, Any], engine: str, threads: int) -> Key:
+        """The key of this machine for ``models`` (target/draft specs) in ``engine`` (our own
+        loops') at ``threads``."""
         from decoding.hardware import hardware
         from decoding.models import resolve_device
         from tuner.predict.loops import describe_models
         device = resolve_device(models["target"].get("device"))
-        return cls(hardware(device), describe_models(models), int(threads), build())
+        return cls(hardware(device), describe_models(models), engine, int(threads), build())
 
     def path(self) -> Path:
         digest = short_hash({"machine": self.machine, "models": dict(self.models),
-                             "engine": ENGINE, "threads": self.threads,
+                             "engine": self.engine, "threads": self.threads,
                              "build": dict(self.build)})
         kind = str(self.models["target"].get("package") or self.models["target"].get("kind"))
         return cache_folder() / f"{kind}-{digest}.json"
 
     def matches(self, profile: HardwareProfile) -> bool:
         return (profile.kind == "measured" and profile.machine == self.machine and
-                profile.engine == ENGINE and profile.threads == self.threads and
+                profile.engine == self.engine and profile.threads == self.threads and
                 dict(profile.models) == json.loads(json.dumps(dict(self.models))) and
                 dict(profile.build) == dict(self.build))
 
@@ -103,8 +104,8 @@ def cached(key: Key) -> HardwareProfile | None:
     return profile if key.matches(profile) and not profile.flags else None
 
 
-def measure_loops_profile(models: Mapping[str, Any], threads: int | str | None, repeats: int,
-                          say: Callable[[str], None] = print,
+def measure_loops_profile(models: Mapping[str, Any], engine: str, threads: int | str | None,
+                          repeats: int, say: Callable[[str], None] = print,
                           between_rounds: Callable[[int], None] = lambda round_: None,
                           contexts: tuple[int, ...] | None = None,
                           rows: tuple[int, ...] | None = None,
@@ -135,7 +136,7 @@ def measure_loops_profile(models: Mapping[str, Any], threads: int | str | None, 
         prefill=tuple(prefill or loops.PREFILL), repeats=repeats, progress=say,
         between_rounds=between_rounds)
     return HardwareProfile(
-        kind="measured", machine=hardware(device), engine=ENGINE, build=build(),
+        kind="measured", machine=hardware(device), engine=engine, build=build(),
         threads=threads, models=loops.describe_models(models), target=target, draft=draft,
         step_overhead_s=fit.values(), step_overhead_spread_s=fit.spreads(),
         flags=tuple(fit_flags(fit)),
@@ -159,7 +160,7 @@ class Obtained:
                 "seconds": round(self.seconds, 1)}
 
 
-def obtain(models: Mapping[str, Any], threads: int, say: Callable[[str], None],
+def obtain(models: Mapping[str, Any], engine: str, threads: int, say: Callable[[str], None],
            repeats: int = 5, remake: bool = False,
            measure: Callable[..., HardwareProfile] = measure_loops_profile) -> Obtained:
     """The cached profile for ``models`` at ``threads`` on this machine, or one made now (and
@@ -167,7 +168,7 @@ def obtain(models: Mapping[str, Any], threads: int, say: Callable[[str], None],
     is made once more; flagged again, or stopped by sustained load, it is refused in one line
     (``ConfigError``), nothing cached."""
     from tuner.predict.loops import ProfileDisturbed
-    key = Key.here(models, threads)
+    key = Key.here(models, engine, threads)
     path = key.path()
     if not remake:
         found = cached(key)
@@ -181,7 +182,7 @@ def obtain(models: Mapping[str, Any], threads: int, say: Callable[[str], None],
     began = time.perf_counter()
     for attempt in (1, 2):
         try:
-            profile = measure(models, threads, repeats, say=say)
+            profile = measure(models, engine, threads, repeats, say=say)
         except ProfileDisturbed as err:
             raise ConfigError(f"search.profile=auto: the profile could not be made: {err}; "
                               "run again on a quiet machine, or give search.profile=<file>"

@@ -12,7 +12,7 @@ profile against trial 0's vanilla (``check_profile``), prices vanilla for a sear
 
 Who calls it, explicitly: ``tuner.run`` asks the evaluator for its ranker once the models are
 loaded (``Evaluator.ranker()``; None for an engine server, whose prediction is per level from
-its own surface) and hands it to trial 0's hook (``tuner.study.ranking.AfterDefault``: the
+its own surface) and hands it to trial 0's hook (``tuner.search.ranking.AfterDefault``: the
 check, and ``search=predict``'s ranking), to the objective (each trial's prediction) and to the
 finish (``search.predict_for``). Its caches (trajectories, untimed runs per point) are what let
 a timed trial reuse the ranking's runs.

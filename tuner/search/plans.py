@@ -49,7 +49,7 @@ class Plan:
     each plan class in its own body and read, never probed (tests/test_capabilities.py)."""
 
     # its points need a prediction first (``ranked`` once made; the study ranks before
-    # measuring past the default: tuner.study.ranking)
+    # measuring past the default: tuner.search.ranking)
     needs_ranking: ClassVar[bool] = False
     holds_default: bool = False     # trial 0 (the method's default) is one of the plan's points
     stopped: str | None = None      # why it ended before its last point (a race's stop line)

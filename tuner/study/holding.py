@@ -4,7 +4,7 @@ Every trial the tuner enqueues (trial 0, a plan's next point, a dead trial's ret
 point as the user attribute ``point`` at enqueue time, so a WAITING trial (whose parameters Optuna
 keeps as fixed params, not in ``params``) and a RUNNING trial that has not suggested yet hold their
 point as visibly as a COMPLETE one. The lowest layer of the study: the claiming of points
-(``tuner.study.points``), the creation of a study (``storage``) and the re-queueing of a dead
+(``tuner.search.points``), the creation of a study (``storage``) and the re-queueing of a dead
 worker's point (``liveness``) all use it, and it uses none of them.
 """
 

@@ -9,7 +9,7 @@ is never the winner.
 The objective records on the trial what the report reads later (summary keys, constraints,
 feasibility, drift, contention) and sets the quality constraints with ``Trial.set_constraint``.
 ``after_default(trial, pairs)`` runs once the default (stage ``default``, trial 0) is measured,
-before its assessment (``tuner.study.ranking``: the profile's check, search=predict's ranking).
+before its assessment (``tuner.search.ranking``: the profile's check, search=predict's ranking).
 With a ranker (``tuner.predict.ranker``; the in-process engine's), each trial's prediction by the
 profile (``search.profile``, ``search.predict_for``) is added to its summary after assessment.
 """

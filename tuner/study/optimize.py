@@ -33,7 +33,7 @@ from tuner.measure.lossless import LosslessViolation
 from tuner.study import liveness
 from tuner.study.callbacks import Callback, TrialOutcome
 from tuner.study.objective import Pruned
-from tuner.study.points import Claim, NoClaim, Points
+from tuner.search.points import Claim, NoClaim, Points
 from tuner.study.trials import spent
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def optimize(settings: StudySettings, study: optuna.Study, points: Points, objec
     ``job_alive`` tells the reaper whether another worker's Slurm job is alive (``tuner.run``
     passes ``tuner.cluster.slurm.job_alive_or_none``; the study never imports the launcher).
     ``stop()``, asked after each trial, returns a line to stop the search with (the cost cap,
-    ``tuner.study.cost``); that line is returned (None when the search ran its course).
+    ``tuner.search.cost``); that line is returned (None when the search ran its course).
     """
     began, timeout = time.monotonic(), settings.search.get("timeout")
     while True:

@@ -241,7 +241,7 @@ def auto_profile(engine: Engine, models: Mapping[str, Any], threads: Any) -> Any
                           "is made here on first use for our own loops only; allowed is a "
                           f"profile file (python -m tuner.profile --engine {engine.name} ...)")
     from tuner.predict.cache import Key, cached, thread_count
-    return cached(Key.here(models, thread_count(threads)))
+    return cached(Key.here(models, engine.name, thread_count(threads)))
 
 
 def bound_slack(cfg: DictConfig) -> float:

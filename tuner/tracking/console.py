@@ -10,7 +10,7 @@ from tuner.study.callbacks import Callback, TrialOutcome
 
 class ConsoleProgress(Callback):
     """Prints what happens (``say`` is ``print`` with flush by default): per trial its place in
-    the search and an estimate of the time left (``cost``: ``tuner.study.cost.SearchCost``, from
+    the search and an estimate of the time left (``cost``: ``tuner.search.cost.SearchCost``, from
     the study's finished trials and the finish; without it from this process's trials), per
     prompt pair its speed, per trial its result."""
 
@@ -29,7 +29,7 @@ class ConsoleProgress(Callback):
         place = spent(self.study) + 1 if self.study is not None else trial.number + 1
         left = max(self.limit - place + 1, 1)
         eta = ""
-        if self.cost is not None:          # tuner.study.cost: the study's trials, the finish
+        if self.cost is not None:          # tuner.search.cost: the study's trials, the finish
             eta = self.cost.progress()
         elif self.durations:
             mean = sum(self.durations) / len(self.durations)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from optuna.trial import TrialState
 
@@ -34,11 +34,19 @@ from tuner.search.plans import PredictPlan
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.study.points import Points
     from tuner.study.settings import StudySettings
 
 AUTO_CAP_HOURS = {"cpu": 2.0, "gpu": 12.0}
 RANKING_S = "ranking_s"          # trial 0's user attr: seconds of search=predict's ranking in it
+
+
+class Claims(Protocol):
+    """What the cost reads of a worker's claiming of points (``tuner.search.points.Points``,
+    which imports this module's ranking: named here by its shape, so no import goes back)."""
+
+    plan: Any
+
+    def limit(self) -> int: ...
 DONE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -93,7 +101,7 @@ class Estimate:
 class SearchCost:
     """The estimate of one worker's search (module docstring)."""
 
-    def __init__(self, settings: StudySettings, study: optuna.Study, points: Points,
+    def __init__(self, settings: StudySettings, study: optuna.Study, points: Claims,
                  say: Callable[[str], None]) -> None:
         self.settings, self.study, self.points, self.say = settings, study, points, say
         self.cap_h = cap_hours(settings)

@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, Plan, PredictPlan, point_key
 from tuner.search.space import suggest
 from tuner.study.holding import enqueue, held_point
-from tuner.study.ranking import RACE_STOPPED, restore
+from tuner.search.ranking import RACE_STOPPED, restore
 from tuner.study.record import TrialRecord
 from tuner.study.trials import counts, dead_trials
 

@@ -9,7 +9,7 @@ hardware profile against it and, for ``search=predict``, rank the grid by that p
     known to misprice, or running the whole grid instead, could each cost the user far more than
     making the profile again (a few minutes).
   * ``search=predict``: the ranking's cost is estimated again with trial 0's measured method time
-    (``tuner.study.cost``) and refused over the cap; then every point is predicted
+    (``tuner.search.cost``) and refused over the cap; then every point is predicted
     (``tuner.predict.ranker.Ranker.rank_points``), ranked, and the ranking stored in the study
     (``RANKING``) before trial 0 is told complete. Other workers wait for it (the plan says WAIT while trial 0
     runs) and a resumed study restores it (``restore``): neither ranks again. If this worker dies
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.config.errors import ConfigError
 from tuner.search.plans import point_key
-from tuner.study.cost import RANKING_S
+from tuner.search.cost import RANKING_S
 from tuner.study.objective import shared_order
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from tuner.measure.evaluator import Paired
     from tuner.predict.ranker import Ranker
-    from tuner.study.cost import SearchCost
+    from tuner.search.cost import SearchCost
     from tuner.study.settings import StudySettings
 
 PROFILE_CHECK = "profile_check"      # study user attr: the check's record (tuner.predict.check)
