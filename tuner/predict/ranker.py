@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
@@ -64,6 +64,18 @@ class Ranker:
         self.warned_about: set[Any] = set()   # what a prediction's one-line notice has said
         self.profile = settings.profile       # search.profile, until it fails its check
         self.untimed_runs = 0                 # untimed, traced generations made (per prompt)
+
+    def for_method(self, method_cfg: Mapping[str, Any],
+                   build: Callable[[Mapping[str, Any]], DecodingMethod]) -> Ranker:
+        """A ranker of another method (``method_cfg``, built by ``build``) on the same models,
+        prompts and profile, sharing what does not depend on the method: vanilla's trajectories,
+        the draft's agreements and the notices already said (a cross-method ranking computes
+        each once). Untimed runs are kept per ranker: two methods' points may share names."""
+        other = Ranker(replace(self.settings, method=dict(method_cfg)), self.pair, self.ids,
+                       build, self.compiled, self.say)
+        other.trajectories, other.agreements = self.trajectories, self.agreements
+        other.warned_about, other.profile = self.warned_about, self.profile
+        return other
 
     def trial_prediction(self, params: Mapping[str, Any], pairs: Sequence[Paired]
                          ) -> dict[str, float]:
@@ -403,3 +415,71 @@ class Ranker:
         overhead = profile.step_overhead_s.get("vanilla", 0.0)
         return [vanilla_forward_seconds(profile.target, len(self.ids[p.id]), budget, overhead)
                 for p in self.settings.tuning]
+
+
+@dataclass(frozen=True)
+class MethodRanking:
+    """One method's points ranked by prediction (``rank_methods``)."""
+
+    name: str                                   # the conf/method file
+    points: tuple[Mapping[str, Any], ...]       # its searched points, as given
+    values: tuple[float, ...]                   # predicted speedup per point (-inf: none)
+    cut: tuple[int | None, ...]                 # prompts seen where halving cut it (None: all)
+    seconds: float                              # the ranking's wall time for this method
+
+    @property
+    def predicted(self) -> int:
+        """Points with a prediction."""
+        return sum(v != float("-inf") for v in self.values)
+
+    @property
+    def best(self) -> int | None:
+        """Index of the best point predicted on every prompt (None: none was)."""
+        whole = [i for i, c in enumerate(self.cut) if c is None and
+                 self.values[i] != float("-inf")]
+        return max(whole, key=lambda i: self.values[i]) if whole else None
+
+    @property
+    def best_value(self) -> float:
+        return float("-inf") if self.best is None else self.values[self.best]
+
+
+@dataclass(frozen=True)
+class CrossRanking:
+    """Every method's ranking, best first; ties to the cheaper deployment (``cheaper_first``)."""
+
+    methods: tuple[MethodRanking, ...]
+
+    def answer(self) -> str:
+        """The method predicted best, or ``off`` where none is predicted faster than vanilla
+        (1.00x on the same profile)."""
+        top = self.methods[0] if self.methods else None
+        return top.name if top is not None and top.best_value > 1.0 else "off"
+
+    def lines(self) -> list[str]:
+        out = []
+        for m in self.methods:
+            best = "not predicted" if m.best is None else \
+                f"{m.best_value:.3f}x at {dict(m.points[m.best])}"
+            out.append(f"  {m.name:<14} {best} ({m.predicted} of {len(m.points)} points "
+                       f"predicted, {m.seconds:.1f} s)")
+        return out + [f"  predicted answer: {self.answer()}"]
+
+
+def rank_methods(members: Mapping[str, tuple[Ranker, Sequence[Mapping[str, Any]]]],
+                 prompts: Sequence[Prompt], say: Callable[[str], None],
+                 cheaper_first: Sequence[str] = ()) -> CrossRanking:
+    """Every member's points ranked by one profile (each member's own ``Ranker.rank_points``:
+    replay, halving, two fidelities), the methods ordered by their best prediction; equal
+    predictions go to the method earlier in ``cheaper_first`` (the cheaper deployment), then
+    by name. ``members``: {method name: (its ranker, its searched points)}."""
+    order = {name: i for i, name in enumerate(cheaper_first)}
+    ranked = []
+    for name, (ranker, points) in members.items():
+        say(f"ranking method={name}: {len(points)} points ...")
+        began = time.perf_counter()
+        values, cut = ranker.rank_points(points, prompts)
+        ranked.append(MethodRanking(name, tuple(dict(p) for p in points), tuple(values),
+                                    tuple(cut), time.perf_counter() - began))
+    ranked.sort(key=lambda m: (-m.best_value, order.get(m.name, len(order)), m.name))
+    return CrossRanking(tuple(ranked))

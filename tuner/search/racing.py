@@ -109,6 +109,18 @@ def stop_bound(race: Race, leader: float, finished: int, calib: Calibration | No
     return None
 
 
+# Across methods, a tie goes to the cheaper deployment: what serving the answer adds to the
+# target alone, least first. Speculation off adds nothing; an n-gram lookup only a table of the
+# context; lookahead no model but wider forwards and its pool; an EAGLE head a small network on
+# the target's features (EAGLE-3 reads three layers); a draft model a second model's memory and
+# forwards (token verification before block verification: the rule every engine ships); a tree
+# of one draft more rows per forward; SpecInfer several drafts' trees; Ouroboros a draft and its
+# phrase pools; MJSD (lossy) beams and a quality bound to watch. A method not listed comes after
+# these, by name (a new conf/method YAML needs no edit here to be ranked).
+CHEAPER_DEPLOYMENT_FIRST = ("vanilla", "prompt_lookup", "lookahead", "eagle", "eagle3",
+                            "speculative", "block", "tree", "specinfer", "ouroboros", "mjsd")
+
+
 def tie_break(finished: Sequence[tuple[Any, Mapping[str, Any], float]], margin: float,
               draft_size: Callable[[Mapping[str, Any]], float | None]) -> Any:
     """The winner among ``(id, params, value)`` (higher is better): of the points within
