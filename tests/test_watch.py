@@ -426,6 +426,33 @@ def test_off_where_the_profile_says_off_once_the_gain_beats_the_margin(capsys, t
         "method=speculative engine=llamacpp" in out
 
 
+def test_a_profile_whose_cells_are_out_of_order_recommends_nothing(capsys, tmp_path):
+    """The same replay and margin as above (which recommends turning speculation off), with the
+    profile's batch-2 step of 3 rows made 7 % cheaper than its step of 2 rows (as a live vLLM
+    profile read: 89.3 against 96.0 ms): the watch still prices every window, says at the start
+    that the cells are out of order, and recommends no switch; the summary says why."""
+    from tuner.predict.check import inversions
+    from tuner.predict.surface import load_profile
+    profile = json.loads((FIXTURES / "llamacpp-profile.json").read_text())
+    [batch2] = [b for b in profile["batches"] if b["batch"] == 2]
+    line = batch2["target"]["seconds"][0]          # rows 1, 2, 3, 5
+    line[2] = 0.93 * line[1]
+    bad = tmp_path / "out-of-order.json"
+    bad.write_text(json.dumps(profile))
+    [flag] = inversions(load_profile(bad))
+    assert flag.startswith("at batch 2 (context 130) a step of 3 rows is priced ") and \
+        "7.0 % below one of 2 rows" in flag
+    assert not inversions(load_profile(FIXTURES / "llamacpp-profile.json"))
+    args = ["--replay", str(FIXTURES / "llamacpp-draft-switch.jsonl.gz"), "--study",
+            str(FIXTURES / "llamacpp-draft-study.outcome.json"), "--min-steps", "50",
+            "--warmup", "4", "--profile", str(bad), "--margin", "0.02"]
+    rc, out, records = watch(capsys, tmp_path / "watch", *args)
+    assert rc == 0 and not [r for r in records if r["kind"] == "recommendation"], out
+    assert "the profile's cells are out of order (at batch 2" in out
+    assert all(w["pricing"]["options"] for w in records if w["kind"] == "window")
+    assert "decision: priced, no switch recommended" in out and "RECOMMENDATION" not in out
+
+
 def test_traffic_at_another_temperature_is_not_compared_with_the_study(capsys, tmp_path):
     """The study ran at T = 0; live traffic said to sample at T = 0.7: the range check is off
     and the watch says why; the change test still runs against the deployment's own start."""

@@ -44,8 +44,9 @@ from tuner.config.errors import ConfigError
 from tuner.engines import DEFAULT  # our own loops (engine=hf)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-FLAGGED = 3           # exit status: the profile is written, but its fit is not to be believed;
-                      # or it stopped under sustained load from other processes (nothing written)
+FLAGGED = 3           # exit status: the profile is written, but its fit (or an engine's cells'
+                      # order) is not to be believed; or it stopped under sustained load from
+                      # other processes (nothing written)
 
 
 def preset_models(name: str) -> dict:
@@ -227,21 +228,24 @@ def engine_main(models: dict, args: argparse.Namespace) -> int:
     and n-gram drafting's draft-free steps."""
     default = Path(f"profiles/{args.models}-{args.engine}-{{machine}}.json")
     model_out = Path(args.out) if args.out else default
+    flagged = False
     if args.drafting in ("model", "both"):
         length = None if args.synth_len == "real" else args.synth_len
-        engine_profile(models, args, "model", length, model_out)
+        flagged |= bool(engine_profile(models, args, "model", length, model_out).flags)
     if args.drafting in ("ngram", "both"):
         out = Path(args.out) if args.out and args.drafting == "ngram" else \
             model_out.with_name(model_out.stem + "-ngram" + model_out.suffix)
-        engine_profile({**models, "draft": None}, args, "ngram", None, out)
-    return 0
+        flagged |= bool(engine_profile({**models, "draft": None}, args, "ngram", None,
+                                       out).flags)
+    return FLAGGED if flagged else 0
 
 
 def engine_profile(models: dict, args: argparse.Namespace, drafting: str,
-                   length: float | None, out: Path) -> Path:
+                   length: float | None, out: Path):
     """One engine profile: ``drafting`` ``model`` (draft-model speculation) or ``ngram``
     (prompt lookup on repeating prompts: draft-free), written to ``out`` (``{machine}`` in it
-    filled)."""
+    filled) with its cells' order checked (``tuner.predict.check.inversions``: flagged, exit
+    status 3); returns it."""
     import torch
 
     from decoding.hardware import hardware
@@ -272,9 +276,16 @@ def engine_profile(models: dict, args: argparse.Namespace, drafting: str,
             made=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     finally:
         evaluator.close()
+    from dataclasses import replace
+
+    from tuner.predict.check import inversions
+    profile = replace(profile, flags=tuple(inversions(profile)))
     out = Path(str(out).replace("{machine}", slug(profile.machine)))
     profile.save(out)
     print(f"wrote {out}: {profile.describe()}")
+    for flag in profile.flags:
+        print(f"PROFILE FLAGGED: {flag}; make it again with more --prompts on a quiet machine "
+              "(python -m tuner.watch recommends no switch from it)")
     for c in cells:
         if c.k:
             asked = ("the drafter's own" if c.asked_length is None else
@@ -285,7 +296,7 @@ def engine_profile(models: dict, args: argparse.Namespace, drafting: str,
             if drafting == "ngram" and c.drafted_per_step < 0.8 * c.k:
                 print(f"  NOTE: k={c.k} at concurrency {c.level} drafted {c.drafted_per_step:.2f} "
                       "per step, short of k: its price is the step at the rows it fed")
-    return out
+    return profile
 
 
 def engine_evaluator(engine: str, models: str, task: str, levels: Sequence[int], prompts: int,

@@ -29,6 +29,14 @@
    −40 % (it prices vanilla 1.7× too high per forward).
    Under ``MIN_CHECK_S`` of measured decoding (tiny test models, a handful of tokens: the
    timing is noise) the check says so and judges nothing.
+3. **Order** (``inversions``, when an engine's profile is made, and wherever one prices a
+   decision: ``python -m tuner.watch``). A step that feeds more tokens cannot cost less than one
+   that feeds fewer at the same batch size; where a profile's cells say it does by more than
+   ``INVERSION_BOUND``, they are noisier than the differences a decision between k reads from
+   them. Found live (vLLM's draft-free steps on a 2-core CPU, 4 prompts per cell): 96.0 ms for
+   a step of 2 rows, 89.3 ms for 3 rows at batch 2 (−7.0 %; at batch 1 −20.3 %); the watch
+   priced k = 1 from it at +10 % over the deployed k = 4, and the A B A B measurement went 7 %
+   the other way (the deployed server's own two runs differed by 19 %).
 """
 
 from __future__ import annotations
@@ -46,6 +54,30 @@ SPREAD_BOUND = 0.15          # of a loop's priced step: its overhead's standard 
 VANILLA_CHECK_BOUND = 0.20   # |trial 0's vanilla per token / the profile's − 1|, per forward
 ONE_ROW_ROUNDS = 10          # rounds of the 1-row forwards timed beside trial 0
 MIN_CHECK_S = 1.0            # trial 0's vanilla decode seconds below which nothing is judged
+INVERSION_BOUND = 0.02       # a wider step this much cheaper than a narrower one: flagged
+
+
+def inversions(profile: HardwareProfile, bound: float = INVERSION_BOUND) -> list[str]:
+    """One line per batch size (and context) where a step of more rows is priced more than
+    ``bound`` below one of fewer rows (the largest such drop; empty: the cells are in order)."""
+    surfaces = [(b, target) for b, target, _ in profile.batches] or [(1, profile.target)]
+    found = []
+    for batch, surface in surfaces:
+        for context, line in zip(surface.contexts, surface.seconds):
+            worst = None
+            for i, narrow in enumerate(line):
+                for j in range(i + 1, len(line)):
+                    drop = 1.0 - line[j] / narrow
+                    if drop > bound and (worst is None or drop > worst[0]):
+                        worst = (drop, surface.rows[i], narrow, surface.rows[j], line[j])
+            if worst is not None:
+                drop, few, few_s, many, many_s = worst
+                found.append(f"at batch {batch} (context {context}) a step of {many} rows is "
+                             f"priced {1e3 * many_s:.1f} ms, {100 * drop:.1f} % below one of "
+                             f"{few} rows ({1e3 * few_s:.1f} ms): a wider step cannot be "
+                             "cheaper, so the cells are noisier than the differences between "
+                             "them")
+    return found
 
 
 def fit_flags(fit: LoopFit) -> list[str]:

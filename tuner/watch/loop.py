@@ -362,7 +362,8 @@ def summary(settings: WatchSettings, state: WatchState) -> list[str]:
                      + (f" ({last.note})" if last.note else ""))
     if settings.profile is not None and settings.pricing_bias:
         lines.append("decision: priced, no switch recommended (the profile misprices this "
-                     "deployment's steps: see the line at the start)")
+                     "deployment's steps, or its cells are out of order: see the line at the "
+                     "start)")
     for found, path in state.recommendations:
         lines.append(f"recommended: {found.line()} -> {path}")
     return lines
