@@ -430,7 +430,9 @@ def test_a_profile_whose_cells_are_out_of_order_recommends_nothing(capsys, tmp_p
     """The same replay and margin as above (which recommends turning speculation off), with the
     profile's batch-2 step of 3 rows made 7 % cheaper than its step of 2 rows (as a live vLLM
     profile read: 89.3 against 96.0 ms): the watch still prices every window, says at the start
-    that the cells are out of order, and recommends no switch; the summary says why."""
+    at the first window priced at batch 2 that the cells there are out of order, and recommends
+    no switch; the summary says why. The order is checked at the batch priced: the profile's
+    batch 1 alone out of order would stop nothing here."""
     from tuner.predict.check import inversions
     from tuner.predict.surface import load_profile
     profile = json.loads((FIXTURES / "llamacpp-profile.json").read_text())
@@ -448,9 +450,17 @@ def test_a_profile_whose_cells_are_out_of_order_recommends_nothing(capsys, tmp_p
             "--warmup", "4", "--profile", str(bad), "--margin", "0.02"]
     rc, out, records = watch(capsys, tmp_path / "watch", *args)
     assert rc == 0 and not [r for r in records if r["kind"] == "recommendation"], out
-    assert "the profile's cells are out of order (at batch 2" in out
+    assert out.count("no switch is recommended at batch 2: the profile's cells there are out "
+                     "of order (at batch 2 ") == 1, out
     assert all(w["pricing"]["options"] for w in records if w["kind"] == "window")
-    assert "decision: priced, no switch recommended" in out and "RECOMMENDATION" not in out
+    assert "decision at batch 2: priced, no switch recommended" in out
+    assert "RECOMMENDATION" not in out
+    [batch1] = [b for b in profile["batches"] if b["batch"] == 1]
+    batch1["target"]["seconds"][0][2] = 0.93 * batch1["target"]["seconds"][0][1]
+    batch2["target"]["seconds"][0][2] = 1.5 * batch2["target"]["seconds"][0][1]    # in order
+    bad.write_text(json.dumps(profile))
+    rc, out, records = watch(capsys, tmp_path / "batch1", *args)
+    assert rc == 0 and "RECOMMENDATION: turn speculation off" in out, out
 
 
 def test_traffic_at_another_temperature_is_not_compared_with_the_study(capsys, tmp_path):

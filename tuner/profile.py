@@ -285,7 +285,7 @@ def engine_profile(models: dict, args: argparse.Namespace, drafting: str,
     print(f"wrote {out}: {profile.describe()}")
     for flag in profile.flags:
         print(f"PROFILE FLAGGED: {flag}; make it again with more --prompts on a quiet machine "
-              "(python -m tuner.watch recommends no switch from it)")
+              "(python -m tuner.watch recommends no switch at that batch size from it)")
     for c in cells:
         if c.k:
             asked = ("the drafter's own" if c.asked_length is None else

@@ -29,14 +29,18 @@
    −40 % (it prices vanilla 1.7× too high per forward).
    Under ``MIN_CHECK_S`` of measured decoding (tiny test models, a handful of tokens: the
    timing is noise) the check says so and judges nothing.
-3. **Order** (``inversions``, when an engine's profile is made, and wherever one prices a
-   decision: ``python -m tuner.watch``). A step that feeds more tokens cannot cost less than one
-   that feeds fewer at the same batch size; where a profile's cells say it does by more than
-   ``INVERSION_BOUND``, they are noisier than the differences a decision between k reads from
-   them. Found live (vLLM's draft-free steps on a 2-core CPU, 4 prompts per cell): 96.0 ms for
-   a step of 2 rows, 89.3 ms for 3 rows at batch 2 (−7.0 %; at batch 1 −20.3 %); the watch
-   priced k = 1 from it at +10 % over the deployed k = 4, and the A B A B measurement went 7 %
-   the other way (the deployed server's own two runs differed by 19 %).
+3. **Order** (``inversions``, when an engine's profile is made, and at the batch size where
+   ``python -m tuner.watch`` prices a decision). Prices between k are read from the cells by
+   rows (a step feeding d + 1 tokens, interpolated); that rests on a step's cost growing with
+   its rows. Where a step of more rows is priced more than ``INVERSION_BOUND`` below one of
+   fewer rows at the same batch size, the cells do not follow the rows: noise, or an engine path
+   of its own at some k. Either way a decision between k is not read from them. Found live
+   (vLLM's draft-free steps, 2-core CPU): at batch 1 a k = 1 step (2 rows) dearer than a k = 2
+   step (3 rows) in two profiles, 90.6 against 72.2 ms (4 prompts a cell) and 83.1 against
+   73.0 ms (10 prompts): a path of vLLM's own at k = 1, not noise; at batch 2 −7.0 %, then
+   −1.8 % (within the bound). From the first the watch priced k = 1 at +10 % over the deployed
+   k = 4 at batch 2, and the A B A B measurement went 7 % the other way (the deployed server's
+   own two runs differed by 19 %).
 """
 
 from __future__ import annotations
@@ -57,10 +61,15 @@ MIN_CHECK_S = 1.0            # trial 0's vanilla decode seconds below which noth
 INVERSION_BOUND = 0.02       # a wider step this much cheaper than a narrower one: flagged
 
 
-def inversions(profile: HardwareProfile, bound: float = INVERSION_BOUND) -> list[str]:
+def inversions(profile: HardwareProfile, bound: float = INVERSION_BOUND,
+               batch: int | None = None) -> list[str]:
     """One line per batch size (and context) where a step of more rows is priced more than
-    ``bound`` below one of fewer rows (the largest such drop; empty: the cells are in order)."""
-    surfaces = [(b, target) for b, target, _ in profile.batches] or [(1, profile.target)]
+    ``bound`` below one of fewer rows (the largest such drop; empty: the cells are in order);
+    ``batch``: only the surface at that batch size (blended between the measured ones)."""
+    if batch is not None:
+        surfaces = [(batch, profile.at_batch(batch).target)]
+    else:
+        surfaces = [(b, target) for b, target, _ in profile.batches] or [(1, profile.target)]
     found = []
     for batch, surface in surfaces:
         for context, line in zip(surface.contexts, surface.seconds):
@@ -74,9 +83,9 @@ def inversions(profile: HardwareProfile, bound: float = INVERSION_BOUND) -> list
                 drop, few, few_s, many, many_s = worst
                 found.append(f"at batch {batch} (context {context}) a step of {many} rows is "
                              f"priced {1e3 * many_s:.1f} ms, {100 * drop:.1f} % below one of "
-                             f"{few} rows ({1e3 * few_s:.1f} ms): a wider step cannot be "
-                             "cheaper, so the cells are noisier than the differences between "
-                             "them")
+                             f"{few} rows ({1e3 * few_s:.1f} ms): the cells do not follow the "
+                             "rows (noise, or an engine path of its own at some k), so prices "
+                             "between k read from them by rows are not to be believed")
     return found
 
 

@@ -197,8 +197,8 @@ def choose_profile(study, given):
 
 def pricing_bias(study, profile) -> str:
     """Why ``profile`` misprices the deployment's steps ("" where it does not): its steps were
-    measured with a draft model and the deployment drafts without one (or the reverse), or its
-    cells are out of order (``tuner.predict.check.inversions``)."""
+    measured with a draft model and the deployment drafts without one (or the reverse). (Cells
+    out of order at the batch priced stop a recommendation per window: ``tuner.watch.loop``.)"""
     if profile is None:
         return ""
     measured = bool(profile.models.get("draft"))
@@ -213,13 +213,6 @@ def pricing_bias(study, profile) -> str:
         return ("the profile was measured without a draft model (draft-free steps); this "
                 "deployment drafts with one, so its steps cost more: the prices of k > 0 are too "
                 "high, and no switch is recommended from them")
-    from tuner.predict.check import inversions
-    found = inversions(profile)
-    if found:
-        return (f"the profile's cells are out of order ({found[0]}"
-                f"{f'; {len(found) - 1} more' if len(found) > 1 else ''}): a switch between k "
-                "read from them would rest on their noise, so none is recommended (make the "
-                "profile again with more --prompts on a quiet machine)")
     return ""
 
 

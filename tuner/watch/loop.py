@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from decoding.acceptance import total
 from tuner.config.errors import ConfigError
 from tuner.engines.metrics import MetricsError
+from tuner.predict.check import inversions
 from tuner.watch.decide import Decider, Pricing, Recommendation, price
 from tuner.watch.drift import (
     AUTO_START,
@@ -70,6 +71,7 @@ class WatchState:
     recommendations: list[tuple[Recommendation, Path]] = field(default_factory=list)
     outside: list[Window] = field(default_factory=list)     # beyond the study's range
     sizings: list[Sizing] = field(default_factory=list)     # --min-steps auto: each size chosen
+    disordered: dict[int, str] = field(default_factory=dict)   # batch -> its cells' disorder
     deployed_k: int | None = None
     stopped: str = ""
 
@@ -287,6 +289,15 @@ def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: C
                             "mean_length": w.mean_length, "reference": ref.mean_length,
                             "change": verdict.change})
     if pricing is not None and not settings.pricing_bias:
+        disorder = inversions(settings.profile, batch=pricing.batch)
+        if disorder:                      # prices between k there rest on cells out of order
+            if pricing.batch not in state.disordered:
+                state.disordered[pricing.batch] = disorder[0]
+                say(f"  no switch is recommended at batch {pricing.batch}: the profile's cells "
+                    f"there are out of order ({disorder[0]}); make it again with more "
+                    "--prompts on a quiet machine")
+            decider.reset()
+            return
         found = decider.observe(pricing)
         if found is not None:
             recommend(settings, state, found, log, say)
@@ -362,8 +373,10 @@ def summary(settings: WatchSettings, state: WatchState) -> list[str]:
                      + (f" ({last.note})" if last.note else ""))
     if settings.profile is not None and settings.pricing_bias:
         lines.append("decision: priced, no switch recommended (the profile misprices this "
-                     "deployment's steps, or its cells are out of order: see the line at the "
-                     "start)")
+                     "deployment's steps: see the line at the start)")
+    for batch, line in sorted(state.disordered.items()):
+        lines.append(f"decision at batch {batch}: priced, no switch recommended (the "
+                     f"profile's cells there are out of order: {line})")
     for found, path in state.recommendations:
         lines.append(f"recommended: {found.line()} -> {path}")
     return lines
