@@ -130,3 +130,14 @@ def test_a_failed_check_against_trial_0_remakes_the_profile_once(tmp_path, monke
     assert ": making the profile again, once" in out
     assert "search=predict stops after trial 0" in str(err.value)
     assert "(made again once already)" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_engine_server_has_no_auto_profile_and_gets_one_line():
+    from tuner.engines import engine_named
+    from tuner.study.settings import auto_profile
+    with pytest.raises(ConfigError) as err:
+        auto_profile(engine_named("vllm"), {"target": {"kind": "tiny"}}, "auto")
+    assert str(err.value).startswith("search.profile=auto is invalid for engine=vllm: a profile "
+                                     "is made here on first use for our own loops only")
+    assert "python -m tuner.profile --engine vllm" in str(err.value)
+    assert "\n" not in str(err.value)
