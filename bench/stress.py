@@ -98,8 +98,9 @@ def load(folder: Path, name: str, storage: str | None) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def evaluated(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-    """Did ``trial`` evaluate its point (COMPLETE, PRUNED, or failed by its measurement)?"""
+def evaluated(study: optuna.Study, trial: optuna.trial.FrozenTrial, retried: set[int]) -> bool:
+    """Did ``trial`` evaluate its point (COMPLETE, PRUNED, or failed by its measurement)?
+    ``retried``: the trials a retry names (``retry_of``: their worker died)."""
     State = optuna.trial.TrialState
     if trial.state in (State.COMPLETE, State.PRUNED):
         return True
@@ -107,13 +108,13 @@ def evaluated(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         return False
     reason = str(trial.user_attrs.get("error") or
                  study.user_attrs.get(f"trial_{trial.number}_error", ""))
-    return not reason.startswith(NOT_EVALUATED) and \
-        not any(int(t.user_attrs.get("retry_of", -1)) == trial.number
-                for t in study.get_trials(deepcopy=False))
+    return not reason.startswith(NOT_EVALUATED) and trial.number not in retried
 
 
 def summarize(study: optuna.Study, seconds: float, errors: tuple[str, ...]) -> Repetition:
-    done = [t for t in study.get_trials() if evaluated(study, t)]
+    trials = study.get_trials()
+    retried = {int(t.user_attrs["retry_of"]) for t in trials if "retry_of" in t.user_attrs}
+    done = [t for t in trials if evaluated(study, t, retried)]
     points = [json.loads(t.user_attrs["point"])["num_draft_tokens"] if "point" in t.user_attrs
               else t.params["num_draft_tokens"] for t in done]
     counts = collections.Counter(points)

@@ -165,10 +165,17 @@ def auto_profile(settings: StudySettings, phase: str) -> tuple[StudySettings, An
     it, and what was obtained (None: the setting is not auto, or this phase measures nothing)."""
     if settings.search.get("profile") != AUTO or phase not in ("all", "work"):
         return settings, None
-    obtained = obtain(settings.models, settings.engine_object.name,
-                      thread_count(settings.threads), say,
-                      int(settings.search.get("profile_rounds", 5)))
+    obtained = obtain_profile(settings)
     return replace(settings, profile=obtained.profile), obtained
+
+
+def obtain_profile(settings: StudySettings, remake: bool = False) -> Any:
+    """``tuner.predict.cache.obtain`` for the study's models, engine, threads and rounds (the
+    profile the settings read from the cache reused, unless ``remake``)."""
+    return obtain(settings.models, settings.engine_object.name,
+                  thread_count(settings.threads), say,
+                  int(settings.search.get("profile_rounds", 5)), remake=remake,
+                  found=None if remake else settings.profile)
 
 
 def remake_profile(settings: StudySettings, study: optuna.Study) -> Callable[[], Any] | None:
@@ -178,9 +185,7 @@ def remake_profile(settings: StudySettings, study: optuna.Study) -> Callable[[],
         return None
 
     def remake() -> Any:
-        obtained = obtain(settings.models, settings.engine_object.name,
-                          thread_count(settings.threads), say,
-                          int(settings.search.get("profile_rounds", 5)), remake=True)
+        obtained = obtain_profile(settings, remake=True)
         study.set_user_attr(PROFILE_USED, obtained.record())
         return obtained.profile
     return remake

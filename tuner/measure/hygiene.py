@@ -116,6 +116,12 @@ def _cpu_list(cpus: Sequence[int]) -> str:
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
+def thread_count(requested: int | str | None) -> int:
+    """The thread count ``requested`` gives (``None`` / ``"auto"``: one per allowed CPU);
+    ValueError for a bad value (``check_threads``)."""
+    return check_threads(requested) or len(allowed_cpus())
+
+
 def configure_threads(requested: int | str | None) -> int:
     """Set torch's intra-op thread count and return it.
 
@@ -125,7 +131,7 @@ def configure_threads(requested: int | str | None) -> int:
     Raises:
         ValueError: a bad value (see ``check_threads``).
     """
-    n = check_threads(requested) or len(allowed_cpus())
+    n = thread_count(requested)
     import torch  # here, so that validation needs no torch
     torch.set_num_threads(n)
     return n

@@ -36,9 +36,9 @@ PROFILE_USED = "profile_used"  # study user attr: the profile a study priced by 
 
 def thread_count(threads: Any) -> int:
     """The torch thread count a study's ``threads`` setting gives (auto: one per allowed CPU)."""
-    from tuner.measure.hygiene import allowed_cpus, check_threads
+    from tuner.measure.hygiene import thread_count as count
     try:
-        return check_threads(None if threads == "auto" else threads) or len(allowed_cpus())
+        return count(None if threads == "auto" else threads)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -162,16 +162,18 @@ class Obtained:
 
 def obtain(models: Mapping[str, Any], engine: str, threads: int, say: Callable[[str], None],
            repeats: int = 5, remake: bool = False,
-           measure: Callable[..., HardwareProfile] = measure_loops_profile) -> Obtained:
-    """The cached profile for ``models`` at ``threads`` on this machine, or one made now (and
-    cached); ``remake``: make it again whatever the cache holds. A profile whose fit is flagged
+           measure: Callable[..., HardwareProfile] = measure_loops_profile,
+           found: HardwareProfile | None = None) -> Obtained:
+    """The cached profile for ``models`` at ``threads`` on this machine (``found``: already
+    read from the cache), or one made now (and cached); ``remake``: make it again whatever the
+    cache holds. A profile whose fit is flagged
     is made once more; flagged again, or stopped by sustained load, it is refused in one line
     (``ConfigError``), nothing cached."""
     from tuner.predict.loops import ProfileDisturbed
     key = Key.here(models, engine, threads)
     path = key.path()
     if not remake:
-        found = cached(key)
+        found = found or cached(key)      # the settings' read of the cache, or read it now
         if found is not None:
             say(f"search.profile=auto: {path} (made {found.made} on {found.machine}, "
                 f"{found.threads} threads)")
