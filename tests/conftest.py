@@ -49,7 +49,7 @@ PARALLEL_MODULES = {"test_methods", "test_phrases", "test_verify", "test_trees",
                     "test_vllm", "test_work_units", "test_engines", "test_pruner",
                     "test_search_cost", "test_outcome", "test_compat_pre53", "test_figures",
                     "test_capabilities", "test_racing", "test_watch", "test_union",
-                    "test_cross_ranking"}
+                    "test_cross_ranking", "test_across"}
 SERIAL_FIXTURES = {"mlflow_url"}    # one server per session
 
 

@@ -43,7 +43,8 @@ def subclasses(base: type) -> list[type]:
 def method_targets() -> list[str]:
     """Every ``_target_`` of conf/method/*.yaml."""
     return sorted({yaml.safe_load(p.read_text())["_target_"]
-                   for p in (ROOT / "conf" / "method").glob("*.yaml")})
+                   for p in (ROOT / "conf" / "method").glob("*.yaml")
+                   if p.stem != "auto"})    # method=auto: a union of them
 
 
 ENGINE_CLASSES = [type(engine_named(kind)) for kind in ENGINES]

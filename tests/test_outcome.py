@@ -103,6 +103,7 @@ def engine_settings(levels, rates=(), objective="throughput_ratio", method="prom
     from tuner.measure.rates import Traffic
     return SimpleNamespace(space={"size_n": {"type": "int", "low": 1, "high": 12}},
                            default={"size_n": 2}, concurrency=tuple(levels),
+                           params_at=lambda values: {"size_n": 2, **values},
                            engine_object=SimpleNamespace(max_concurrency=64,
                                                          default_objective="decode_speedup"),
                            traffic=Traffic(tuple(rates), 8, {"tpot_ms": 50} if rates else None),

@@ -184,8 +184,9 @@ def levels_study(*trials, figure="decode_speedup"):
 
 def level_settings(levels=(1, 4), objective="decode_speedup"):
     from types import SimpleNamespace
-    return SimpleNamespace(space=SPACE, default={"spec_type": "ngram-simple", "size_n": 12,
-                                                 "mod_n_match": 24},
+    default = {"spec_type": "ngram-simple", "size_n": 12, "mod_n_match": 24}
+    return SimpleNamespace(space=SPACE, default=default,
+                           params_at=lambda values: {**default, **values},
                            concurrency=tuple(levels), objectives=(objective,),
                            min_held_out_prompts=3, method_choice="prompt_lookup",
                            engine_object=SimpleNamespace(max_concurrency=64,

@@ -40,14 +40,15 @@ def test_a_bad_cap_is_refused_in_one_line(tmp_path, value):
 
 
 def test_the_full_default_ranking_is_refused_before_any_untimed_run(tmp_path, tiny_profile):
-    """search=predict over the default method's whole space (search.ranges=full: 16 x 17 x 7 x 5
+    """search=predict over Ouroboros's whole space (search.ranges=full: 16 x 17 x 7 x 5
     = 9,520 points): its estimate (an untimed run per point, priced by the profile) is over the
     cap, so the study is refused in one line naming the estimate and the override, within 60 s
     and before trial 0. With the cap raised the same command starts ranking after trial 0;
     Ctrl-C there keeps trial 0 (and what was predicted) and ends with exit status 130."""
     command = [sys.executable, "-m", "tuner", "+task=gsm8k", "models=tiny", "task.n_prompts=2",
                "task.n_held_out=1", "task.max_new_tokens=6", "warmup_prompts=1", *SIDE_BY_SIDE,
-               "tracking=none", "study_name=full", "search=predict", "search.ranges=full",
+               "tracking=none", "study_name=full", "method=ouroboros", "search=predict",
+               "search.ranges=full",
                f"search.profile={tiny_profile}", "search.max_hours=0.002"]
     began = time.monotonic()
     done = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True,

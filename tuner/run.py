@@ -68,7 +68,7 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
     phase = cfg.get("phase", "all")
     if phase not in PHASES:
         raise ConfigError(f"phase={phase!r} is invalid: allowed are {list(PHASES)}")
-    settings = StudySettings.from_config(cfg)
+    settings = StudySettings.from_config(cfg)      # method=auto: across methods
     if (cfg.get("launcher") or {}).get("kind") == "slurm" and phase == "all":
         from tuner.cluster.launch import launch  # noqa: PLC0415 - only for Slurm
         return launch(cfg, settings.name, say)

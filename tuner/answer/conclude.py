@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from optuna.trial import FrozenTrial
 
+from tuner.config.union import METHOD, is_union, member_of
 from tuner.predict.predict import summary_line
 from tuner.search.space import active_params
 from tuner.answer import decide
@@ -37,6 +38,11 @@ def conclude(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     """The winner and its held-out confirmation (``confirmed``) into one ``StudyOutcome``, with
     every decision made once (``tuner.answer.decide``)."""
     params = trial_params(settings, winner)
+    own_settings, own = settings, params       # a union's winner: its member's (tuner.config.union)
+    if is_union(settings.method):
+        name, _, own = member_of(settings.method, params)
+        from tuner.study.settings import member_settings
+        own_settings = member_settings(settings, name)
     best = {"trial": winner.number, "value": winner.values[0], "trials": len(completed(study)),
             "run_id": winner.user_attrs.get("mlflow_run_id")}
     margin = control_margin(study)
@@ -49,16 +55,22 @@ def conclude(settings: StudySettings, study: optuna.Study, evaluator: Evaluator,
     folder = Path(settings.studies_dir) / "best"
     notes = study_notes(settings, study, confirmed, figures)
     since = compare_previous(folder, settings.family, settings.name, params, confirmed)
-    header, replay = replay_body(settings, params, best, confirmed)
+    header, replay = replay_body(own_settings, own, best, confirmed)
     described = evaluator.describe()
+    advice = decide.recommendation(settings, confirmed, levels, rates, margin)
+    methods = ()
+    if own_settings is not settings:          # which method, in the answer's own words
+        methods = tuple(methods_table(settings, study))
+        advice = name_the_method(advice, own_settings.method_choice,
+                                 active_params(own, own_settings.space))
     return StudyOutcome(
-        study=settings.name, method=settings.method_choice, task=settings.task.name,
+        study=settings.name, method=own_settings.method_choice, task=settings.task.name,
         objective=settings.objectives[0], engine={"kind": settings.engine["kind"],
                                                    **described},
         winner=Winner(winner.number, float(winner.values[0]), best["trials"], best["run_id"],
-                      params, active_params(params, settings.space), figures),
+                      own, active_params(own, own_settings.space), figures),
         confirmed=confirmed, levels=levels, rates=rates, deploy=deploy, prediction=prediction,
-        recommendation=decide.recommendation(settings, confirmed, levels, rates, margin),
+        recommendation=advice, methods=methods,
         notes=(*([since] if since else []), *notes), acceptance=acceptance(confirmed),
         budget=dict(settings.budget), energy_reason=described.get("energy", ""),
         quality_bound=settings.bound.describe() if settings.bound.active or
@@ -218,3 +230,59 @@ def replay_body(settings: StudySettings, params: Mapping[str, Any], best: Mappin
                           if "held_out_decode_speedup" in confirmed else {}),
                        **{k: float(confirmed[k]) for k in QUALITY_KEYS if k in confirmed}}}
     return header, body
+
+
+def name_the_method(advice: str, method: str, shown: Mapping[str, Any]) -> str:
+    """A cross-method study's recommendation with its winner's method named."""
+    what = f"method={method} {dict(shown)}"
+    if "the best parameters" in advice:
+        return advice.replace("the best parameters", what, 1)
+    if "the winner" in advice:
+        return advice.replace("the winner", f"the winner ({what})", 1)
+    return f"{advice} (the winner: {what})"
+
+
+def methods_table(settings: StudySettings, study: optuna.Study) -> list[dict[str, Any]]:
+    """A cross-method study's methods, best measured first: each member's best tuning value
+    (finished trials), its best prediction (the stored ranking), its trials by state and the
+    seconds they took (the ranking of every method, inside trial 0, left out: the summary's
+    time line holds it)."""
+    from optuna.trial import TrialState
+
+    from tuner.search.cost import RANKING_S
+    from tuner.search.ranking import RANKING
+    predicted: dict[str, float] = {}
+    for point, value in (study.user_attrs.get(RANKING) or {}).get("predicted", []):
+        if value is not None and METHOD in point:
+            name = str(point[METHOD])
+            predicted[name] = max(predicted.get(name, float("-inf")), float(value))
+    rows: dict[str, dict[str, Any]] = {
+        name: {"method": name, "best": None, "best_trial": None,
+               "predicted_best": predicted.get(name), "finished": 0, "dropped": 0,
+               "failed": 0, "seconds": 0.0}
+        for name in settings.method["members"]}
+    key = settings.objectives[0]
+    for t in study.get_trials(deepcopy=False):
+        name = str(trial_params(settings, t).get(METHOD, ""))
+        row = rows.get(name)
+        if row is None or t.state in (TrialState.WAITING, TrialState.RUNNING):
+            continue
+        if t.datetime_start is not None and t.datetime_complete is not None:
+            row["seconds"] += (t.datetime_complete - t.datetime_start).total_seconds() - \
+                float(t.user_attrs.get(RANKING_S) or 0.0)     # trial 0 ranked every method
+        if t.state == TrialState.COMPLETE:
+            row["finished"] += 1
+            value = settings.sign * t.values[0]
+            if not TrialRecord.read(t).infeasible and \
+                    (row["best"] is None or value > settings.sign * row["best"]):
+                row["best"], row["best_trial"] = float(t.values[0]), t.number
+        elif t.state == TrialState.PRUNED:
+            row["dropped"] += 1
+        else:
+            row["failed"] += 1
+    for row in rows.values():
+        row["seconds"] = round(row["seconds"], 1)
+        row["objective"] = key
+    return sorted(rows.values(), key=lambda r: (
+        r["best"] is None, -settings.sign * (r["best"] or 0.0),
+        -(r["predicted_best"] or float("-inf"))))

@@ -111,6 +111,7 @@ class StudyOutcome:
     best_path: Path | None = None
     plots: tuple[Path, ...] = ()
     feasible: bool = True                      # False: every trial broke the quality bound
+    methods: tuple[Mapping[str, Any], ...] = ()  # a cross-method study: per method, best first
 
     @property
     def confirmed_any(self) -> bool:
@@ -145,7 +146,8 @@ class StudyOutcome:
                            "calibration": self.prediction.calibration,
                            "profile_check": self.prediction.profile_check},
             "cost": self.cost, "trials": list(self.trials), "notes": list(self.notes),
-            "feasible": self.feasible})
+            "feasible": self.feasible,
+            **({"methods": list(self.methods)} if self.methods else {})})
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> StudyOutcome:
@@ -187,7 +189,8 @@ class StudyOutcome:
                 recommendation=str(body.get("recommendation") or ""),
                 notes=tuple(body.get("notes") or ()),
                 acceptance=dict(body.get("acceptance") or {}), cost=dict(body.get("cost") or {}),
-                trials=tuple(body.get("trials") or ()), feasible=bool(body.get("feasible", True)))
+                trials=tuple(body.get("trials") or ()), feasible=bool(body.get("feasible", True)),
+                methods=tuple(dict(m) for m in body.get("methods") or ()))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"not a study outcome of version {OUTCOME_VERSION} "
                              f"({type(err).__name__}: {err})") from None

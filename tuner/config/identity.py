@@ -50,7 +50,8 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
     search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout", "slo",
                                                                    "profile", "predict_for",
                                                                    "max_hours", "race",
-                                                                   "profile_rounds")}
+                                                                   "profile_rounds")
+                   and not (k == "untimed" and v == "auto")}   # auto: every older study's
     if search.get("kind") == "predict":      # there the profile chooses the measured points:
         from pathlib import Path             # its content, not its path, is the identity
         #                                      (auto: this machine's cached one, whose file and

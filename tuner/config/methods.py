@@ -6,7 +6,9 @@ The method's module is imported (to read its signature); nothing is instantiated
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,10 @@ SAMPLING_ARGS = ("temperature", "top_k", "top_p", "seed")
 
 
 def method_class(method_cfg: Mapping[str, Any]) -> type[DecodingMethod]:
-    """The class named by ``_target_``: it must be defined in a ``decoding.`` module."""
+    """The class named by ``_target_``: it must be defined in a ``decoding.`` module (a union of
+    methods: the capabilities its members share, ``tuner.config.union.union_class``)."""
+    if isinstance(method_cfg.get("members"), Mapping):
+        return union_class(method_cfg)
     target = str(method_cfg.get("_target_", ""))
     if not target.startswith("decoding."):
         raise ConfigError(f"method._target_={target!r} is not allowed: only classes defined "
@@ -48,6 +53,26 @@ def method_class(method_cfg: Mapping[str, Any]) -> type[DecodingMethod]:
                           "subclasses of decoding.base.DecodingMethod (they declare their "
                           "capabilities)")
     return cls
+
+
+def union_class(method: Mapping[str, Any]) -> type[DecodingMethod]:
+    """A union of methods' class (``tuner.config.union``): the capabilities its members share,
+    what a study reads of a union (one prompt order for every trial where any member may keep
+    a history); a point's own capabilities are its member's."""
+    return _union_class(json.dumps([str(m["_target_"]) for m in method["members"].values()]))
+
+
+@functools.lru_cache(maxsize=32)
+def _union_class(targets: str) -> type[DecodingMethod]:
+    from decoding.base import DecodingMethod
+    classes = [method_class({"_target_": t}) for t in json.loads(targets)]
+    return type("UnionOfMethods", (DecodingMethod,), {
+        "__module__": __name__, "__doc__": union_class.__doc__,
+        "keeps_history": any(c.keeps_history is not False for c in classes),
+        "replayable": all(c.replayable for c in classes),
+        "traceable": all(c.traceable for c in classes),
+        "supports_compiled": all(c.supports_compiled for c in classes),
+        "head_version": None, "draft_size_params": ()})
 
 
 def method_arguments(cls: type) -> list[str]:

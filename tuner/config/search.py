@@ -15,6 +15,7 @@ from tuner.config.values import get_class, integer
 from tuner.search.space import distributions, grid_names, heuristic_values
 
 SEARCH_KINDS = ("heuristic", "grid", "predict", "sampler")
+UNTIMED = ("auto", "halving", "sweep")   # search=predict: tuner.predict.halving
 OPTUNA_KINDS = {"sampler": ("optuna.samplers", "BaseSampler"),
                 "pruner": ("optuna.pruners", "BasePruner")}
 OWN_CLASSES = {"pruner": "tuner.search.pruners."}   # the project's own, beside Optuna's
@@ -77,6 +78,12 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                 "measured)")
         integer("search.spread", search.get("spread"), 0, "an integer >= 0 (points spread over "
                 "the rest of the ranking, measured to calibrate)")
+        untimed = search.get("untimed", "auto")
+        if untimed not in UNTIMED:
+            raise ConfigError(f"search.untimed={untimed!r} is invalid: allowed are "
+                              f"{list(UNTIMED)} (how points predicted from untimed runs are "
+                              "ranked: auto = sweep across methods (method=auto), halving for "
+                              "one method)")
     check_race(search.get("race"))
     if search.get("race") is not None and kind not in ("heuristic", "grid", "predict"):
         raise ConfigError(f"search.race is set with search.kind={kind} (a sampler chooses its "

@@ -12,6 +12,7 @@ the machine stayed busy is flagged ``contended``. Quality (task metric, perplexi
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -21,6 +22,7 @@ from decoding.acceptance import AcceptanceCounts
 from decoding.compiled import CompiledTarget
 from decoding.eagle_weights import head_source
 from tuner.config.build import build_method, load_models
+from tuner.config.union import METHOD, is_union, member_of, namespaced
 from tuner.config.validate import check_generation_fits, check_head_fits
 from tuner.measure.energy import EnergyMeter, EnergyReading
 from tuner.measure.evaluator import (
@@ -36,7 +38,7 @@ from tuner.measure.measurement import Measurement
 from tuner.measure.paired import assess, measure_pairs
 from tuner.measure.quality import mean_log_prob
 from tuner.measure.timing import Timer, reset_peak_memory, time_generation
-from tuner.predict.ranker import Ranker
+from tuner.predict.ranker import Ranker, UnionRanker
 
 if TYPE_CHECKING:
     from tuner.tasks.task import Prompt
@@ -68,11 +70,17 @@ class HFEvaluator:
         self.threads = configure_threads(s.threads)
         self.guard = s.contention_guard()
         self.pair, self.tokenizer = load_models(s.models, s.method["needs_draft"])
-        # method=eagle: the head loads and fits before any trial; every trial reuses it
-        self.head = check_head_fits(s.method, self.pair.target)
-        if self.head is not None:          # its weights were hashed once, for the fingerprint
-            identity = json.loads(s.head_identity or "{}")
-            self.say(f"EAGLE head {s.default['head']}: {head_source(s.default['head'], identity)}")
+        # method=eagle: the head loads and fits before any trial; every trial reuses it (a union
+        # of methods: each member's own head, tuner.config.union)
+        members = s.method["members"] if is_union(s.method) else {None: s.method}
+        self.heads = {name: check_head_fits(m, self.pair.target) for name, m in members.items()}
+        self.heads = {name: head for name, head in self.heads.items() if head is not None}
+        self.head = self.heads.get(None)
+        for name, head in self.heads.items():   # its weights were hashed once, for the print
+            identity = json.loads(s.head_identity or "{}") if name is None else {}
+            given = members[name]["params"]["head"]
+            self.say(f"EAGLE head {given}{'' if name is None else f' (method={name})'}: "
+                     f"{head_source(given, identity)}")
         self.ids = {i: s.task.encode(p, self.tokenizer) for i, p in self.prompts.items()}
         longest = max(len(ids) for ids in self.ids.values())
         for model in (self.pair.target, *self.pair.drafts):   # the tokenised prompts fit?
@@ -82,6 +90,10 @@ class HFEvaluator:
         self.vanilla = self.build(VANILLA, {})
         self._ranker = Ranker(s, self.pair, self.ids, lambda params: self.build(s.method, params),
                               self.compiled, self.say)
+        if is_union(s.method):             # each member ranked by its own ranker, one profile
+            self._ranker = UnionRanker(s.method, self._ranker, {
+                name: self._ranker.for_method(m, partial(self._build_member, name))
+                for name, m in s.method["members"].items()})
 
     def _compile(self, longest: int) -> CompiledTarget:
         """engine.compile=true: the target on a static cache, every bucket compiled now (once per
@@ -119,14 +131,25 @@ class HFEvaluator:
     def deployment(self, params: Mapping[str, Any],
                    per_level: Mapping[int, Mapping[str, Any] | None] | None = None
                    ) -> dict[str, str]:
-        """How to run the winner: with this project's own decoding library."""
-        return {"python": f"decoding.build_method({self.settings.method_choice!r}, pair, "
-                          f"**{dict(params)!r})"}
+        """How to run the winner: with this project's own decoding library (a union's point:
+        its member, by name)."""
+        choice = self.settings.method_choice
+        if is_union(self.settings.method):
+            choice, _, params = member_of(self.settings.method, params)
+        return {"python": f"decoding.build_method({choice!r}, pair, **{dict(params)!r})"}
 
     def build(self, method_cfg: Mapping[str, Any], params: Mapping[str, Any]) -> Any:
-        """The method with every parameter; a refusal is the point's fault (ParametersRefused)."""
-        if self.head is not None and "head" in params:
-            params = {**params, "head": self.head}      # loaded once in open(), same reference
+        """The method with every parameter; a refusal is the point's fault (ParametersRefused).
+        A union's point builds its member (``tuner.config.union.member_of``)."""
+        head = self.head
+        if is_union(method_cfg):
+            try:
+                name, method_cfg, params = member_of(method_cfg, params)
+            except (KeyError, ValueError) as err:
+                raise ParametersRefused(f"{type(err).__name__}: {err}") from err
+            head = self.heads.get(name)
+        if head is not None and "head" in params:
+            params = {**params, "head": head}      # loaded once in open(), same reference
         try:
             method = build_method(method_cfg, params, self.pair, self.settings.sampling,
                                   self.settings.seed)
@@ -135,6 +158,10 @@ class HFEvaluator:
         if self.compiled is not None:
             method.use_compiled(self.compiled)
         return method
+
+    def _build_member(self, name: str, params: Mapping[str, Any]) -> Any:
+        """A union member's method at its own parameters (its head lent as for a trial)."""
+        return self.build(self.settings.method, {METHOD: name, **namespaced(name, params)})
 
     # -- measuring ---------------------------------------------------------------------------------
 
@@ -182,7 +209,7 @@ class HFEvaluator:
         asked by the objective with the trial's parameters."""
         return {}
 
-    def ranker(self) -> Ranker:
+    def ranker(self) -> Ranker | UnionRanker:
         """The ranking and the predictions on the models loaded by ``open``
         (``tuner.predict.ranker``)."""
         return self._ranker

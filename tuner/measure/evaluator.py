@@ -50,6 +50,12 @@ class MethodView:
         """Every parameter's default (trial 0): searched and fixed ones."""
         return dict(self.method.get("params") or {})
 
+    def params_at(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Every parameter that builds the point ``values``: the defaults under its values (a
+        union of methods: its member's defaults, ``tuner.config.union.params_at``)."""
+        from tuner.config.union import params_at
+        return params_at(self.method, values)
+
     @property
     def lossless(self) -> bool:
         return bool(self.method.get("lossless", True))
@@ -96,6 +102,8 @@ class MeasureSettings(MethodView):
     traffic: Traffic = Traffic()       # request rates (engine servers; tuner.measure.rates)
     profile: Any = None                # search.profile, loaded (tuner.predict.surface), or None
     predict_for: Any = None            # search.predict_for: another machine's profile, or None
+    untimed: str = "halving"           # search=predict: how points needing untimed runs are
+    #                                    ranked (halving | sweep: tuner.predict.halving)
     bound_slack: float = 0.25          # tuner.measure.bounds: the physical bound's slack
 
     def contention_guard(self) -> ContentionGuard:

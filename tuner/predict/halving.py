@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -106,3 +106,65 @@ def approximate_then_exact(n_points: int, approximate: Callable[[int], float],
     kept = set(live[: max(keep_at_least, math.ceil(n_points / eta))])
     values = [exact(i) if i in kept else first[i] for i in range(n_points)]
     return TwoFidelity(tuple(values), tuple(i in kept for i in range(n_points)))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What the coordinate sweep decided, per point (by index): as ``Halving``, with the points
+    it never reached cut at 0 prompts (no prediction: -inf), and its stages' halvings."""
+
+    values: tuple[float, ...]
+    cut: tuple[int | None, ...]
+    stages: tuple[tuple[str, Halving], ...]    # (the parameter swept, its halving)
+
+    def runs(self) -> int:
+        return sum(h.runs() for _, h in self.stages)
+
+    def line(self, n_prompts: int) -> str:
+        swept = ", ".join(f"{name} over {len(h.values)} values" for name, h in self.stages)
+        return (f"Algorithm 1 sweep ({swept or 'one point'}), each stage by successive halving: "
+                f"{sum(c != 0 for c in self.cut)} of {len(self.values)} points predicted, "
+                f"{self.runs()} untimed runs instead of {len(self.values) * n_prompts}")
+
+
+def coordinate_sweep(points: Sequence[Mapping[str, Any]], start: int, n_prompts: int,
+                     run: Callable[[int, int], None], score: Callable[[int, int], float],
+                     eta: int = 2, keep_at_least: int = 2,
+                     on_stage: Callable[[str, Halving], None] = lambda name, h: None) -> Sweep:
+    """Ouroboros Appendix B.2's Algorithm 1 on predictions: from point ``start``, each
+    parameter that varies over ``points`` (in their key order) is swept over the points that
+    differ from the current one in it alone, by successive halving over the prompts; the best
+    becomes the current point before the next parameter. ``run(i, k)`` must be idempotent (a
+    point run on prompt k already is not run again: the current point's runs carry over to
+    the next stage). A point no stage reached is cut at 0 prompts (-inf). Coordinate descent:
+    a joint optimum the sweep does not pass through is missed, as the paper's heuristic does."""
+    names = [k for k in (points[0] if points else {})
+             if len({repr(p.get(k)) for p in points}) > 1]
+    values = [-math.inf] * len(points)
+    cut: list[int | None] = [0] * len(points)
+    stages: list[tuple[str, Halving]] = []
+    current = start
+    for name in names:
+        here = points[current]
+        group = [i for i, p in enumerate(points)
+                 if all(repr(p.get(k)) == repr(here.get(k)) for k in names if k != name)]
+        if len(group) < 2:
+            continue
+        halving = successive_halving(len(group), n_prompts, lambda j, k: run(group[j], k),
+                                     lambda j, n: score(group[j], n), eta, keep_at_least)
+        for j, i in enumerate(group):
+            if cut[i] is None and halving.cut[j] is not None:
+                continue                    # seen in full in an earlier stage: kept so
+            values[i], cut[i] = halving.values[j], halving.cut[j]
+        whole = [j for j in range(len(group)) if halving.cut[j] is None and
+                 halving.values[j] > -math.inf]
+        if whole:
+            current = group[max(whole, key=lambda j: (halving.values[j], group[j] == current))]
+        stages.append((name, halving))
+        on_stage(name, halving)
+    if not stages and points:               # nothing varies: the one point, in full
+        halving = successive_halving(1, n_prompts, lambda j, k: run(start, k),
+                                     lambda j, n: score(start, n), eta, keep_at_least)
+        values[start], cut[start] = halving.values[0], halving.cut[0]
+        stages.append(("", halving))
+    return Sweep(tuple(values), tuple(cut), tuple(stages))

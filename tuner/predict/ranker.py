@@ -248,13 +248,14 @@ class Ranker:
         on the first prompt, the best half kept for the next, ...; the rounds said), one full
         run per point at T > 0. ``known``: what an interrupted ranking kept, {index: (value,
         cut)}; ``on_point(i, value, cut)`` once a point's value is final."""
-        from tuner.predict.halving import successive_halving
+        from tuner.predict.halving import coordinate_sweep, successive_halving
         known = dict(known or {})
         prompts = list(prompts)
         values: list[float] = [float("-inf")] * len(points)
         cut: list[int | None] = [None] * len(points)
         halved: dict[int, tuple[Any, dict[str, Any]]] = {}
         chains: dict[int, Any] = {}
+        replayed: list[int] = []
         for i, point in enumerate(points):
             if i in known:
                 values[i], cut[i] = known[i]
@@ -269,10 +270,14 @@ class Ranker:
                 halved[i] = (method, params)
             elif self.chain(method) is not None:
                 chains[i] = method
-            else:
+            elif self.settings.untimed == "sweep" and self.settings.method["needs_draft"]:
+                replayed.append(i)            # swept below: a dynamic tree's replay runs its
+            else:                             # draft per point (seconds each)
                 values[i] = self._priced(self.point_acceptance(i, point, len(points), prompts),
                                          point)
                 on_point(i, values[i], None)
+        if replayed:
+            self._swept_replays(points, prompts, replayed, values, cut, on_point)
         if chains:
             self._two_fidelities(points, prompts, chains, values, cut, on_point)
         if not halved:
@@ -283,7 +288,7 @@ class Ranker:
         def run(j: int, k: int) -> None:
             i = order[j]
             got = runs[i]
-            if got is None:
+            if got is None or len(got) > k:     # failed, or run on prompt k already (a sweep)
                 return
             try:
                 got.extend(self.observe(halved[i][0], [prompts[k]], fresh=k == 0) or [])
@@ -301,8 +306,17 @@ class Ranker:
         def said(r: Any) -> None:         # a round can take minutes: say each one
             self.say(f"  successive halving, prompt {r.prompts} of {len(prompts)}: {r.ran} "
                      f"points run, {r.kept} kept ({time.perf_counter() - began:.0f} s so far)")
-        halving = successive_halving(len(order), len(prompts), run, score, on_round=said)
-        self.say(f"  {halving.line()}")
+        if self.settings.untimed == "sweep":     # Algorithm 1 on predictions
+            def stage(name: str, h: Any) -> None:
+                self.say(f"  sweep of {name}: {len(h.values)} values, {h.runs()} untimed runs "
+                         f"({time.perf_counter() - began:.0f} s so far)")
+            halving = coordinate_sweep([points[i] for i in order],
+                                       self._start([points[i] for i in order]), len(prompts),
+                                       run, score, on_stage=stage)
+            self.say(f"  {halving.line(len(prompts))}")
+        else:
+            halving = successive_halving(len(order), len(prompts), run, score, on_round=said)
+            self.say(f"  {halving.line()}")
         for j, i in enumerate(order):
             method, params = halved[i]
             values[i], cut[i] = halving.values[j], halving.cut[j]
@@ -311,6 +325,34 @@ class Ranker:
             method.reset()
             on_point(i, values[i], cut[i])
         return values, cut
+
+    def _swept_replays(self, points: Sequence[Mapping[str, Any]], prompts: Sequence[Prompt],
+                       replayed: Sequence[int], values: list[float], cut: list[int | None],
+                       on_point: Callable[[int, float, int | None], None]) -> None:
+        """``search.untimed=sweep``: replayed points by Algorithm 1's sweep (each reached point
+        replayed on every prompt; the others cut at 0 prompts), from the default."""
+        from tuner.predict.halving import coordinate_sweep
+        got: dict[int, float] = {}
+
+        def run(j: int, k: int) -> None:
+            i = replayed[j]
+            if i not in got:
+                got[i] = self._priced(self.point_acceptance(i, points[i], len(points), prompts),
+                                      points[i])
+        start = self._start([points[i] for i in replayed])
+        sweep = coordinate_sweep([points[i] for i in replayed], start, 1, run,
+                                 lambda j, n: got.get(replayed[j], float("-inf")))
+        for j, i in enumerate(replayed):
+            values[i], cut[i] = sweep.values[j], sweep.cut[j]
+            on_point(i, values[i], cut[i])
+        self.say(f"  {sweep.line(1).replace(' instead of', ' (replays) instead of')}")
+
+    def _start(self, points: Sequence[Mapping[str, Any]]) -> int:
+        """Where a sweep starts: the method's default where it is one of ``points``, else the
+        first."""
+        default = self.settings.default
+        return next((j for j, p in enumerate(points)
+                     if all(default.get(k) == v for k, v in p.items())), 0)
 
     def replays(self, method: DecodingMethod) -> bool:
         """Whether ``method``'s acceptance replays (``replay``): a lossless method at T = 0 whose
@@ -483,3 +525,80 @@ def rank_methods(members: Mapping[str, tuple[Ranker, Sequence[Mapping[str, Any]]
                                     tuple(cut), time.perf_counter() - began))
     ranked.sort(key=lambda m: (-m.best_value, order.get(m.name, len(order)), m.name))
     return CrossRanking(tuple(ranked))
+
+
+class UnionRanker:
+    """A union of methods' ranker (``tuner.config.union``): each point to its member's own
+    ranker (``Ranker.for_method``: vanilla's trajectories, the draft's agreements and the
+    profile shared); the profile's check and vanilla's price are the members' common ones."""
+
+    def __init__(self, method: Mapping[str, Any], base: Ranker,
+                 members: Mapping[str, Ranker]) -> None:
+        self.method, self.base, self.members = method, base, dict(members)
+
+    @property
+    def profile(self) -> Any:
+        return self.base.profile
+
+    @profile.setter
+    def profile(self, profile: Any) -> None:      # made again (search.profile=auto): for all
+        for ranker in (self.base, *self.members.values()):
+            ranker.profile = profile
+
+    def refuse_profile(self, line: str) -> None:
+        for ranker in (self.base, *self.members.values()):
+            ranker.refuse_profile(line)
+
+    def check_profile(self, pairs: Sequence[Paired]) -> Any:
+        return self.base.check_profile(pairs)
+
+    def vanilla_price(self, profile: Any) -> list[float] | None:
+        return self.base.vanilla_price(profile)
+
+    def split(self, params: Mapping[str, Any]) -> tuple[Ranker, dict[str, Any]]:
+        """The member's ranker and its own parameters of a union's point."""
+        from tuner.config.union import member_of
+        name, _, own = member_of(self.method, params)
+        return self.members[name], own
+
+    def trial_prediction(self, params: Mapping[str, Any], pairs: Sequence[Paired]
+                         ) -> dict[str, float]:
+        ranker, own = self.split(params)
+        return ranker.trial_prediction(own, pairs)
+
+    def rank_points(self, points: Sequence[Mapping[str, Any]], prompts: Sequence[Prompt],
+                    known: Mapping[int, tuple[float, int | None]] | None = None,
+                    on_point: Callable[[int, float, int | None], None] =
+                    lambda i, value, cut: None) -> tuple[list[float], list[int | None]]:
+        """Every member's points by its own ranker (``Ranker.rank_points``: replay, halving,
+        two fidelities), members in the union's order, each said with its time; the values and
+        cuts back in ``points``' order."""
+        from tuner.config.union import METHOD, member_of
+        known = dict(known or {})
+        values: list[float] = [float("-inf")] * len(points)
+        cut: list[int | None] = [None] * len(points)
+        groups: dict[str, list[int]] = {}
+        for i, point in enumerate(points):
+            groups.setdefault(str(point[METHOD]), []).append(i)
+        for name, ranker in self.members.items():
+            where = groups.get(name, [])
+            if not where:
+                continue
+            if name in (self.method.get("unpriced") or ()):     # an EAGLE head: measured
+                for i in where:
+                    on_point(i, float("-inf"), None)
+                ranker.say(f"  method={name}: not ranked (no hardware profile prices its "
+                           "drafts): measured at its heuristic start point")
+                continue
+            own = [member_of(self.method, points[i])[2] for i in where]
+            began = time.perf_counter()
+            got, cuts = ranker.rank_points(
+                own, prompts, {j: known[i] for j, i in enumerate(where) if i in known},
+                lambda j, value, c, where=where: on_point(where[j], value, c))
+            for j, i in enumerate(where):
+                values[i], cut[i] = got[j], cuts[j]
+            whole = [v for v, c in zip(got, cuts) if c is None and v > float("-inf")]
+            best = f"best {max(whole):.3f}x" if whole else "none predicted"
+            ranker.say(f"  method={name}: {len(where)} points ranked in "
+                       f"{time.perf_counter() - began:.1f} s ({best})")
+        return values, cut

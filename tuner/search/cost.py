@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 from optuna.trial import TrialState
 
 from tuner.config.errors import ConfigError
+from tuner.config.union import METHOD, is_union
 from tuner.search.plans import PredictPlan
 
 if TYPE_CHECKING:
@@ -144,12 +145,37 @@ class SearchCost:
             return 0
         return len(plan.points)
 
-    def point_ranking_s(self, prices: Sequence[float], method_s: float | None = None) -> float:
+    def ranking_s(self, prices: Sequence[float], method_s: float | None = None) -> float:
+        """The points still to rank, each by ``point_ranking_s``; a union of methods' points
+        each by its member's (``method_s``, trial 0's, prices trial 0's member only)."""
+        s, plan = self.settings, self.points.plan
+        if not self.ranking_points():
+            return 0.0
+        if not is_union(s.method):
+            return self.ranking_points() * self.point_ranking_s(prices, method_s)
+        from dataclasses import replace
+        first = s.default[METHOD]
+        total = 0.0
+        for name, member in s.method["members"].items():
+            if name in (s.method.get("unpriced") or ()):
+                continue                        # measured, never ranked
+            own = [p for p in plan.points if p[METHOD] == name]
+            view = replace(s, method=member)
+            each = self.point_ranking_s(prices, method_s if name == first else None, view)
+            if s.untimed == "sweep" and each > 0.01 * len(prices):
+                # Algorithm 1's sweep reaches at most one point per value of each parameter
+                own = own[:sum(len({repr(p[k]) for p in own}) for k in (own[0] if own else {})
+                               if k != METHOD and len({repr(p[k]) for p in own}) > 1) or 1]
+            total += len(own) * each
+        return total
+
+    def point_ranking_s(self, prices: Sequence[float], method_s: float | None = None,
+                        settings: Any = None) -> float:
         """One point's ranking: an untimed run of the method on every tuning prompt (a method
         that does not replay; ``method_s``: trial 0's measured method seconds over its prompts,
         else vanilla's priced), or a replay: the draft's forwards for a draft model, next to
-        nothing for model-free drafters."""
-        s = self.settings
+        nothing for model-free drafters. ``settings``: another method's (a union's member)."""
+        s = settings or self.settings
         if not s.method_class.replayable or not s.greedy:
             return method_s if method_s is not None else sum(prices)
         profile = s.profile
@@ -166,7 +192,7 @@ class SearchCost:
         trial = 2 * mean * self.warm_and_measured(len(prices))
         if self.settings.profile is not None and not self._replays():
             trial += sum(prices)                 # the untimed run a trial's prediction needs
-        ranking = self.ranking_points() * self.point_ranking_s(prices)
+        ranking = self.ranking_s(prices)
         if ranking and self._replays():
             ranking += sum(prices)               # vanilla's trajectories, once per study
         return Estimate(self.trials_left(), trial,
@@ -246,7 +272,7 @@ class SearchCost:
         time; a refusal line over the cap (trial 0 is kept), else None."""
         if self.cap_h is None or not self.prices:
             return None
-        ranking = self.ranking_points() * self.point_ranking_s(self.prices, method_s)
+        ranking = self.ranking_s(self.prices, method_s)
         if ranking <= self.cap_h * 3600:
             return None
         return (f"search=predict's ranking of {self.ranking_points()} points is estimated at "

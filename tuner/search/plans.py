@@ -148,11 +148,22 @@ class PredictPlan(Plan):
 
     def __init__(self, space: Mapping[str, Mapping[str, Any]], default: Mapping[str, Any],
                  ranges: str, task_class: str | None, top: int, spread: int,
-                 race: Race | None = None) -> None:
-        grid = GridPlan(space, default, ranges, task_class)
-        self.points, self.holds_default = grid.points, grid.holds_default
+                 race: Race | None = None, points: Sequence[Point] | None = None,
+                 unpriced: Sequence[Point] = ()) -> None:
+        """``points``: the grid given (a union of methods: its members' grids side by side,
+        ``union_grid``), else ``space``'s grid over ``ranges``; ``unpriced``: points of it no
+        profile prices, measured right after the default whatever the ranking (``unpriced``
+        stage; a race never stops before them)."""
+        if points is None:
+            grid = GridPlan(space, default, ranges, task_class)
+            self.points, self.holds_default = grid.points, grid.holds_default
+        else:
+            first = [dict(p) for p in points if point_key(p) == point_key(default)]
+            self.points = first + [dict(p) for p in points if point_key(p) != point_key(default)]
+            self.holds_default = bool(first)
         self.default = dict(default)
         self.default_key = point_key(default)
+        self.unpriced = [dict(p) for p in unpriced if point_key(p) != self.default_key]
         self.top, self.spread, self.race = top, spread, race
         self.chosen: list[tuple[Point, str]] | None = None
         self.predicted: dict[tuple, float] = {}
@@ -178,9 +189,11 @@ class PredictPlan(Plan):
         self.cut = {point_key(p): c for p, c in zip(self.points, cut) if c is not None}
         order = sorted(range(len(self.points)),
                        key=lambda i: (cut[i] is not None, -(cut[i] or 0), -predicted[i]))
+        unpriced = {point_key(p) for p in self.unpriced}
         rest = [self.points[i] for i in order if point_key(self.points[i]) != self.default_key
-                and predicted[i] > float("-inf")]           # -inf: the method refuses it
-        chosen = [(self.default, "default")]
+                and predicted[i] > float("-inf")            # -inf: the method refuses it
+                and point_key(self.points[i]) not in unpriced]
+        chosen = [(self.default, "default")] + [(p, "unpriced") for p in self.unpriced]
         if self.race is not None:           # every point, in order; the race decides how far
             self.chosen = chosen + [(p, "race") for p in rest]
             return self.chosen
@@ -260,6 +273,8 @@ class PredictPlan(Plan):
                       if point_key(p) not in self.cut]
         if not ahead:
             return None
+        if ahead[0][1] == "unpriced":       # no prediction to race it by: measured
+            return ahead[0]
         if self.default_key in results:     # the default is measured first, never raced out
             why = "every point the ranking priced in full is measured" if not unmeasured else \
                 stop_bound(self.race, leader, finished,
@@ -278,3 +293,23 @@ class PredictPlan(Plan):
         if self.race is not None:
             return len(self.points)
         return (1 if self.holds_default else 0) + min(rest, self.top + self.spread)
+
+
+def union_grid(method: Mapping[str, Any], ranges: str, task_class: str | None, seed: int
+               ) -> tuple[list[Point], list[Point]]:
+    """A union of methods' grid (``tuner.config.union``): each member's own grid over ``ranges``
+    (its inactive parameters at its default), as points of the union, members in order; and
+    the points measured unranked: an unpriced member's heuristic start point (Algorithm 1's
+    first point, ``HeuristicPlan.initial``) as its only point."""
+    from tuner.config.union import member_points
+    points: list[Point] = []
+    unpriced: list[Point] = []
+    for name, member in method["members"].items():
+        space, default = member.get("space") or {}, member.get("params") or {}
+        if name in (method.get("unpriced") or ()):
+            start = HeuristicPlan(space, task_class or "", seed, default).initial
+            unpriced += member_points(name, [start])
+            points += member_points(name, [start])
+            continue
+        points += member_points(name, GridPlan(space, default, ranges, task_class).points)
+    return points, unpriced

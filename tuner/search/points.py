@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import optuna
 from optuna.trial import TrialState
 
-from tuner.search.plans import WAIT, GridPlan, HeuristicPlan, Plan, PredictPlan, point_key
+from tuner.config.union import is_union, point_space
+from tuner.search.plans import (WAIT, GridPlan, HeuristicPlan, Plan, PredictPlan, point_key,
+                                union_grid)
 from tuner.search.space import suggest
 from tuner.study.holding import enqueue, held_point
 from tuner.search.ranking import RACE_STOPPED, restore
@@ -60,9 +62,12 @@ def make_plan(settings: StudySettings, say: Callable[[str], None]) -> Plan | Non
     if kind == "heuristic":
         return HeuristicPlan(settings.space, settings.task.task_class, settings.seed, default)
     if kind == "predict":
-        return PredictPlan(settings.space, default, settings.search.get("ranges", "heuristic"),
-                           settings.task.task_class, int(settings.search["top"]),
-                           int(settings.search["spread"]), settings.race)
+        ranges = settings.search.get("ranges", "heuristic")
+        union, unpriced = union_grid(settings.method, ranges, settings.task.task_class,
+                                     settings.seed) if is_union(settings.method) else (None, [])
+        return PredictPlan(settings.space, default, ranges, settings.task.task_class,
+                           int(settings.search["top"]), int(settings.search["spread"]),
+                           settings.race, points=union, unpriced=unpriced)
     if kind != "grid":
         return None
     ranges = settings.search.get("ranges", "heuristic")
@@ -109,7 +114,9 @@ class Points:
                 "stage" not in trial.user_attrs:       # the queue emptied before our ask
             self._fail_duplicate(trial, "another worker took the queued point")
             return NoClaim.RETRY
-        values = suggest(trial, self.settings.space, conditional=self.plan is None)
+        # a union of methods: ``method`` and its member's parameters (tuner.config.union)
+        space = point_space(self.settings.method, held_point(trial))
+        values = suggest(trial, space, conditional=self.plan is None)
         stage = trial.user_attrs.get("stage", self.settings.search["kind"])
         if self.plan is not None and not self._first_holder(trial, values):
             return NoClaim.RETRY

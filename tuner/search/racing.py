@@ -121,11 +121,19 @@ CHEAPER_DEPLOYMENT_FIRST = ("vanilla", "prompt_lookup", "lookahead", "eagle", "e
                             "speculative", "block", "tree", "specinfer", "ouroboros", "mjsd")
 
 
+def deployment_rank(method: str) -> int:
+    """Where ``method`` stands in ``CHEAPER_DEPLOYMENT_FIRST`` (a method not listed: after)."""
+    order = list(CHEAPER_DEPLOYMENT_FIRST)
+    return order.index(method) if method in order else len(order)
+
+
 def tie_break(finished: Sequence[tuple[Any, Mapping[str, Any], float]], margin: float,
-              draft_size: Callable[[Mapping[str, Any]], float | None]) -> Any:
+              draft_size: Callable[[Mapping[str, Any]], float | None],
+              deployment: Callable[[Mapping[str, Any]], int] = lambda params: 0) -> Any:
     """The winner among ``(id, params, value)`` (higher is better): of the points within
-    ``margin`` of the best, the smallest ``draft_size(params)`` (None: not declared, after every
-    declared size), then the best value. None when empty."""
+    ``margin`` of the best, the cheapest ``deployment(params)`` (a study across methods: the
+    method's ``deployment_rank``), then the smallest ``draft_size(params)`` (None: not
+    declared, after every declared size), then the best value. None when empty."""
     usable = [f for f in finished if math.isfinite(f[2])]
     if not usable:
         return None
@@ -136,4 +144,4 @@ def tie_break(finished: Sequence[tuple[Any, Mapping[str, Any], float]], margin: 
     def size(params: Mapping[str, Any]) -> float:
         declared = draft_size(params)
         return math.inf if declared is None else declared
-    return min(ties, key=lambda f: (size(f[1]), -f[2]))[0]
+    return min(ties, key=lambda f: (deployment(f[1]), size(f[1]), -f[2]))[0]

@@ -197,7 +197,8 @@ def rank(plan: Any, ranker: Ranker, study: optuna.Study,
     shown = chosen if plan.race is None else chosen[:4]
     say(f"predicted in {seconds:.1f} s; measuring " + ", ".join(
         f"{dict(point)} ({stage}" + (f", predicted {plan.predicted[point_key(point)]:.3f}x)"
-                                     if point_key(point) in plan.predicted else ")")
+                                     if plan.predicted.get(point_key(point), float("-inf")) >
+                                     float("-inf") else ")")
         for point, stage in shown) + ("" if plan.race is None else
                                       f", ... in order of prediction until the race stops "
                                       f"({len(chosen) - 1} ranked)"))

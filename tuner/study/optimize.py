@@ -89,7 +89,7 @@ def run_trial(settings: StudySettings, study: optuna.Study, claim: Claim, object
               callbacks: Callback) -> None:
     """Stamp the trial, evaluate it, tell Optuna how it ended, tell the listeners."""
     trial = claim.trial
-    params = {**settings.default, **claim.values}     # every parameter: searched + fixed
+    params = settings.params_at(claim.values)     # every parameter: searched + fixed
     for key, value in stamp(settings, params).items():
         trial.set_user_attr(key, value)
     callbacks.trial_started(trial, params, claim.stage)

@@ -9,6 +9,7 @@ and the replay use it too, without touching any storage.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -33,6 +34,7 @@ from tuner.measure.rates import Traffic
 from tuner.predict.cache import AUTO
 from tuner.search.objectives import ENERGY, PERPLEXITY, better_first, directions
 from tuner.study.storage import journal_path
+from tuner.study.union import Union, is_auto, method_names, method_union
 from tuner.tasks.task import Prompt, Task
 
 
@@ -108,6 +110,16 @@ class StudySettings(MethodView):
         return Race.from_config(self.search.get("race"))
 
     @property
+    def untimed(self) -> str:
+        """``search.untimed`` resolved: ``auto`` is a sweep across methods (a union: Algorithm
+        1 per method, ``tuner.predict.halving.coordinate_sweep``), halving for one method."""
+        from tuner.config.union import is_union
+        chosen = str(self.search.get("untimed", "auto"))
+        if chosen == "auto":
+            return "sweep" if is_union(self.method) else "halving"
+        return chosen
+
+    @property
     def journal(self) -> Path:
         return journal_path(self.studies_dir, self.name)
 
@@ -133,6 +145,10 @@ class StudySettings(MethodView):
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> StudySettings:
+        """The settings of ``cfg``'s study (``method=auto``: the study across methods,
+        ``tuner.study.union.union_settings``)."""
+        if is_auto(cfg):
+            return union_settings(cfg)[0]
         engine_object = validated(cfg)
         choice = method_choice(cfg)
         method = engine_object.method(cfg, choice)
@@ -308,3 +324,78 @@ def _check_energy(objectives: tuple[str, ...], device: torch.device) -> None:
     if not meter.available:
         raise ConfigError(f"search.objectives={list(objectives)} includes {energy[0]}, which "
                           f"needs GPU energy measurements, unavailable here: {meter.reason}")
+
+
+def union_settings(cfg: DictConfig) -> tuple[StudySettings, Union]:
+    """``method=auto``: the settings of one study across the union's members (their configs
+    validated one by one, each as a study of its own: ``tuner.study.union.method_union``; the
+    union's method and space: ``tuner.config.union``), and the union. Members a profile prices
+    come first, cheapest deployment first (``tuner.search.racing.deployment_rank``): trial 0 is
+    the first one's default and the study's search is its. One line (``ConfigError``) for what
+    such a study cannot do here, before anything loads."""
+    from dataclasses import replace
+
+    from tuner.config.search import check_search
+    from tuner.config.union import union_method
+    from tuner.search.racing import deployment_rank
+    method = plain(cfg.method)
+    unknown = sorted(set(method) - {"kind", "members"})
+    if unknown:
+        raise ConfigError(f"method.{unknown[0]} is not a setting of method=auto: allowed are "
+                          "method.members (all, or a list of methods)")
+    wanted = method.get("members", "all")
+    if wanted != "all" and not (isinstance(wanted, list) and wanted):
+        raise ConfigError(f"method.members={wanted!r} is invalid: allowed are all, or a "
+                          f"non-empty list of {method_names()}")
+    engine = engine_named(str(cfg.engine.kind))
+    if not engine.own_loops:
+        raise ConfigError(f"method=auto is invalid for engine={engine.name}: a study across "
+                          "methods runs in process (engine=hf) today, where one profile prices "
+                          f"every method; allowed for engine={engine.name} is one method per "
+                          "study (method=prompt_lookup, method=speculative, ...)")
+    search = plain(cfg.search)
+    if search.get("kind") != "predict":
+        raise ConfigError(f"search={search.get('kind')} is invalid for method=auto: a study "
+                          "across methods ranks every method's points by one profile, then "
+                          "races them; allowed is search=predict (one method's own searches: "
+                          f"method=<name> search={search.get('kind')})")
+    if search.get("predict_for"):
+        raise ConfigError("search.predict_for is invalid for method=auto: another machine's "
+                          "answer is predicted for one method's grid; allowed is null here (run "
+                          "method=<the winner's method> search.predict_for=... for it)")
+    # its own settings, once, before any member's (objectives resolved as from_config does)
+    check_search({**search, "objectives": engine.objectives(cfg)}, {}, "")
+    union = method_union(cfg, None if wanted == "all" else [str(n) for n in wanted])
+    members = sorted(union.members, key=lambda m: (not m.priced, deployment_rank(m.name),
+                                                   m.name))
+    if not members[0].priced:
+        raise ConfigError(f"method.members={[m.name for m in members]} is invalid for "
+                          "method=auto: no profile prices any of them (an EAGLE head's forwards), "
+                          "so nothing can be ranked; allowed is a list with a method a profile "
+                          "prices, or method=<name> for one of them")
+    union = Union(tuple(members), union.left_out)
+    studies = {m.name: StudySettings.from_config(m.cfg) for m in members}
+    base = studies[members[0].name]
+    joint = union_method({name: s.method for name, s in studies.items()},
+                         [m.name for m in members if not m.priced])
+    print_ = {k: v for k, v in base.fingerprint.items() if not k.startswith("method.")}
+    print_["method._target_"] = json.dumps("auto")
+    print_["method.members"] = json.dumps(
+        {name: {k: v for k, v in s.fingerprint.items() if k.startswith("method.")}
+         for name, s in studies.items()}, sort_keys=True)
+    family = f"{cfg.study_prefix}-{short_hash(print_)}"
+    tag = cfg.get("study_tag")
+    name = str(cfg.study_name or (f"{family}-{tag}" if tag else family))
+    if not cfg.storage:
+        check_journal(journal_path(cfg.studies_dir, name))
+    said = union.lines()
+    notices = tuple(said) + tuple(n for n in base.notices if n not in said)
+    return replace(base, name=name, family=family, fingerprint=print_, method=joint,
+                   method_choice="auto", notices=notices, config_yaml=resolved_yaml(cfg)), union
+
+
+def member_settings(settings: StudySettings, name: str) -> StudySettings:
+    """A study across methods seen from member ``name`` (its method, its choice): what its
+    winner's replay line, best YAML and outcome are written with."""
+    from dataclasses import replace
+    return replace(settings, method=dict(settings.method["members"][name]), method_choice=name)

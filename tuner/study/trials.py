@@ -73,4 +73,4 @@ def ranked(settings: StudySettings, study: optuna.Study) -> list[FrozenTrial]:
 def trial_params(settings: StudySettings, trial: FrozenTrial) -> dict[str, Any]:
     """Every parameter that built the trial's method (searched + fixed)."""
     return json.loads(trial.user_attrs.get("params", "null")) or \
-        {**settings.default, **trial.params}
+        settings.params_at(trial.params)

@@ -30,6 +30,8 @@ class Member:
 
     name: str
     cfg: DictConfig             # the whole config, composed with method=<name>, validated
+    priced: bool = True         # False: no profile prices its drafts (an EAGLE head): it is
+    #                             validated without a prediction and measured, not ranked
 
     @property
     def method(self) -> dict[str, Any]:
@@ -46,12 +48,15 @@ class Union:
     def lines(self) -> list[str]:
         """What a study says of its union before anything loads."""
         said = [f"methods: {', '.join(m.name for m in self.members)} (and off: vanilla)"]
+        said += [f"method={m.name}: no hardware profile prices its drafts (an EAGLE head's "
+                 "forwards): measured at its heuristic start point, not ranked"
+                 for m in self.members if not m.priced]
         return said + [f"method={name} left out: {why}" for name, why in self.left_out]
 
 
 def method_names(conf: Path = CONF) -> list[str]:
-    """Every method conf/method holds, vanilla excepted, sorted by name."""
-    return sorted(p.stem for p in (conf / "method").glob("*.yaml") if p.stem != OFF)
+    """Every method conf/method holds, vanilla and auto (the union itself) excepted, by name."""
+    return sorted(p.stem for p in (conf / "method").glob("*.yaml") if p.stem not in (OFF, "auto"))
 
 
 def overrides_of(cfg: DictConfig) -> list[str]:
@@ -85,11 +90,21 @@ def compose_member(overrides: Sequence[str], name: str, conf: Path = CONF) -> Di
             GlobalHydra.instance().initialize(previous)
 
 
+UNPRICED = ("search.profile=null", "search.kind=grid")   # how an unpriced member validates
+
+
+def predicts(cfg: DictConfig) -> bool:
+    """Whether ``cfg``'s study ranks or records predictions by a hardware profile."""
+    search = OmegaConf.select(cfg, "search", default=None) or {}
+    return search.get("kind") == "predict" or bool(search.get("profile"))
+
+
 def method_union(cfg: DictConfig, names: Sequence[str] | None = None,
                  conf: Path = CONF) -> Union:
     """The members among ``names`` (None: every method of ``conf``) for ``cfg``'s models,
     engine, sampling and task; the others left out with their line. One line (``ConfigError``)
     for a name that is no method, and for a list of which no method is supported."""
+    from tuner.config.methods import method_class
     from tuner.engines import validated
     known = method_names(conf)
     wanted = known if names is None else [str(n) for n in names]
@@ -99,6 +114,9 @@ def method_union(cfg: DictConfig, names: Sequence[str] | None = None,
                           f" is not a method; allowed are a list of {known} (vanilla, off, is "
                           "always an answer)")
     overrides = overrides_of(cfg)
+    search = OmegaConf.select(cfg, "hydra.runtime.choices.search", default=None)
+    if search and not any(o.lstrip("+~").split("=", 1)[0] == "search" for o in overrides):
+        overrides.append(f"search={search}")     # the union's own (method=auto's: predict)
     sampling = plain(cfg.sampling)
     members, left_out = [], []
     for name in wanted:
@@ -111,15 +129,26 @@ def method_union(cfg: DictConfig, names: Sequence[str] | None = None,
             left_out.append((name, f"it samples {plain(member.sampling)} (its YAML's default), "
                                    f"the study {sampling}: set sampling=... to compare them"))
             continue
+        priced = predicts(member) and method_class(plain(member.method)).traceable
+        if predicts(member) and not priced:     # measured, not ranked: validated so
+            member = compose_member([*overrides, *UNPRICED], name, conf)
         try:
             validated(member)
         except ConfigError as err:
             left_out.append((name, str(err)))
             continue
-        members.append(Member(name, member))
+        members.append(Member(name, member, priced or not predicts(cfg)))
     if not members:
         raise ConfigError(f"methods={list(wanted)} is invalid here: none is supported by these "
                           "models and this engine (" + "; ".join(
                               f"{n}: {why}" for n, why in left_out[:3]) +
                           (" ..." if len(left_out) > 3 else "") + ")")
     return Union(tuple(members), tuple(left_out))
+
+
+AUTO = "auto"               # method=auto: conf/method/auto.yaml
+
+
+def is_auto(cfg: DictConfig) -> bool:
+    """Whether ``cfg`` asks for a study across methods (``method=auto``)."""
+    return OmegaConf.select(cfg, "method.kind", default=None) == AUTO

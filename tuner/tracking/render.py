@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import optuna
 from omegaconf import OmegaConf
@@ -40,6 +40,7 @@ def rows(outcome: StudyOutcome) -> list[tuple[str, str]]:
     time, the per-level plan, the deploy entries."""
     out = list(outcome.summary) if outcome.winner is None else head_rows(outcome)
     out += [(d.label, d.reason) for d in outcome.decisions]
+    out += [(f"method {m['method']}", method_line(m)) for m in outcome.methods]
     p = outcome.prediction
     if p.calibration_line:
         out.append(("prediction (search.profile)", p.calibration_line))
@@ -148,3 +149,13 @@ def publish(outcome: StudyOutcome, study: optuna.Study, callbacks: Callback,
     print_summary(outcome, say)
     if outcome.winner is not None:
         say(f"best configuration written to {outcome.best_path}")
+
+
+def method_line(row: Mapping[str, Any]) -> str:
+    """One method of a cross-method study: its best measured, its best predicted, its trials."""
+    best = "not measured" if row.get("best") is None else \
+        f"best {row['best']:.3f}x {row.get('objective', '')} (trial #{row['best_trial']})"
+    predicted = row.get("predicted_best")
+    shown = "no prediction" if predicted is None else f"predicted {predicted:.3f}x"
+    return (f"{best}; {shown}; {row['finished']} finished, {row['dropped']} dropped, "
+            f"{row['failed']} failed, {row['seconds']:.0f} s")

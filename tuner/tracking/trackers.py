@@ -197,7 +197,10 @@ class MlflowCallback(Callback):
         run_id = self.runs.start(f"trial-{trial.number}",
                                  {**params, **flatten("sampling", self.settings.sampling)},
                                  {"kind": "trial", "stage": stage, "trial": str(trial.number),
-                                  "study_name": self.settings.name}, self.parent_id)
+                                  "study_name": self.settings.name,
+                                  # a study across methods: each child run tagged by its method
+                                  **({"method": str(params["method"])} if "method" in params
+                                     else {})}, self.parent_id)
         trial.set_user_attr("mlflow_run_id", run_id)
         self.trial_runs[trial.number] = run_id
 
