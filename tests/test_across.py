@@ -25,7 +25,7 @@ LOOKUP = {"_target_": "decoding.prompt_lookup.PromptLookup", "lossless": True,
                                   "active_when": {"num_draft_tokens": [2, 3]}}}}
 
 # the tiny pair, two tuning prompts of 12 tokens, three members (one an EAGLE head: unpriced)
-STUDY = ["method=auto", "search=predict", "method.members=[prompt_lookup,speculative,eagle]",
+STUDY = ["method=auto", "method.members=[prompt_lookup,speculative,eagle]",
          "task.n_prompts=2", "task.n_held_out=3", "task.max_new_tokens=12",
          "search.profile_rounds=1", "tracking=none"]
 

@@ -73,6 +73,19 @@ def overrides_of(cfg: DictConfig) -> list[str]:
             if not str(o).lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "method"]
 
 
+def group_choice(cfg: DictConfig, group: str) -> str | None:
+    """The option of config group ``group`` that ``cfg`` was composed with (Hydra's record: in
+    the config where it was composed with it, else the running app's)."""
+    from hydra.core.hydra_config import HydraConfig
+    found = OmegaConf.select(cfg, f"hydra.runtime.choices.{group}", default=None)
+    if found is None:
+        try:
+            found = HydraConfig.get().runtime.choices.get(group)
+        except ValueError:                 # composed outside Hydra's app: none known
+            return None
+    return None if found is None else str(found)
+
+
 def compose_member(overrides: Sequence[str], name: str, conf: Path = CONF) -> DictConfig:
     """The config of ``overrides`` with ``method=<name>``, composed by Hydra from ``conf``."""
     from hydra import compose, initialize_config_dir
@@ -114,7 +127,7 @@ def method_union(cfg: DictConfig, names: Sequence[str] | None = None,
                           f" is not a method; allowed are a list of {known} (vanilla, off, is "
                           "always an answer)")
     overrides = overrides_of(cfg)
-    search = OmegaConf.select(cfg, "hydra.runtime.choices.search", default=None)
+    search = group_choice(cfg, "search")
     if search and not any(o.lstrip("+~").split("=", 1)[0] == "search" for o in overrides):
         overrides.append(f"search={search}")     # the union's own (method=auto's: predict)
     sampling = plain(cfg.sampling)
