@@ -253,12 +253,14 @@ def methods_table(settings: StudySettings, study: optuna.Study) -> list[dict[str
     from tuner.search.ranking import RANKING
     predicted: dict[str, float] = {}
     for point, value in (study.user_attrs.get(RANKING) or {}).get("predicted", []):
-        if value is not None and METHOD in point:
+        if value is not None and value > float("-inf") and METHOD in point:
             name = str(point[METHOD])
             predicted[name] = max(predicted.get(name, float("-inf")), float(value))
     rows: dict[str, dict[str, Any]] = {
         name: {"method": name, "best": None, "best_trial": None,
-               "predicted_best": predicted.get(name), "finished": 0, "dropped": 0,
+               "predicted_best": predicted.get(name),
+               "ranked": name not in (settings.method.get("unpriced") or ()),
+               "finished": 0, "dropped": 0,
                "failed": 0, "seconds": 0.0}
         for name in settings.method["members"]}
     key = settings.objectives[0]

@@ -153,9 +153,11 @@ def publish(outcome: StudyOutcome, study: optuna.Study, callbacks: Callback,
 
 def method_line(row: Mapping[str, Any]) -> str:
     """One method of a cross-method study: its best measured, its best predicted, its trials."""
-    best = "not measured" if row.get("best") is None else \
+    best = "no finished trial" if row.get("best") is None else \
         f"best {row['best']:.3f}x {row.get('objective', '')} (trial #{row['best_trial']})"
     predicted = row.get("predicted_best")
-    shown = "no prediction" if predicted is None else f"predicted {predicted:.3f}x"
+    shown = "not ranked (no profile prices it: measured at its start point)" \
+        if row.get("ranked") is False else \
+        "no prediction" if predicted is None else f"best predicted {predicted:.3f}x"
     return (f"{best}; {shown}; {row['finished']} finished, {row['dropped']} dropped, "
             f"{row['failed']} failed, {row['seconds']:.0f} s")
