@@ -159,14 +159,16 @@ def test_one_study_across_methods_names_the_method_and_resumes(tmp_path, monkeyp
 
 def planted(factors: dict[str, float]):
     """A timer that runs each generation for real (its tokens, its counts, the lossless check)
-    and reports a planted time: 10 ms per token times the method class's factor (vanilla 1),
-    plus its real first step; a paired speedup then reads 1 / factor."""
+    and reports a planted time: 30 ms per token times the method class's factor (vanilla 1),
+    plus its real first step (a few ms: the paired speedup reads about 1 / factor). Trial 0's
+    vanilla then decodes for under the 1 s a profile check needs: the profile is not judged
+    by planted times."""
     from tuner.measure.timing import time_generation
 
     def timer(method, ids, max_new_tokens, device):
         out, _ = time_generation(method, ids, max_new_tokens, device)
         factor = factors.get(type(method).__name__, 1.0)
-        return out, out.stats.first_step_s + 0.01 * factor * len(out.tokens)
+        return out, out.stats.first_step_s + 0.03 * factor * len(out.tokens)
     return timer
 
 
@@ -193,7 +195,7 @@ def test_a_planted_cost_decides_the_method_or_off(tmp_path, monkeypatch, factors
         assert all(m["best"] is None or m["best"] < 1.0 for m in body["methods"]), body["methods"]
     else:
         assert body["method"] == answer and advice.startswith(f"use method={answer} "), advice
-        assert body["confirmed"]["held_out_speedup"] == pytest.approx(1.25, rel=0.05)
+        assert body["confirmed"]["held_out_speedup"] == pytest.approx(1.25, rel=0.06)
 
 
 def test_a_race_resumed_in_the_middle_measures_nothing_twice(tmp_path, monkeypatch, capsys):
