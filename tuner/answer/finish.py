@@ -30,7 +30,7 @@ from tuner.measure.bounds import ImpossibleMeasurement
 from tuner.measure.figures import parse
 from tuner.measure.quality import feasible
 from tuner.search.objectives import objective_values
-from tuner.config.union import METHOD, is_union, member_of
+from tuner.config.union import METHOD, is_union
 from tuner.search.racing import deployment_rank, tie_break
 from tuner.answer.conclude import conclude
 from tuner.search.cost import record_seconds
@@ -177,13 +177,10 @@ def tie(settings: StudySettings, candidates: list[FrozenTrial], value: Mapping[i
     if race is None or len(settings.objectives) != 1:
         return candidates[0]
     engine, method = settings.engine_object, settings.method
-    if is_union(method):        # across methods: the cheaper deployment, then the smaller draft
-        return tie_break([(t, trial_params(settings, t), value[t.number]) for t in candidates],
-                         race.margin, lambda params: engine.draft_size(
-                             *member_of(method, params)[1:]),
-                         lambda params: deployment_rank(str(params[METHOD])))
+    union = is_union(method)    # across methods: the cheaper deployment, then the smaller draft
     return tie_break([(t, trial_params(settings, t), value[t.number]) for t in candidates],
-                     race.margin, lambda params: engine.draft_size(method, params))
+                     race.margin, lambda params: engine.draft_size(method, params),
+                     lambda params: deployment_rank(str(params[METHOD])) if union else 0)
 
 
 def measure(settings: StudySettings, evaluator: Evaluator, params: Mapping[str, Any],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -59,13 +58,13 @@ def union_class(method: Mapping[str, Any]) -> type[DecodingMethod]:
     """A union of methods' class (``tuner.config.union``): the capabilities its members share,
     what a study reads of a union (one prompt order for every trial where any member may keep
     a history); a point's own capabilities are its member's."""
-    return _union_class(json.dumps([str(m["_target_"]) for m in method["members"].values()]))
+    return _union_class(tuple(str(m["_target_"]) for m in method["members"].values()))
 
 
 @functools.lru_cache(maxsize=32)
-def _union_class(targets: str) -> type[DecodingMethod]:
+def _union_class(targets: tuple[str, ...]) -> type[DecodingMethod]:
     from decoding.base import DecodingMethod
-    classes = [method_class({"_target_": t}) for t in json.loads(targets)]
+    classes = [method_class({"_target_": t}) for t in targets]
     return type("UnionOfMethods", (DecodingMethod,), {
         "__module__": __name__, "__doc__": union_class.__doc__,
         "keeps_history": any(c.keeps_history is not False for c in classes),

@@ -182,7 +182,11 @@ class Engine:
         """The draft tokens one target forward of ``params`` verifies, as the method (a study's
         method config: ``_target_``, ``space``) or this engine declares them; None where it
         declares none or a declared knob does not act at ``params`` (a static tree's size, the
-        n-gram cache's). Never guessed from a parameter's name."""
+        n-gram cache's). Never guessed from a parameter's name. A union of methods' point
+        (``tuner.config.union``): its member's."""
+        from tuner.config.union import is_union, member_of
+        if is_union(method):
+            return self.draft_size(*member_of(method, params)[1:])
         if self.draft_size_knobs:
             knob = self.draft_size_knob(method, params)
             return None if knob is None else float(params[knob])

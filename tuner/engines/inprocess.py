@@ -73,8 +73,8 @@ class HFEvaluator:
         # method=eagle: the head loads and fits before any trial; every trial reuses it (a union
         # of methods: each member's own head, tuner.config.union)
         members = s.method["members"] if is_union(s.method) else {None: s.method}
-        self.heads = {name: check_head_fits(m, self.pair.target) for name, m in members.items()}
-        self.heads = {name: head for name, head in self.heads.items() if head is not None}
+        self.heads = {name: head for name, m in members.items()
+                      if (head := check_head_fits(m, self.pair.target)) is not None}
         self.head = self.heads.get(None)
         for name, head in self.heads.items():   # its weights were hashed once, for the print
             identity = json.loads(s.head_identity or "{}") if name is None else {}

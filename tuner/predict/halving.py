@@ -120,11 +120,24 @@ class Sweep:
     def runs(self) -> int:
         return sum(h.runs() for _, h in self.stages)
 
-    def line(self, n_prompts: int) -> str:
+    def line(self, n_prompts: int, runs: str = "untimed runs") -> str:
         swept = ", ".join(f"{name} over {len(h.values)} values" for name, h in self.stages)
         return (f"Algorithm 1 sweep ({swept or 'one point'}), each stage by successive halving: "
                 f"{sum(c != 0 for c in self.cut)} of {len(self.values)} points predicted, "
-                f"{self.runs()} untimed runs instead of {len(self.values) * n_prompts}")
+                f"{self.runs()} {runs} instead of {len(self.values) * n_prompts}")
+
+
+def swept(points: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The parameters a sweep over ``points`` sweeps: those that vary, in their key order."""
+    return [k for k in (points[0] if points else {})
+            if len({repr(p.get(k)) for p in points}) > 1]
+
+
+def sweep_reach(points: Sequence[Mapping[str, Any]]) -> int:
+    """How many of ``points`` a sweep predicts at most: one per value of each swept
+    parameter (what a search's cost counts before the sweep runs)."""
+    reach = sum(len({repr(p.get(k)) for p in points}) for k in swept(points))
+    return min(len(points), reach or 1)
 
 
 def coordinate_sweep(points: Sequence[Mapping[str, Any]], start: int, n_prompts: int,
@@ -138,8 +151,7 @@ def coordinate_sweep(points: Sequence[Mapping[str, Any]], start: int, n_prompts:
     point run on prompt k already is not run again: the current point's runs carry over to
     the next stage). A point no stage reached is cut at 0 prompts (-inf). Coordinate descent:
     a joint optimum the sweep does not pass through is missed, as the paper's heuristic does."""
-    names = [k for k in (points[0] if points else {})
-             if len({repr(p.get(k)) for p in points}) > 1]
+    names = swept(points)
     values = [-math.inf] * len(points)
     cut: list[int | None] = [0] * len(points)
     stages: list[tuple[str, Halving]] = []

@@ -310,9 +310,9 @@ class Ranker:
             def stage(name: str, h: Any) -> None:
                 self.say(f"  sweep of {name}: {len(h.values)} values, {h.runs()} untimed runs "
                          f"({time.perf_counter() - began:.0f} s so far)")
-            halving = coordinate_sweep([points[i] for i in order],
-                                       self._start([points[i] for i in order]), len(prompts),
-                                       run, score, on_stage=stage)
+            ordered = [points[i] for i in order]
+            halving = coordinate_sweep(ordered, self._start(ordered), len(prompts), run, score,
+                                       on_stage=stage)
             self.say(f"  {halving.line(len(prompts))}")
         else:
             halving = successive_halving(len(order), len(prompts), run, score, on_round=said)
@@ -345,7 +345,7 @@ class Ranker:
         for j, i in enumerate(replayed):
             values[i], cut[i] = sweep.values[j], sweep.cut[j]
             on_point(i, values[i], cut[i])
-        self.say(f"  {sweep.line(1).replace(' instead of', ' (replays) instead of')}")
+        self.say(f"  {sweep.line(1, runs='replays')}")
 
     def _start(self, points: Sequence[Mapping[str, Any]]) -> int:
         """Where a sweep starts: the method's default where it is one of ``points``, else the
@@ -508,6 +508,18 @@ class CrossRanking:
         return out + [f"  predicted answer: {self.answer()}"]
 
 
+def rank_member(name: str, ranker: Ranker, points: Sequence[Mapping[str, Any]],
+                prompts: Sequence[Prompt],
+                known: Mapping[int, tuple[float, int | None]] | None = None,
+                on_point: Callable[[int, float, int | None], None] = lambda i, value, cut: None
+                ) -> MethodRanking:
+    """One method's points ranked by its ranker (``Ranker.rank_points``), timed."""
+    began = time.perf_counter()
+    values, cut = ranker.rank_points(points, prompts, known, on_point)
+    return MethodRanking(name, tuple(dict(p) for p in points), tuple(values), tuple(cut),
+                         time.perf_counter() - began)
+
+
 def rank_methods(members: Mapping[str, tuple[Ranker, Sequence[Mapping[str, Any]]]],
                  prompts: Sequence[Prompt], say: Callable[[str], None],
                  cheaper_first: Sequence[str] = ()) -> CrossRanking:
@@ -519,10 +531,7 @@ def rank_methods(members: Mapping[str, tuple[Ranker, Sequence[Mapping[str, Any]]
     ranked = []
     for name, (ranker, points) in members.items():
         say(f"ranking method={name}: {len(points)} points ...")
-        began = time.perf_counter()
-        values, cut = ranker.rank_points(points, prompts)
-        ranked.append(MethodRanking(name, tuple(dict(p) for p in points), tuple(values),
-                                    tuple(cut), time.perf_counter() - began))
+        ranked.append(rank_member(name, ranker, points, prompts))
     ranked.sort(key=lambda m: (-m.best_value, order.get(m.name, len(order)), m.name))
     return CrossRanking(tuple(ranked))
 
@@ -590,15 +599,14 @@ class UnionRanker:
                 ranker.say(f"  method={name}: not ranked (no hardware profile prices its "
                            "drafts): measured at its heuristic start point")
                 continue
-            own = [member_of(self.method, points[i])[2] for i in where]
-            began = time.perf_counter()
-            got, cuts = ranker.rank_points(
-                own, prompts, {j: known[i] for j, i in enumerate(where) if i in known},
+            ranked = rank_member(
+                name, ranker, [member_of(self.method, points[i])[2] for i in where], prompts,
+                {j: known[i] for j, i in enumerate(where) if i in known},
                 lambda j, value, c, where=where: on_point(where[j], value, c))
             for j, i in enumerate(where):
-                values[i], cut[i] = got[j], cuts[j]
-            whole = [v for v, c in zip(got, cuts) if c is None and v > float("-inf")]
-            best = f"best {max(whole):.3f}x" if whole else "none predicted"
+                values[i], cut[i] = ranked.values[j], ranked.cut[j]
+            best = "none predicted" if ranked.best is None else \
+                f"best {ranked.best_value:.3f}x"
             ranker.say(f"  method={name}: {len(where)} points ranked in "
-                       f"{time.perf_counter() - began:.1f} s ({best})")
+                       f"{ranked.seconds:.1f} s ({best})")
         return values, cut

@@ -154,6 +154,8 @@ class SearchCost:
         if not is_union(s.method):
             return self.ranking_points() * self.point_ranking_s(prices, method_s)
         from dataclasses import replace
+
+        from tuner.predict.halving import sweep_reach
         first = s.default[METHOD]
         total = 0.0
         for name, member in s.method["members"].items():
@@ -162,11 +164,10 @@ class SearchCost:
             own = [p for p in plan.points if p[METHOD] == name]
             view = replace(s, method=member)
             each = self.point_ranking_s(prices, method_s if name == first else None, view)
+            count = len(own)
             if s.untimed == "sweep" and each > 0.01 * len(prices):
-                # Algorithm 1's sweep reaches at most one point per value of each parameter
-                own = own[:sum(len({repr(p[k]) for p in own}) for k in (own[0] if own else {})
-                               if k != METHOD and len({repr(p[k]) for p in own}) > 1) or 1]
-            total += len(own) * each
+                count = sweep_reach(own)       # at most one point per value swept
+            total += count * each
         return total
 
     def point_ranking_s(self, prices: Sequence[float], method_s: float | None = None,

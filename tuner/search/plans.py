@@ -44,6 +44,13 @@ def point_key(params: Mapping[str, Any]) -> tuple:
     return tuple(sorted(params.items()))
 
 
+def default_first(points: Sequence[Point], default: Mapping[str, Any]
+                  ) -> tuple[list[Point], bool]:
+    """``points`` with the default first where it is one of them, and whether it is."""
+    first = [p for p in points if point_key(p) == point_key(default)]
+    return first + [p for p in points if point_key(p) != point_key(default)], bool(first)
+
+
 class Plan:
     """What the study asks of every plan. Its capabilities are the ``ClassVar``s, declared by
     each plan class in its own body and read, never probed (tests/test_capabilities.py)."""
@@ -117,9 +124,8 @@ class GridPlan(Plan):
             if point_key(point) not in seen:
                 seen.add(point_key(point))
                 points.append(point)
-        first = [p for p in points if point_key(p) == point_key(default)]
-        self.points = first + [p for p in points if point_key(p) != point_key(default)]
-        self.holds_default = bool(first)    # then trial 0 is one of the grid's points
+        # trial 0 is one of the grid's points where it holds the default
+        self.points, self.holds_default = default_first(points, default)
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
                    ) -> tuple[Point, str] | None:
@@ -158,9 +164,7 @@ class PredictPlan(Plan):
             grid = GridPlan(space, default, ranges, task_class)
             self.points, self.holds_default = grid.points, grid.holds_default
         else:
-            first = [dict(p) for p in points if point_key(p) == point_key(default)]
-            self.points = first + [dict(p) for p in points if point_key(p) != point_key(default)]
-            self.holds_default = bool(first)
+            self.points, self.holds_default = default_first([dict(p) for p in points], default)
         self.default = dict(default)
         self.default_key = point_key(default)
         self.unpriced = [dict(p) for p in unpriced if point_key(p) != self.default_key]

@@ -10,7 +10,7 @@ and the replay use it too, without touching any storage.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -333,8 +333,6 @@ def union_settings(cfg: DictConfig) -> tuple[StudySettings, Union]:
     come first, cheapest deployment first (``tuner.search.racing.deployment_rank``): trial 0 is
     the first one's default and the study's search is its. One line (``ConfigError``) for what
     such a study cannot do here, before anything loads."""
-    from dataclasses import replace
-
     from tuner.config.search import check_search
     from tuner.config.union import union_method
     from tuner.search.racing import deployment_rank
@@ -397,5 +395,4 @@ def union_settings(cfg: DictConfig) -> tuple[StudySettings, Union]:
 def member_settings(settings: StudySettings, name: str) -> StudySettings:
     """A study across methods seen from member ``name`` (its method, its choice): what its
     winner's replay line, best YAML and outcome are written with."""
-    from dataclasses import replace
     return replace(settings, method=dict(settings.method["members"][name]), method_choice=name)

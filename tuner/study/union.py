@@ -62,27 +62,27 @@ def method_names(conf: Path = CONF) -> list[str]:
 def overrides_of(cfg: DictConfig) -> list[str]:
     """The command line's overrides of ``cfg`` (Hydra's record), without the method group and
     the method's own settings (a member is composed with its own)."""
-    from hydra.core.hydra_config import HydraConfig
-    found = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
-    if found is None:
-        try:
-            found = HydraConfig.get().overrides.task
-        except ValueError:                 # composed outside Hydra's app: none known
-            found = []
+    found = hydra_record(cfg, "overrides.task") or []
     return [str(o) for o in found
             if not str(o).lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "method"]
 
 
-def group_choice(cfg: DictConfig, group: str) -> str | None:
-    """The option of config group ``group`` that ``cfg`` was composed with (Hydra's record: in
-    the config where it was composed with it, else the running app's)."""
+def hydra_record(cfg: DictConfig, path: str) -> Any:
+    """Hydra's record at ``path`` (``overrides.task``, ``runtime.choices.search``): in ``cfg``
+    where it was composed with it, else the running app's; None where neither holds it."""
     from hydra.core.hydra_config import HydraConfig
-    found = OmegaConf.select(cfg, f"hydra.runtime.choices.{group}", default=None)
+    found = OmegaConf.select(cfg, f"hydra.{path}", default=None)
     if found is None:
         try:
-            found = HydraConfig.get().runtime.choices.get(group)
+            found = OmegaConf.select(HydraConfig.get(), path, default=None)
         except ValueError:                 # composed outside Hydra's app: none known
             return None
+    return found
+
+
+def group_choice(cfg: DictConfig, group: str) -> str | None:
+    """The option of config group ``group`` that ``cfg`` was composed with (Hydra's record)."""
+    found = hydra_record(cfg, f"runtime.choices.{group}")
     return None if found is None else str(found)
 
 
