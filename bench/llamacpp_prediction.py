@@ -49,7 +49,6 @@ def main(argv=None) -> None:
     from tuner import profile as cli
     from tuner.measure.figures import level_key
     from tuner.predict import loops, synthetic
-    from tuner.predict.forms import llamacpp_per_level
     from tuner.predict.predict import calibration
     from tuner.predict.schedule import plan
     levels = sorted({1, *args.levels})
@@ -93,6 +92,7 @@ def compare(name, cells, measured, ks, levels, plan, calibration) -> dict:
     """Predicted vs measured decode-phase speedup per (k, level) from one synthetic surface,
     and the best k per level both ways."""
     from tuner.measure.figures import level_key
+    from tuner.predict.forms import llamacpp_per_level
     step = {(c.level, c.k): c.step_s for c in cells}
     rows = []
     for k in ks:

@@ -96,12 +96,46 @@ def test_ties_across_methods_go_to_the_cheaper_deployment_then_the_smaller_draft
     assert win(("s", spec, 1.20), ("t", short, 1.19)) == "t"       # one method: smaller draft
 
 
+@pytest.mark.parametrize("better", ["speculative", "prompt_lookup"])
+def test_algorithm_1_across_methods_sweeps_the_members_then_the_best_ones_parameters(better):
+    """search=heuristic on a union: ``method`` is swept first, each member at its own start
+    point; then the parameters of the member that measured best, and no other member's; every
+    point holds ``method`` and its member's parameters only; the size counts the members and
+    the largest member's sweeps (what an engine server's study across methods runs)."""
+    from tuner.search.plans import HeuristicPlan
+    spec = {**SPEC, "space": {"num_draft_tokens": {"type": "int", "low": 1, "high": 16,
+                                                   "heuristic": {"HH": [2, 4], "LH": [2, 4]}}}}
+    lookup = {**LOOKUP, "params": {"num_draft_tokens": 2, "max_ngram": 1},
+              "space": {"num_draft_tokens": {"type": "int", "low": 1, "high": 3},
+                        "max_ngram": {"type": "int", "low": 1, "high": 2}}}
+    union = union_method({"prompt_lookup": lookup, "speculative": spec})
+    plan = HeuristicPlan(union["space"], "HH", 3, union["params"],
+                         lambda p: {k: p[k] for k in point_space(union, p)})
+    assert plan.size() == 2 + 3 + 2           # the members, then prompt lookup's 3 + 2 values
+    results, visited = {}, []
+    while (step := plan.next_point(results)) is not None:
+        point, stage = step
+        visited.append((point, stage))
+        own = float(point.get("speculative.num_draft_tokens",
+                              point.get("prompt_lookup.num_draft_tokens")))
+        results[point_key(point)] = (2.0 if point["method"] == better else 1.0) + own / 100
+    assert [p["method"] for p, stage in visited[:2]] == ["prompt_lookup", "speculative"]
+    assert {stage for _, stage in visited[:2]} == {"method"}
+    assert all(set(p) - {"method"} <= {k for k in p if k.startswith(p["method"] + ".")}
+               and len(p) > 1 for p, _ in visited)
+    swept = visited[2:]
+    assert swept and all(p["method"] == better for p, _ in swept)
+    assert {stage for _, stage in swept} <= {f"{better}.num_draft_tokens", f"{better}.max_ngram"}
+    assert len(visited) <= plan.size()
+
+
 @pytest.mark.parametrize("overrides,message", [
-    (["engine=llamacpp"], "method=auto is invalid for engine=llamacpp: a study across methods "
-                          "runs in process (engine=hf) today"),
-    (["search=heuristic"], "search=heuristic is invalid for method=auto: a study across "
-                           "methods ranks every method's points by one profile, then races "
-                           "them; allowed is search=predict"),
+    (["engine=llamacpp", "models=smollm2"],
+     "search=predict is invalid for method=auto on engine=llamacpp: nothing ranks an engine "
+     "server's points before they are measured"),
+    (["search=tpe"], "search=tpe is invalid for method=auto: a study across methods ranks "
+                     "every method's points by one profile, then races them (search=predict), "
+                     "or sweeps the methods at their start points"),
     (["search=predict", "method.members=[speculative,nope]"],
      "methods=['speculative', 'nope'] is invalid: nope is not a method"),
     (["search=predict", "method.members=7"], "method.members=7 is invalid: allowed are all, "

@@ -156,6 +156,55 @@ def yaml_load(path: Path):
     return yaml.safe_load(path.read_text())
 
 
+# both members narrowed to one knob of two values (the draft model: most tokens drafted)
+ACROSS = ["method=auto", "search=heuristic", "tracking=none",
+          "~engine.methods.prompt_lookup.space",
+          "+engine.methods.prompt_lookup.space={size_n:{type:int,low:1,high:2}}",
+          "engine.methods.prompt_lookup.params.size_n=2",
+          "engine.methods.prompt_lookup.params.size_m=8",
+          "~engine.methods.speculative.space",
+          "+engine.methods.speculative.space={n_max:{type:int,low:1,high:2}}",
+          "engine.methods.speculative.params.n_max=2"]
+
+
+def test_a_study_across_methods_launches_each_members_server_and_names_the_method(tmp_path,
+                                                                                    capsys):
+    """method=auto on llama.cpp (search=heuristic: nothing ranks a server's points): trial 0 is
+    the cheapest deployment's default (n-gram drafting), the draft model is measured at its
+    start point on a server launched with it (-md, --spec-type draft-simple), the best
+    member's knob is swept; the outcome names the method and its llama.cpp flags, a row per
+    method; the estimate says each point is a server launch; no server outlives the study."""
+    run_study(tmp_path, *ENGINE, *ACROSS)
+    out = capsys.readouterr().out
+    assert "methods: prompt_lookup, speculative (and off: vanilla)" in out
+    assert "each a launch of llamacpp's server with its settings" in out
+    study = load_study(tmp_path)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    points = [json.loads(t.user_attrs["params"]) for t in trials]
+    assert points[0]["method"] == "prompt_lookup" and trials[0].user_attrs["stage"] == "default"
+    assert any(p["method"] == "speculative" and t.user_attrs["stage"] == "method"
+               for p, t in zip(points, trials))
+    assert all(set(p) - {"method"} <= {k for k in p if k.startswith(p["method"] + ".")}
+               for p in points)
+    launched = [line for line in (tmp_path / "studies" / "t" / "engine" / "method.log")
+                .read_text(errors="replace").splitlines() if line.startswith("$ ")]
+    drafted = [line for line in launched if "--spec-type draft-simple" in line]
+    assert drafted and all(" -md " in line for line in drafted)
+    assert not any(" -md " in line for line in launched if "--spec-type ngram-simple" in line)
+    body = json.loads((tmp_path / "studies" / "best" / "t.outcome.json").read_text())
+    method = body["method"]
+    won = next(t for t in trials if t.number == body["winner"]["trial"])
+    assert json.loads(won.user_attrs["params"])["method"] == method
+    assert {m["method"] for m in body["methods"]} == {"prompt_lookup", "speculative"}
+    launch = body["deploy"]["launch"]
+    assert launch.startswith("llama-server -m ")
+    assert ("--spec-type draft-simple" in launch and " -md " in launch) if \
+        method == "speculative" else ("--spec-type ngram-simple" in launch and " -md " not in
+                                      launch)
+    assert f"method={method}" in (tmp_path / "studies" / "best" / "t.yaml").read_text()
+    assert not alive(server_groups(tmp_path / "studies" / "t"))
+
+
 # ----------------------------------------------------------------------------------------------
 # Losslessness inside the engine
 

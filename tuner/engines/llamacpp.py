@@ -278,9 +278,10 @@ class LlamaCppEvaluator(ServerEvaluator):
 
     def flags(self, params: Mapping[str, Any]) -> list[str]:
         """The speculative flags of ``params``: fixed ones, then each active knob's flag."""
-        out = [str(x) for kv in self.mapping["flags"].items() for x in kv]
-        space = self.settings.space
-        for name, flag in self.mapping["knobs"].items():
+        method, params = self.member(params)
+        mapping, space = method["engine"], dict(method.get("space") or {})
+        out = [str(x) for kv in mapping["flags"].items() for x in kv]
+        for name, flag in mapping["knobs"].items():
             if name not in params or (name in space and not is_active(name, space[name], params)):
                 continue
             value = params[name]

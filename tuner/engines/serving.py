@@ -41,6 +41,7 @@ import torch
 from decoding.acceptance import AcceptanceCounts
 from decoding.models import load_tokenizer
 from tuner.config.errors import ConfigError
+from tuner.config.union import is_union, member_of
 from tuner.config.validate import check_generation_fits
 from tuner.engines.client import send_batch
 from tuner.engines.server import EngineError, EngineServer
@@ -88,7 +89,8 @@ class ServerEvaluator:
     def __init__(self, settings: MeasureSettings, say: Callable[[str], None] = print) -> None:
         self.settings, self.say = settings, say
         self.engine = dict(settings.engine)
-        self.mapping = dict(settings.method["engine"])
+        self.mapping = dict(settings.method.get("engine") or {})   # one method's (a union:
+        #                                                            each member's, ``member``)
         self.prompts = {p.id: p for p in settings.tuning + settings.held_out}
         self.log_dir = Path(settings.work_dir) / "engine"
         self.baseline: EngineServer | None = None
@@ -105,6 +107,21 @@ class ServerEvaluator:
         self.profile = settings.profile       # search.profile, until it fails its check
         self.bound_slack = settings.bound_slack   # tuner.measure.bounds (an A/A control may
         #                                           widen it)
+
+    def member(self, params: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
+        """(the method config, its parameters) that build ``params``: a union of methods'
+        member (``tuner.config.union.member_of``: its own engine mapping, space and names),
+        else the study's method."""
+        method = self.settings.method
+        if is_union(method):
+            _, member, own = member_of(method, params)
+            return member, own
+        return method, dict(params)
+
+    def members(self) -> list[Mapping[str, Any]]:
+        """The method configs this study may launch: a union's members, else its method."""
+        method = self.settings.method
+        return list(method["members"].values()) if is_union(method) else [method]
 
     # -- hooks -----------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from decoding.acceptance import AcceptanceCounts
 from tuner.config.errors import ConfigError
+from tuner.config.union import is_union, member_of
 from tuner.engines.client import RequestFailed, send_batch
 from tuner.engines.folders import draft_folder, target_folder, vllm_head
 from tuner.engines.metrics import LiveMetrics
@@ -229,9 +230,10 @@ class VllmEvaluator(ServerEvaluator):
         if s.method["needs_draft"]:
             self.draft = draft_folder(s.models["draft"], self.target)
         self.head = None
-        if self.mapping.get("needs_head"):
-            self.head = vllm_head(str(s.method["params"].get("head") or
-                                      s.models.get("eagle_head")))
+        for method in self.members():   # the head one method drafts with (a union: its member)
+            if method["engine"].get("needs_head"):
+                self.head = vllm_head(str(method["params"].get("head") or
+                                          s.models.get("eagle_head")))
 
     def model_info(self) -> dict[str, str]:
         info = super().model_info()
@@ -275,16 +277,18 @@ class VllmEvaluator(ServerEvaluator):
         """The ``--speculative-config`` JSON of ``params``: fixed entries, the draft or head,
         then each active knob (keys sorted: the same settings give the same text); None for
         method=vanilla (no entry: the plain server)."""
-        if not self.mapping["flags"] and not self.mapping["knobs"]:
+        method, params = self.member(params)
+        mapping, space = method["engine"], dict(method.get("space") or {})
+        if not mapping["flags"] and not mapping["knobs"]:
             return None
-        config: dict[str, Any] = dict(self.mapping["flags"])
-        drafter = self.head or self.draft           # the model that drafts (one at most)
+        config: dict[str, Any] = dict(mapping["flags"])
+        drafter = self.head if mapping.get("needs_head") else \
+            self.draft if method.get("needs_draft") else None   # the model that drafts, if any
         if drafter is not None:
             config["model"] = drafter.path
             if drafter.revision:
                 config["revision"] = drafter.revision
-        space = self.settings.space
-        for name, key in self.mapping["knobs"].items():
+        for name, key in mapping["knobs"].items():
             if name not in params or (name in space and not is_active(name, space[name], params)):
                 continue
             config[str(key)] = params[name]
@@ -338,6 +342,15 @@ class VllmEvaluator(ServerEvaluator):
         from tuner.predict.forms import OFF, vllm_speculative_config
         from tuner.predict.schedule import from_winners
         out: dict[str, Any] = super().deployment(params, per_level)
+        if is_union(self.settings.method):     # one member's config: its own names per level
+            name = member_of(self.settings.method, params)[0]
+            others = sorted({member_of(self.settings.method, p)[0]
+                             for p in (per_level or {}).values() if p is not None} - {name})
+            if others:
+                return {**out, "schedule_note": f"no per-level schedule: other levels are won "
+                        f"by method={others[0]}, and vLLM takes one speculative config"}
+            per_level = {level: None if p is None else self.member(p)[1]
+                         for level, p in (per_level or {}).items()}
         ks, why = level_ks(per_level or {})
         if ks is None:
             return {**out, "schedule_note": why} if why else out

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Any, ClassVar, Collection, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Collection, Mapping, Sequence
 
 from tuner.search.racing import Race, calibration, stop_bound
 from tuner.search.space import canonical, is_active, search_values
@@ -76,38 +76,55 @@ class HeuristicPlan(Plan):
     holds_default = False       # trial 0 (the method's default) comes on top of the plan's points
 
     def __init__(self, space: Mapping[str, Mapping[str, Any]], task_class: str, seed: int,
-                 default: Mapping[str, Any] | None = None) -> None:
+                 default: Mapping[str, Any] | None = None,
+                 project: Callable[[Point], Point] | None = None) -> None:
+        """``project``: what a point holds of the values it was built from (a union of methods:
+        ``method`` and its member's parameters, ``tuner.config.union.point_space``; None: all).
+        A union's draw holds every member's start values: ``method`` is the first parameter
+        swept, each member at its own start point, before the best one's parameters are."""
+        from tuner.config.union import METHOD
         self.space, self.default = space, dict(default or {})
         self.values = search_values(space, "heuristic", task_class)
         rng = random.Random(seed)
         initial = {name: rng.choice(vals) for name, vals in self.values.items()}
+        if project is not None and METHOD in self.default:    # no member's draw reset
+            initial[METHOD] = self.default[METHOD]
+        self.project = project or dict
         self.initial: Point = canonical(initial, space, self.default)
         self.order = [name for name in space if len(self.values[name]) > 1]
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
                    ) -> tuple[Point, str] | str | None:
         """The next point nobody has evaluated or taken, WAIT, or None when the plan is done."""
-        current = dict(self.initial)
+        current = dict(self.initial)        # every parameter's value (projected when held)
         for name in self.order:
             if not is_active(name, self.space[name], current):
                 continue
             candidates = [canonical({**current, name: v}, self.space, self.default)
                           for v in self.values[name]]
             for candidate in candidates:
-                key = point_key(candidate)
+                key = point_key(self.project(candidate))
                 if key not in results and key not in taken:
-                    return candidate, name
-            if any(point_key(c) not in results for c in candidates):
+                    return self.project(candidate), name
+            if any(point_key(self.project(c)) not in results for c in candidates):
                 return WAIT
-            incumbent = point_key(current)      # every value dropped (-inf): keep it
-            current = max(candidates, key=lambda c: (results[point_key(c)],
-                                                     point_key(c) == incumbent))
-        if not self.order and point_key(current) not in results:
-            return WAIT if point_key(current) in taken else (current, "fixed")
+            incumbent = point_key(self.project(current))   # every value dropped (-inf): keep it
+            current = max(candidates, key=lambda c: (results[point_key(self.project(c))],
+                                                     point_key(self.project(c)) == incumbent))
+        if not self.order and point_key(self.project(current)) not in results:
+            held = self.project(current)
+            return WAIT if point_key(held) in taken else (held, "fixed")
         return None
 
     def size(self) -> int:
-        return sum(len(self.values[name]) for name in self.order) or 1
+        """Points it may measure: every swept value (a union: its members at their start
+        points, then the largest member's sweeps; only the best member is swept)."""
+        from tuner.config.union import METHOD, SEP
+        if self.project is dict or METHOD not in self.order:
+            return sum(len(self.values[name]) for name in self.order) or 1
+        swept = {m: sum(len(self.values[n]) for n in self.order if n.startswith(f"{m}{SEP}"))
+                 for m in self.values[METHOD]}
+        return len(self.values[METHOD]) + max(swept.values())
 
 
 class GridPlan(Plan):

@@ -59,8 +59,12 @@ class NoClaim(Enum):
 def make_plan(settings: StudySettings, say: Callable[[str], None]) -> Plan | None:
     """The search's plan (None for samplers: Optuna proposes the points)."""
     kind, default = settings.search["kind"], settings.searched(settings.default)
-    if kind == "heuristic":
-        return HeuristicPlan(settings.space, settings.task.task_class, settings.seed, default)
+    if kind == "heuristic":    # a union: the members swept at their start points, then the
+        #                           best one's parameters (Algorithm 1 with ``method`` first)
+        project = (lambda p: {k: p[k] for k in point_space(settings.method, p)}) \
+            if is_union(settings.method) else None
+        return HeuristicPlan(settings.space, settings.task.task_class, settings.seed, default,
+                             project)
     if kind == "predict":
         ranges = settings.search.get("ranges", "heuristic")
         union, unpriced = union_grid(settings.method, ranges, settings.task.task_class,

@@ -34,7 +34,7 @@ from tuner.measure.rates import Traffic
 from tuner.predict.cache import AUTO
 from tuner.search.objectives import ENERGY, PERPLEXITY, better_first, directions
 from tuner.study.storage import journal_path
-from tuner.study.union import Union, is_auto, method_names, method_union
+from tuner.study.union import Union, group_choice, is_auto, method_names, method_union
 from tuner.tasks.task import Prompt, Task
 
 
@@ -346,17 +346,22 @@ def union_settings(cfg: DictConfig) -> tuple[StudySettings, Union]:
         raise ConfigError(f"method.members={wanted!r} is invalid: allowed are all, or a "
                           f"non-empty list of {method_names()}")
     engine = engine_named(str(cfg.engine.kind))
-    if not engine.own_loops:
-        raise ConfigError(f"method=auto is invalid for engine={engine.name}: a study across "
-                          "methods runs in process (engine=hf) today, where one profile prices "
-                          f"every method; allowed for engine={engine.name} is one method per "
-                          "study (method=prompt_lookup, method=speculative, ...)")
     search = plain(cfg.search)
-    if search.get("kind") != "predict":
-        raise ConfigError(f"search={search.get('kind')} is invalid for method=auto: a study "
-                          "across methods ranks every method's points by one profile, then "
-                          "races them; allowed is search=predict (one method's own searches: "
-                          f"method=<name> search={search.get('kind')})")
+    kind = search.get("kind")
+    if kind == "predict" and not engine.own_loops:
+        raise ConfigError(f"search=predict is invalid for method=auto on engine={engine.name}: "
+                          "nothing ranks an engine server's points before they are measured "
+                          "(its profile prices a trial's own acceptance, after it); allowed "
+                          f"is search=heuristic (method=auto engine={engine.name} "
+                          "search=heuristic: Algorithm 1 across methods, raced on wall clock)")
+    if kind not in ("predict", "heuristic"):
+        chosen = group_choice(cfg, "search") or kind      # search=tpe is kind sampler
+        raise ConfigError(f"search={chosen} is invalid for method=auto: a study across methods "
+                          "ranks every method's points by one profile, then races them "
+                          "(search=predict), or sweeps the methods at their start points and "
+                          "then the best one's parameters (search=heuristic); allowed are "
+                          f"predict and heuristic (one method's own searches: method=<name> "
+                          f"search={chosen})")
     if search.get("predict_for"):
         raise ConfigError("search.predict_for is invalid for method=auto: another machine's "
                           "answer is predicted for one method's grid; allowed is null here (run "
