@@ -153,8 +153,13 @@ def vllm_evaluator(method: str, draft: str | None = None):
     from tuner.engines.vllm import VllmEvaluator
     conf = yaml.safe_load((ROOT / "conf" / "engine" / "vllm.yaml").read_text())
     ev = VllmEvaluator.__new__(VllmEvaluator)
-    ev.mapping = dict(conf["methods"][method])
-    ev.settings = SimpleNamespace(space={})
+    mapping = dict(conf["methods"][method])
+    ev.mapping = {"flags": dict(mapping.get("flags") or {}),
+                  "knobs": dict(mapping.get("knobs") or {}),
+                  "needs_head": bool(mapping.get("needs_head"))}
+    ev.settings = SimpleNamespace(space={}, method={        # the shape ServerEngine.method gives
+        "needs_draft": bool(mapping.get("needs_draft")), "params": {}, "space": {},
+        "engine": ev.mapping})
     ev.draft = None if draft is None else Folder(draft, None, "config only")
     ev.head, ev.slots = None, 64
     return ev

@@ -310,12 +310,16 @@ def test_a_restart_mid_recording_starts_a_new_segment(capsys, tmp_path):
 def test_the_decision_is_priced_at_the_live_batch_and_varying_drafts_are_estimates(
         capsys, tmp_path):
     """With the engine's profile every k is priced per window: the deployed k exactly from its
-    own counts (L · T_b(1) / T_b(d + 1), recomputed here from the profile), the others labelled
+    own counts (L · T_b(1) / E[T_b], the expected step of requests drafting their drafts'
+    length in a share s of the steps, recomputed here from the profile's cells), the others
+    labelled
     estimates where n-gram drafts varied in length (T ≠ D · k), none below the deployment's
     lookup size (llama.cpp's ngram-simple drafts nothing where m < n); the summary states the
     decision at the last window. The profile was measured with a draft model's steps and this
     deployment drafts n-grams: the watch says so and recommends no switch from those prices."""
-    from tuner.predict.served import decode_speedup
+    from math import comb
+
+    from tuner.predict.served import step_s
     from tuner.predict.surface import load_profile
     path = FIXTURES / "llamacpp-switch.jsonl.gz"
     profile_path = FIXTURES / "llamacpp-profile.json"
@@ -332,8 +336,11 @@ def test_the_decision_is_priced_at_the_live_batch_and_varying_drafts_are_estimat
         options = {o["k"]: o for o in w["pricing"]["options"]}
         assert options[0]["speedup"] == 1.0 and options[k]["exact"]
         length = 1 + w["accepted"] / w["steps"]
-        assert options[k]["speedup"] == pytest.approx(decode_speedup(
-            profile, w["pricing"]["batch"], length, w["draft_tokens"] / w["steps"]))
+        b, share = w["pricing"]["batch"], w["drafts"] / w["steps"]
+        drafted = w["draft_tokens"] / w["drafts"]            # a drafting step's tokens
+        expected = sum(comb(b, j) * share ** j * (1 - share) ** (b - j) *
+                       step_s(profile, b, 1 + j * drafted / b) for j in range(b + 1))
+        assert options[k]["speedup"] == pytest.approx(length * step_s(profile, b, 1) / expected)
         full = w["draft_tokens"] == w["drafts"] * k
         varied += not full
         assert all(options[j]["exact"] == full for j in range(2, k))
@@ -346,6 +353,37 @@ def test_the_decision_is_priced_at_the_live_batch_and_varying_drafts_are_estimat
     assert "this deployment drafts from the context without a model" in out
     assert not [r for r in records if r["kind"] == "recommendation"]
     assert "decision: priced, no switch recommended" in out
+
+
+def test_n_gram_drafting_is_priced_all_or_nothing_not_at_its_mean_rows():
+    """The vLLM case that was not borne out (2026-11-29, 2-core Intel Xeon): a prompt-lookup
+    deployment (k = 4) on CNN/DM summaries drafted in 19 % of its steps, each time 4 tokens.
+    Priced at the mean rows, T(1 + 0.77), its step was 97 ms at batch 2 and the watch
+    recommended k = 1 for +11 %; an A B of six alternating pairs measured k = 1 / k = 4 time per
+    output token 0.992x (95 % interval 0.925-1.064). The step it paid is 0.19·T(5) + 0.81·T(1)
+    (per request at batch 2: both, one or neither drafting): k = 4 stays best, k = 1 priced
+    about 4 % slower, inside the measured interval. The window's counts are window 11 of that
+    watch; the profile is the one it priced with (tests/fixtures/watch/README.md)."""
+    from decoding.acceptance import AcceptanceCounts
+    from tuner.predict.served import step_s
+    from tuner.predict.surface import load_profile
+    from tuner.watch.decide import price
+    from tuner.watch.windows import Window
+    profile = load_profile(FIXTURES / "vllm-ngram-profile.json")
+    counts = AcceptanceCounts(steps=666, drafts=128, drafted=512, accepted=146,
+                              accepted_per_position=(63, 36, 27, 20))
+    window = Window(11, 0, 0.0, 50.0, counts, generated=825, tpot_s=0.104, batch=1.727)
+    pricing = price(window, profile, deployed_k=4)
+    options = {o.k: o for o in pricing.options}
+    assert pricing.batch == 2 and pricing.best.k == 4
+    assert options[1].speedup / options[4].speedup == pytest.approx(0.957, abs=0.01)
+    t = {rows: step_s(profile, 2, rows) for rows in (1, 3, 5)}
+    s = 128 / 666
+    paid = s * s * t[5] + 2 * s * (1 - s) * t[3] + (1 - s) ** 2 * t[1]
+    assert options[4].tpot_s == pytest.approx(paid / (1 + 146 / 666))
+    # at the mean rows (the old price) k = 1 wins by over 10 %: what the A B did not bear out
+    mean_rows = (1 + 146 / 666) * t[1] / step_s(profile, 2, 1 + 512 / 666)
+    assert options[1].speedup / mean_rows > 1.10
 
 
 def test_the_least_k_that_drafts_is_the_engines_to_say():

@@ -3,10 +3,13 @@
 A window's counts price every k with the engine's own hardware profile
 (``python -m tuner.profile --engine …``; ``tuner.predict.served.decode_speedup``):
 
-    predicted decode-phase speedup of k = L_k · T_b(1) / T_b(d_k + 1)
+    predicted decode-phase speedup of k = L_k · T_b(1) / E[T_b]
 
-at the window's live batch b (rounded; linear between the profile's batch sizes), with
-p_i = c_i / S the fraction of decode steps that accepted draft position i (from 0):
+at the window's live batch b (rounded; linear between the profile's batch sizes), with E[T_b]
+the expected step where each request drafts d_k / s tokens in a share s = D / S of the steps
+and none in the rest (``tuner.predict.served``: n-gram drafting is all or nothing; s = 1 for a
+draft model), and p_i = c_i / S the fraction of decode steps that accepted draft position i
+(from 0):
 
 * the deployed k: L = 1 + A / S and d = T / S as counted (exact);
 * k′ < k: L = 1 + Σ_{i<k′} p_i and d = k′ · D / S — exact only where every draft had full length
@@ -21,7 +24,7 @@ at which the deployment would draft nothing (``ServerEngine.least_drafting_k``).
 recommended (``Decider``) only when the best k′ beats the deployed k by more than the margin (the
 study's calibration error of predicted against measured speedups, where it recorded one) in
 ``persist`` consecutive windows. The measured time per output token stands beside the
-prediction T_b(d + 1) / L of the deployed k (the profile's absolute scale: another time on a
+prediction E[T_b] / L of the deployed k (the profile's absolute scale: another time on a
 shared machine, a ratio is what transfers).
 """
 
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tuner.predict.schedule import LevelChoice, Schedule, from_winners
-from tuner.predict.served import decode_speedup, step_s
+from tuner.predict.served import decode_speedup, drafting_share, expected_step_s, step_s
 
 if TYPE_CHECKING:
     from tuner.predict.surface import HardwareProfile
@@ -115,14 +118,18 @@ def price(window: Window, profile: HardwareProfile, deployed_k: int,
     top = rows - 1
     full = window.full_length(deployed_k)
     share = window.drafts / window.steps if window.steps else 0.0   # steps that drafted
+    drafting = drafting_share(window.drafts, window.draft_tokens, window.steps)
 
     def priced(k: int, length: float, drafted: float, exact: bool) -> Priced:
-        return Priced(k, decode_speedup(profile, batch, length, drafted), length, drafted,
-                      exact, step_s(profile, batch, drafted + 1.0) / length)
+        return Priced(k, decode_speedup(profile, batch, length, drafted, drafting), length,
+                      drafted, exact, expected_step_s(profile, batch, drafted, drafting) /
+                      length)
 
-    # the deployed k from its own counts: exact where the profile measured rows that wide
+    # the deployed k from its own counts: exact where the profile measured rows as wide as a
+    # drafting step's
+    widest = window.drafted_per_step / drafting if drafting else 0.0
     deployed = priced(deployed_k, window.mean_length, window.drafted_per_step,
-                      window.drafted_per_step + 1.0 <= rows)
+                      widest + 1.0 <= rows + 1e-9)
     if not deployed.exact:
         beyond = (f"the deployed k={deployed_k} drafts beyond the profile's rows "
                   f"({rows}): its price is extrapolated")
