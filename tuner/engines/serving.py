@@ -111,12 +111,12 @@ class ServerEvaluator:
     def member(self, params: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
         """(the method config, its parameters) that build ``params``: a union of methods'
         member (``tuner.config.union.member_of``: its own engine mapping, space and names),
-        else the study's method."""
+        else the study's method with this evaluator's ``mapping``."""
         method = self.settings.method
         if is_union(method):
             _, member, own = member_of(method, params)
             return member, own
-        return method, dict(params)
+        return {**method, "engine": self.mapping}, dict(params)
 
     def members(self) -> list[Mapping[str, Any]]:
         """The method configs this study may launch: a union's members, else its method."""
