@@ -216,6 +216,12 @@ def test_a_switch_is_said_once_until_the_best_returns_to_the_deployed_k():
     assert decider.observe(pricing(4, 0.0)) is None             # the deployed k is best
     again = [decider.observe(pricing(0, 0.2)) for _ in range(3)]
     assert again[-1] is not None and again[-1].k == 0
+    # a window at a batch whose cells are out of order (skipped, live vLLM at batch 1 between
+    # windows at 2) ends the streak but does not make the same k new: said once, not thrice
+    decider.skip()
+    assert [decider.observe(pricing(0, 0.2)) for _ in range(6)] == [None] * 6
+    decider.reset()                                             # an alarm, a restart
+    assert [decider.observe(pricing(0, 0.2)) for _ in range(3)][-1] is not None
 
 
 def test_the_per_step_variance_is_that_of_the_accepted_counts():

@@ -162,6 +162,11 @@ class Decider:
     def reset(self) -> None:
         self.streak, self.said = [], None
 
+    def skip(self) -> None:
+        """A window priced where no switch may be recommended (the profile's cells out of
+        order at its batch): the streak ends; a k already recommended is not said again."""
+        self.streak = []
+
     def observe(self, pricing: Pricing) -> Recommendation | None:
         """The recommendation this window completes (None: none, or the same as the last)."""
         best = pricing.best

@@ -296,7 +296,7 @@ def handle_window(settings: WatchSettings, state: WatchState, w: Window, test: C
                 say(f"  no switch is recommended at batch {pricing.batch}: the profile's cells "
                     f"there are out of order ({disorder[0]}); make it again with more "
                     "--prompts on a quiet machine")
-            decider.reset()
+            decider.skip()
             return
         found = decider.observe(pricing)
         if found is not None:
