@@ -622,6 +622,32 @@ def test_the_draft_free_profile_measures_ngram_steps_at_full_drafts(tmp_path, ca
     assert "NOTE" not in said
 
 
+def test_an_engine_profile_beside_a_busy_process_stops_at_its_first_cells(tmp_path):
+    """One busy process on the profile's CPUs: python -m tuner.profile --engine stops once 10 s
+    of its cells read other processes above 25 % of the CPUs (its servers' own processes are
+    counted as its own: the quiet profile above runs to its end), exit 3, one line naming the
+    cell and the load, nothing written."""
+    from tests.conftest import ENV, ROOT
+    from tuner import profile as cli
+    out = tmp_path / "busy.json"
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tuner.profile", "--engine", "llamacpp", "--drafting",
+             "ngram", "--models", "smollm2", "--ks", "4", "--prompts", "2",
+             "--max-new-tokens", "48", "--out", str(out)],
+            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    finally:
+        busy.kill()
+        busy.wait()
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    assert done.returncode == cli.FLAGGED and not out.exists(), done.stdout + done.stderr
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: the engine profile stopped at k=0: "), \
+        done.stderr
+    assert "wrote" not in done.stdout
+
+
 def test_a_study_predicts_each_level_from_the_engines_profile_and_confirms_its_schedule(
         tmp_path, capsys):
     """An engine profile made from the engine's own steps (k = 1 and 3 drafted per step, levels 1

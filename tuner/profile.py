@@ -25,7 +25,9 @@ the draft model's own acceptance, on either engine). The draft-free profile
 (``<out>-ngram.json``) is the target's step at k + 1 tokens with no draft model, as n-gram drafting
 pays it (the lookup's time included): prompt lookup (``method=prompt_lookup``) drafting k tokens on
 prompts that repeat themselves, so that every step finds a full draft; it prices n-gram deployments
-(``python -m tuner.watch``).
+(``python -m tuner.watch``). Load is checked per cell with the servers' processes counted as the
+profile's own (``tuner.predict.loops.ServedLoad``): sustained load stops it (exit 3), a burst
+measures the cell again.
 ``--roofline NAME`` writes instead a roofline profile (an ESTIMATE, ``tuner.predict.roofline``)
 for a named GPU from its datasheet, or for this CPU from its bandwidth and matmul throughput
 measured here; ``--compare`` prints its error against a measured profile, cell by cell.
@@ -144,13 +146,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.roofline is not None:
         return roofline_main(models, args)
+    from tuner.predict.loops import ProfileDisturbed
     if args.engine != DEFAULT:
         try:
             return engine_main(models, args)
         except ConfigError as err:          # what only the composed config or the engine says
             print(f"error: {err}", file=sys.stderr)
             return 2
-    from tuner.predict.loops import ProfileDisturbed
+        except ProfileDisturbed as err:     # sustained load: nothing written
+            print(f"error: {err}", file=sys.stderr)
+            return FLAGGED
     try:
         profile = make_profile(models, args)
     except ProfileDisturbed as err:         # sustained load: nothing written
@@ -267,7 +272,9 @@ def engine_profile(models: dict, args: argparse.Namespace, drafting: str,
             if drafting == "ngram" else
             "at the draft model's own acceptance (no synthetic mode)" if length is None else
             f"synthetic acceptance, mean length {length:g} asked"))
-        cells = evaluator.synthetic_costs(args.ks, levels, length, repeat=drafting == "ngram")
+        load = loops.ServedLoad(evaluator.server_groups, abort=evaluator.close)
+        cells = evaluator.synthetic_costs(args.ks, levels, length, repeat=drafting == "ngram",
+                                          load=load)
         profile = synthetic.profile(
             cells, machine=hardware(torch.device("cpu")), engine=args.engine,
             build={args.engine: evaluator.build_info()}, threads=evaluator.threads,
@@ -279,7 +286,9 @@ def engine_profile(models: dict, args: argparse.Namespace, drafting: str,
     from dataclasses import replace
 
     from tuner.predict.check import inversions
-    profile = replace(profile, flags=tuple(inversions(profile)))
+    profile = replace(profile, flags=tuple(inversions(profile)) + tuple(
+        f"{line}: measured {1 + loops.BURST_RETRIES} times, disturbed each time"
+        for line in load.busy))
     out = Path(str(out).replace("{machine}", slug(profile.machine)))
     profile.save(out)
     print(f"wrote {out}: {profile.describe()}")

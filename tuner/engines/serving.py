@@ -240,6 +240,11 @@ class ServerEvaluator:
                             startup_timeout_s=float(self.engine["startup_timeout_s"]),
                             env=self.server_env())
 
+    def server_groups(self) -> list[int]:
+        """The process groups of the servers running now (each its own session)."""
+        return [s.proc.pid for s in (self.baseline, self.method_server)
+                if s is not None and s.alive()]
+
     def _method_server(self, spec: Spec) -> EngineServer:
         if self.method_server is not None and self.method_spec == spec and \
                 self.method_server.alive():
@@ -408,14 +413,17 @@ class ServerEvaluator:
 
     def synthetic_costs(self, ks: Sequence[int], levels: Sequence[int],
                         length: float | Mapping[int, float] | None,
-                        rounds: int = 2, repeat: bool = False) -> list[Any]:
+                        rounds: int = 2, repeat: bool = False, load: Any = None) -> list[Any]:
         """Per k (0: the baseline server) and level: ``rounds`` batches of ``level`` tuning
         prompts (cycled, each request its own seed), after one untimed request per server;
         ``tuner.predict.synthetic.cell`` of the engine's own counts and times. ``length``: the
         mean accepted length asked (capped at k + 1), or one per k; None: no synthetic mode,
         the drafter's own acceptance (the step times are those of its real lengths).
         ``repeat``: each request's prompt as ``repeated`` makes it from the tuning prompts
-        (n-gram drafting: the target copies on, so every step finds a k-token draft)."""
+        (n-gram drafting: the target copies on, so every step finds a k-token draft).
+        ``load``: each cell's requests run through ``load.block(what, run)``
+        (``tuner.predict.loops.ServedLoad``: other processes' load checked, a disturbed cell
+        measured again); None: unchecked."""
         from tuner.predict.synthetic import cell
         prompts = list(self.settings.tuning)
         tokens = int(self.settings.budget["max_new_tokens"])
@@ -433,18 +441,28 @@ class ServerEvaluator:
             server = self._baseline_beside(None) if k == 0 else self._method_server(
                 self.spec(self.drafted_params(k)) if asked is None else
                 self.synthetic_spec(k, asked))
-            send_batch(server.url + self.endpoint, [self.payload(prompts[0], k > 0)])
+            first = [self.payload(prompts[0], k > 0)]      # untimed: the server's first
+            if load is None:
+                send_batch(server.url + self.endpoint, first)
+            else:
+                load.block(f"k={k}: its server's untimed first request",
+                           lambda: send_batch(server.url + self.endpoint, first), timed=False)
             for level in levels:
-                runs = []
-                for r in range(rounds):
-                    batch = [prompts[(r * level + i) % len(prompts)] for i in range(level)]
-                    payloads = [{**self.payload(p, k > 0), "seed": self.settings.seed + r * level
-                                 + i, **copies.get(p.id, {})}
-                                for i, p in enumerate(batch)]
-                    replies, wall = send_batch(server.url + self.endpoint, payloads)
-                    runs += [(self.measurement(p, reply.body, reply.wall_s, level, wall, None),
-                              len(copies[p.id]["prompt"] if repeat else self.ids[p.id]))
-                             for p, reply in zip(batch, replies)]
+                def run(level: int = level) -> list:
+                    runs = []
+                    for r in range(rounds):
+                        batch = [prompts[(r * level + i) % len(prompts)] for i in range(level)]
+                        payloads = [{**self.payload(p, k > 0), "seed": self.settings.seed +
+                                     r * level + i, **copies.get(p.id, {})}
+                                    for i, p in enumerate(batch)]
+                        replies, wall = send_batch(server.url + self.endpoint, payloads)
+                        runs += [(self.measurement(p, reply.body, reply.wall_s, level, wall,
+                                                   None),
+                                  len(copies[p.id]["prompt"] if repeat else self.ids[p.id]))
+                                 for p, reply in zip(batch, replies)]
+                    return runs
+                runs = run() if load is None else load.block(f"k={k} at concurrency {level}",
+                                                              run)
                 got = cell(level, k, asked, runs)
                 out.append(got)
                 self.say(f"  k={k} at concurrency {level}: {1e3 * got.step_s:.1f} ms per step, "

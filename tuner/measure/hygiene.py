@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 CONTENTION_MODES = ("wait", "warn", "fail")
 DEFAULT_CONTENTION = "wait"     # re-sample until quiet (bounded), then measure anyway, flagged
@@ -172,6 +173,23 @@ def _own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def group_cpu_s(groups: Collection[int]) -> float:
+    """CPU seconds used so far by every process in the process groups ``groups`` (an engine's
+    servers: each runs in a session of its own, its workers in its group), children they
+    reaped included; 0.0 without /proc."""
+    total = 0
+    wanted = set(groups)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:                     # exited while we looked
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if int(fields[2]) in wanted:        # pgrp; utime stime cutime cstime: fields 11-14
+            total += sum(int(x) for x in fields[11:15])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def sample_other_load(cpus: Sequence[int] | None = None,
                       window_s: float = DEFAULT_WINDOW_S) -> LoadSample:
     """Measure other processes' load on ``cpus`` over ``window_s`` seconds (this call sleeps).
@@ -198,13 +216,17 @@ class LoadMeter:
     over the block's wall time; the same arithmetic as ``sample_other_load``). A profile's
     timed runs are checked with it: the machine's load during the run, not before it."""
 
-    def __init__(self, cpus: Sequence[int] | None = None) -> None:
+    def __init__(self, cpus: Sequence[int] | None = None,
+                 own: Callable[[], float] | None = None) -> None:
+        """``own``: CPU seconds counted as this work's own so far (default: this process's;
+        an engine profile adds its servers' process groups, ``group_cpu_s``)."""
         self.cpus = tuple(cpus) if cpus is not None else allowed_cpus()
+        self.own = own or _own_cpu_s
         self.sample = LoadSample(None, None, 0.0, self.cpus)
 
     def __enter__(self) -> LoadMeter:
         self._before = _cpu_ticks(self.cpus)
-        self._own_before, self._began = _own_cpu_s(), time.monotonic()
+        self._own_before, self._began = self.own(), time.monotonic()
         return self
 
     @property
@@ -217,7 +239,7 @@ class LoadMeter:
 
     def peek(self) -> LoadSample:
         """The sample from the block's start until now (the block goes on)."""
-        after, own_after, ended = _cpu_ticks(self.cpus), _own_cpu_s(), time.monotonic()
+        after, own_after, ended = _cpu_ticks(self.cpus), self.own(), time.monotonic()
         before = self._before
         if before is None or after is None or after[1] <= before[1]:
             return LoadSample(None, None, ended - self._began, self.cpus)

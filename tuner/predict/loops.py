@@ -122,6 +122,88 @@ class _Round:
         return self.whole.sample
 
 
+class ServedLoad:
+    """An engine profile's load checks (``python -m tuner.profile --engine``): its servers are
+    other processes, so each cell (one k at one level: its requests) is metered with the
+    servers' process groups counted as the profile's own (``groups``: those running now;
+    ``tuner.measure.hygiene.group_cpu_s``). As in ``_Round``: sustained load, more than
+    ``BUSY_THRESHOLD`` of the CPUs over at least ``SUSTAINED_MIN_S`` of the cells measured so
+    far, stops the profile (``ProfileDisturbed``); a cell a burst disturbed is measured again,
+    up to ``BURST_RETRIES`` times, then recorded in ``busy`` (it flags the profile). The load
+    is read every ``PEEK_S`` while a cell runs, not only after it: beside a busy process a
+    server's threads can crawl (llama-server's two threads on two CPUs, one taken: a cell ran
+    for minutes), so sustained load stops the servers (``abort``), which ends the cell's
+    requests, and the profile stops. Server starts are not metered (no cell runs then)."""
+
+    PEEK_S = 1.0
+
+    def __init__(self, groups: Callable[[], Sequence[int]], abort: Callable[[], None],
+                 meter: Callable[[Callable[[], float]], LoadMeter] | None = None) -> None:
+        from tuner.measure.hygiene import _own_cpu_s, group_cpu_s
+        self.groups, self.abort = groups, abort
+        self.meter = meter or (lambda own: LoadMeter(own=own))
+        self.own = lambda found: (lambda: _own_cpu_s() + group_cpu_s(found))
+        self.busy: list[str] = []
+        self.other_s = 0.0                  # others' CPU share x seconds, over the cells
+        self.window_s = 0.0
+
+    def block(self, what: str, run: Callable[[], Any], timed: bool = True) -> Any:
+        """``run()`` (one cell) metered, its load read while it runs; measured again while a
+        burst disturbed it (``timed``; an untimed request, a server's first, is not)."""
+        import threading
+        for attempt in range(BURST_RETRIES + 1 if timed else 1):
+            meter = self.meter(self.own(tuple(self.groups())))
+            tripped: list[str] = []
+            done = threading.Event()
+
+            def watch() -> None:
+                while not done.wait(self.PEEK_S):
+                    line = self.sustained(meter.peek(), what)
+                    if line is not None:
+                        tripped.append(line)
+                        self.abort()
+                        return
+            with meter:
+                watcher = threading.Thread(target=watch, daemon=True)
+                watcher.start()
+                try:
+                    result = run()
+                except Exception:
+                    if tripped:             # the servers stopped under it: the load's line
+                        raise ProfileDisturbed(tripped[0]) from None
+                    raise
+                finally:
+                    done.set()
+                    watcher.join()
+            if tripped:
+                raise ProfileDisturbed(tripped[0])
+            sample = meter.sample
+            line = self.sustained(sample, what)
+            if sample.other_busy is not None:
+                self.other_s += sample.other_busy * sample.window_s
+                self.window_s += sample.window_s
+            if line is not None:
+                raise ProfileDisturbed(line)
+            line = _disturbed(sample, what)
+            if line is None or not timed:
+                return result
+        self.busy.append(line)
+        return result
+
+    def sustained(self, sample: LoadSample, what: str) -> str | None:
+        """The stop line where the cells so far with ``sample`` added read sustained load."""
+        window = self.window_s + (sample.window_s if sample.other_busy is not None else 0.0)
+        other = self.other_s + (sample.other_busy or 0.0) * sample.window_s
+        if window < SUSTAINED_MIN_S or other / window <= BUSY_THRESHOLD:
+            return None
+        return (f"the engine profile stopped at {what}: other processes used "
+                f"{other / window:.0%} of the CPUs over the first {window:.0f} s of its "
+                f"requests (sustained load: more than {BUSY_THRESHOLD:.0%} over at least "
+                f"{SUSTAINED_MIN_S:.0f} s; the servers' own processes not counted; a shorter "
+                "burst is measured again); stop them or give the profile other CPUs (taskset "
+                "-c), then make it again")
+
+
 def _disturbed(sample: LoadSample, what: str) -> str | None:
     """The line of a block other processes disturbed (over ``BUSY_THRESHOLD`` of the CPUs for at
     least ``BUSY_MIN_WINDOW_S``: /proc/stat counts 10 ms ticks, one tick of a shorter block
