@@ -157,7 +157,7 @@ def yaml_load(path: Path):
 
 
 # both members narrowed to one knob of two values (the draft model: most tokens drafted)
-ACROSS = ["method=auto", "search=heuristic", "tracking=none",
+ACROSS = ["method=auto", "search=heuristic", "tracking=none", "control.guard=false",
           "~engine.methods.prompt_lookup.space",
           "+engine.methods.prompt_lookup.space={size_n:{type:int,low:1,high:2}}",
           "engine.methods.prompt_lookup.params.size_n=2",
