@@ -425,6 +425,7 @@ class ServerEvaluator:
         (``tuner.predict.loops.ServedLoad``: other processes' load checked, a disturbed cell
         measured again); None: unchecked."""
         from tuner.predict.synthetic import cell
+        block = load.block if load is not None else lambda what, run, timed=True: run()
         prompts = list(self.settings.tuning)
         tokens = int(self.settings.budget["max_new_tokens"])
         room = int(self.engine["ctx_per_slot"]) - tokens - 8
@@ -442,11 +443,8 @@ class ServerEvaluator:
                 self.spec(self.drafted_params(k)) if asked is None else
                 self.synthetic_spec(k, asked))
             first = [self.payload(prompts[0], k > 0)]      # untimed: the server's first
-            if load is None:
-                send_batch(server.url + self.endpoint, first)
-            else:
-                load.block(f"k={k}: its server's untimed first request",
-                           lambda: send_batch(server.url + self.endpoint, first), timed=False)
+            block(f"k={k}: its server's untimed first request",
+                  lambda: send_batch(server.url + self.endpoint, first), timed=False)
             for level in levels:
                 def run(level: int = level) -> list:
                     runs = []
@@ -461,8 +459,7 @@ class ServerEvaluator:
                                   len(copies[p.id]["prompt"] if repeat else self.ids[p.id]))
                                  for p, reply in zip(batch, replies)]
                     return runs
-                runs = run() if load is None else load.block(f"k={k} at concurrency {level}",
-                                                              run)
+                runs = block(f"k={k} at concurrency {level}", run)
                 got = cell(level, k, asked, runs)
                 out.append(got)
                 self.say(f"  k={k} at concurrency {level}: {1e3 * got.step_s:.1f} ms per step, "

@@ -216,13 +216,16 @@ class LoadMeter:
     over the block's wall time; the same arithmetic as ``sample_other_load``). A profile's
     timed runs are checked with it: the machine's load during the run, not before it."""
 
-    def __init__(self, cpus: Sequence[int] | None = None,
-                 own: Callable[[], float] | None = None) -> None:
-        """``own``: CPU seconds counted as this work's own so far (default: this process's;
-        an engine profile adds its servers' process groups, ``group_cpu_s``)."""
+    def __init__(self, cpus: Sequence[int] | None = None, groups: Collection[int] = ()) -> None:
+        """``groups``: process groups whose CPU counts as this work's own besides this
+        process's (an engine profile's servers, ``group_cpu_s``)."""
         self.cpus = tuple(cpus) if cpus is not None else allowed_cpus()
-        self.own = own or _own_cpu_s
+        self.groups = tuple(groups)
         self.sample = LoadSample(None, None, 0.0, self.cpus)
+
+    def own(self) -> float:
+        """CPU seconds this work has used so far: this process's and its groups'."""
+        return _own_cpu_s() + (group_cpu_s(self.groups) if self.groups else 0.0)
 
     def __enter__(self) -> LoadMeter:
         self._before = _cpu_ticks(self.cpus)

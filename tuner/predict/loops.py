@@ -137,12 +137,8 @@ class ServedLoad:
 
     PEEK_S = 1.0
 
-    def __init__(self, groups: Callable[[], Sequence[int]], abort: Callable[[], None],
-                 meter: Callable[[Callable[[], float]], LoadMeter] | None = None) -> None:
-        from tuner.measure.hygiene import _own_cpu_s, group_cpu_s
+    def __init__(self, groups: Callable[[], Sequence[int]], abort: Callable[[], None]) -> None:
         self.groups, self.abort = groups, abort
-        self.meter = meter or (lambda own: LoadMeter(own=own))
-        self.own = lambda found: (lambda: _own_cpu_s() + group_cpu_s(found))
         self.busy: list[str] = []
         self.other_s = 0.0                  # others' CPU share x seconds, over the cells
         self.window_s = 0.0
@@ -152,7 +148,7 @@ class ServedLoad:
         burst disturbed it (``timed``; an untimed request, a server's first, is not)."""
         import threading
         for attempt in range(BURST_RETRIES + 1 if timed else 1):
-            meter = self.meter(self.own(tuple(self.groups())))
+            meter = LoadMeter(groups=self.groups())
             tripped: list[str] = []
             done = threading.Event()
 

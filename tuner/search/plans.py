@@ -102,15 +102,16 @@ class HeuristicPlan(Plan):
                 continue
             candidates = [canonical({**current, name: v}, self.space, self.default)
                           for v in self.values[name]]
-            for candidate in candidates:
-                key = point_key(self.project(candidate))
+            held = [self.project(c) for c in candidates]      # what each trial would hold
+            keys = [point_key(h) for h in held]
+            for point, key in zip(held, keys):
                 if key not in results and key not in taken:
-                    return self.project(candidate), name
-            if any(point_key(self.project(c)) not in results for c in candidates):
+                    return point, name
+            if any(key not in results for key in keys):
                 return WAIT
             incumbent = point_key(self.project(current))   # every value dropped (-inf): keep it
-            current = max(candidates, key=lambda c: (results[point_key(self.project(c))],
-                                                     point_key(self.project(c)) == incumbent))
+            best = max(range(len(keys)), key=lambda i: (results[keys[i]], keys[i] == incumbent))
+            current = candidates[best]
         if not self.order and point_key(self.project(current)) not in results:
             held = self.project(current)
             return WAIT if point_key(held) in taken else (held, "fixed")
