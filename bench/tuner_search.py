@@ -302,7 +302,8 @@ def main() -> None:
     parser.add_argument("--searches", nargs="+",
                         default=["grid", "heuristic", "tpe", "tpe_unpruned", "predict"],
                         help="from grid, heuristic, heuristic_unraced, tpe, tpe_unpruned, "
-                             "predict (raced), predict_unraced (top + spread)")
+                             "predict (raced), predict_sweep (raced, untimed points ranked by "
+                             "Algorithm 1 on the predictions), predict_unraced (top + spread)")
     parser.add_argument("--override", action="append", default=[],
                         help="a further tuner override for every search (e.g. models=tiny)")
     parser.add_argument("--work", type=Path, required=True)
@@ -328,6 +329,7 @@ def main() -> None:
         "tpe_unpruned": ["search=tpe", f"search.n_trials={args.tpe_trials}",
                          "search.pruner=null"],
         "predict": ["search=predict", f"search.profile={profile}"],
+        "predict_sweep": ["search=predict", f"search.profile={profile}", "search.untimed=sweep"],
         "predict_unraced": ["search=predict", f"search.profile={profile}", "search.race=null",
                             f"search.top={args.top}", f"search.spread={args.spread}"]}
     tag = args.tag or f"{args.method}-{int(time.time())}"
