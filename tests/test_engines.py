@@ -56,6 +56,12 @@ def ports(study_dir: Path) -> list[int]:
     return found
 
 
+def launches(study_dir: Path, server: str) -> list[str]:
+    """The command lines ``server`` (baseline, method) was started with, in order."""
+    return [line for line in (study_dir / "engine" / f"{server}.log").read_text(
+        errors="replace").splitlines() if line.startswith("$ ")]
+
+
 def port_free(port: int) -> bool:
     from tuner.engines.server import port_free as free
     return free(port)
@@ -113,6 +119,9 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys
     assert rate_line, out[-3000:]
     started = server_groups(tmp_path / "studies" / "t")
     assert len(started) >= 3 and not alive(started)   # baseline, a method server per trial
+    # one matched baseline (both points draft 8 at most), launched once after the plain one
+    assert "1 baseline setting(s), the points ordered so that each starts once" in out
+    assert len(launches(tmp_path / "studies" / "t", "baseline")) == 2
     assert all(port_free(p) for p in ports(tmp_path / "studies" / "t"))
     assert sorted(decided) == [("level_decision", 1), ("level_decision", 4),
                                ("rate_decision", "4")]
@@ -151,6 +160,39 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys
         ev.close()
 
 
+# two sizes of the m-gram (the matched baseline's output reservation) alternating in the grid's
+# own order (min_hits outer): four points, two baselines
+ALTERNATING = ["method=prompt_lookup", "search=grid", "search.ranges=full",
+               "~engine.methods.prompt_lookup.space",
+               "+engine.methods.prompt_lookup.space={min_hits:{type:int,low:1,high:2},"
+               "size_m:{type:int,low:4,high:5}}",
+               "engine.methods.prompt_lookup.params.size_n=2",
+               "engine.methods.prompt_lookup.params.size_m=4",
+               "engine.methods.prompt_lookup.params.min_hits=1"]
+
+
+@pytest.mark.parametrize("baseline", ["matched", "plain"])
+def test_a_grid_is_ordered_by_its_baseline_servers_launch_line(tmp_path, baseline):
+    """The grid's points of one baseline (llama.cpp's matched baseline: the longest draft) come
+    together, so that each baseline server starts once: 2 launches where the grid's own order
+    (min_hits outer, size_m inner) alternates the m-gram size and would launch 4. The key is
+    the evaluator's own baseline at every point; with the plain baseline nothing relaunches."""
+    from tuner.search.points import make_plan
+    settings, ev = evaluator(tmp_path, *ALTERNATING, f"engine.baseline={baseline}")
+    plan = make_plan(settings, say=print)
+    sizes = [p["size_m"] for p in plan.points]
+    assert len(plan.points) == 4 and plan.points[0] == {"min_hits": 1, "size_m": 4}
+    assert sizes == ([4, 4, 5, 5] if baseline == "matched" else [4, 5, 4, 5])
+    assert plan.launches == (2 if baseline == "matched" else 1)
+    engine = settings.engine_object
+    for point in plan.points:
+        params = settings.measuring.params_at(point)
+        wanted = None if baseline == "plain" else ev.drafting_off(ev.spec(params))
+        key = engine.baseline_key(settings.engine, settings.method, params)
+        assert key == (None if wanted is None else tuple(wanted)) and (key is None) != (
+            baseline == "matched")
+
+
 def yaml_load(path: Path):
     import yaml
     return yaml.safe_load(path.read_text())
@@ -186,8 +228,7 @@ def test_a_study_across_methods_launches_each_members_server_and_names_the_metho
                for p, t in zip(points, trials))
     assert all(set(p) - {"method"} <= {k for k in p if k.startswith(p["method"] + ".")}
                for p in points)
-    launched = [line for line in (tmp_path / "studies" / "t" / "engine" / "method.log")
-                .read_text(errors="replace").splitlines() if line.startswith("$ ")]
+    launched = launches(tmp_path / "studies" / "t", "method")
     drafted = [line for line in launched if "--spec-type draft-simple" in line]
     assert drafted and all(" -md " in line for line in drafted)
     assert not any(" -md " in line for line in launched if "--spec-type ngram-simple" in line)

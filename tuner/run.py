@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 from tuner.cluster.slurm import job_alive_or_none
 from tuner.config.errors import ConfigError, Interrupted
 from tuner.config.validate import PHASES, plain
+from tuner.measure import intervals
 from tuner.measure.timing import Timer, time_generation
 from tuner.predict.cache import AUTO, PROFILE_USED, obtain, thread_count
 from tuner.search.pruners import PairedPruner
@@ -92,6 +93,7 @@ def run(cfg: DictConfig, timer: Timer = time_generation) -> dict[str, Any]:
                 return {"study_name": settings.name, "created": created}
             opened = time.perf_counter()
             evaluator.open()
+            intervals.load()                # what trials compute with: not trial 0's time
             record_seconds(study, "open_s", time.perf_counter() - opened)
             if phase in ("all", "work"):
                 work(settings, study, points, evaluator, callbacks, cost)

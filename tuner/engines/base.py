@@ -23,7 +23,7 @@ object (``tuner.engines.engine_named``). docs/engines.md lists what a new engine
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping
 
 from omegaconf import DictConfig
 
@@ -195,6 +195,14 @@ class Engine:
         if not names or not all(acting(method, params, k) for k in names):
             return None
         return math.prod(float(params[name]) for name in names)
+
+    def baseline_key(self, engine: Mapping[str, Any], method: Mapping[str, Any],
+                     params: Mapping[str, Any]) -> Hashable:
+        """What the baseline server a trial at ``params`` measures against is launched with:
+        points of one key share one baseline (a plan orders them together, so that it starts
+        once per key: ``tuner.search.plans.GridPlan``). None here: one baseline for every point
+        (our own loops, an engine whose baseline is its plain server)."""
+        return None
 
     @classmethod
     def draft_size_knob(cls, method: Mapping[str, Any], params: Mapping[str, Any]) -> str | None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from decoding.acceptance import AcceptanceCounts
 from tuner.config.errors import ConfigError
+from tuner.config.union import is_union, member_of
 from tuner.engines.client import RequestFailed, get_text, send_batch
 from tuner.engines.gguf import model_files
 from tuner.engines.metrics import LiveMetrics
@@ -140,6 +141,18 @@ class LlamaCppEngine(ServerEngine):
             return "--spec-draft-n-max"
         return None
 
+    def baseline_key(self, engine: Mapping[str, Any], method: Mapping[str, Any],
+                     params: Mapping[str, Any]) -> tuple[str, ...] | None:
+        """The matched baseline's speculative flags at ``params``: its output reservation, the
+        point's longest draft (``LlamaCppEvaluator.drafting_off``); None: the plain server
+        (no speculation, or ``engine.baseline=plain``)."""
+        if is_union(method):
+            _, method, params = member_of(method, params)
+        flags = speculative_flags(method, params)
+        if not flags or engine.get("baseline", "matched") == "plain":
+            return None
+        return tuple(never_drafting(longest_draft(flags)))
+
     def drafts_with_model(self, argv: list[str]) -> bool:
         return flag_value(argv, "-md", "--model-draft") is not None
 
@@ -197,6 +210,20 @@ def longest_draft(flags: Sequence[str]) -> int:
         value = flag_value(list(flags), flag) if flag else None
         longest = max(longest, int(value) if value is not None else default)
     return longest
+
+
+def speculative_flags(method: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """The speculative flags of ``params`` for ``method`` (a study's method config with its
+    ``engine`` mapping and ``space``): fixed ones, then each active knob's flag."""
+    mapping, space = method["engine"], dict(method.get("space") or {})
+    out = [str(x) for kv in mapping["flags"].items() for x in kv]
+    for name, flag in mapping["knobs"].items():
+        if name not in params or (name in space and not is_active(name, space[name], params)):
+            continue
+        value = params[name]
+        out += [str(flag).format(**params), str(value).lower() if isinstance(value, bool)
+                else str(value)]
+    return out
 
 
 def never_drafting(longest: int) -> list[str]:
@@ -277,17 +304,8 @@ class LlamaCppEvaluator(ServerEvaluator):
         return never_drafting(longest_draft(spec or []))
 
     def flags(self, params: Mapping[str, Any]) -> list[str]:
-        """The speculative flags of ``params``: fixed ones, then each active knob's flag."""
-        method, params = self.member(params)
-        mapping, space = method["engine"], dict(method.get("space") or {})
-        out = [str(x) for kv in mapping["flags"].items() for x in kv]
-        for name, flag in mapping["knobs"].items():
-            if name not in params or (name in space and not is_active(name, space[name], params)):
-                continue
-            value = params[name]
-            out += [str(flag).format(**params), str(value).lower() if isinstance(value, bool)
-                    else str(value)]
-        return out
+        """The speculative flags of ``params`` (``speculative_flags`` of its member)."""
+        return speculative_flags(*self.member(params))
 
     def drafted_params(self, k: int) -> dict[str, Any]:
         """As the base's; for an n-gram type sized by ``size_m`` the lookup ``size_n`` is at most

@@ -242,8 +242,13 @@ class SearchCost:
         else:
             what = f"search={kind}: at most {self.trials_left()} trial(s) to run"
         if not s.engine_object.own_loops:     # a server launched per setting: in each trial's time
+            launches = None if plan is None else plan.launches
             what += (f" (each a launch of {s.engine_object.name}'s server with its settings, "
-                     "beside its baseline's where that differs: counted in the trial's time)")
+                     "beside its baseline's where that differs" +
+                     ("" if not launches else
+                      f": {launches} baseline setting(s), the points ordered so that each "
+                      "starts once") +
+                     "; counted in the trial's time)")
         estimate = self.from_trials() or (self.from_profile(self.prices) if self.prices
                                           else None)
         if estimate is None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Any, Callable, ClassVar, Collection, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Collection, Hashable, Mapping, Sequence
 
 from tuner.search.racing import Race, calibration, stop_bound
 from tuner.search.space import canonical, is_active, search_values
@@ -51,6 +51,15 @@ def default_first(points: Sequence[Point], default: Mapping[str, Any]
     return first + [p for p in points if point_key(p) != point_key(default)], bool(first)
 
 
+def launch_grouped(points: Sequence[Point], launch: Callable[[Point], Hashable]) -> list[Point]:
+    """``points`` with those of one ``launch`` key together, the groups in the order their
+    first point came (the first point stays first; within a group the order is kept)."""
+    groups: dict[Hashable, int] = {}
+    for point in points:
+        groups.setdefault(launch(point), len(groups))
+    return sorted(points, key=lambda point: groups[launch(point)])
+
+
 class Plan:
     """What the study asks of every plan. Its capabilities are the ``ClassVar``s, declared by
     each plan class in its own body and read, never probed (tests/test_capabilities.py)."""
@@ -60,6 +69,7 @@ class Plan:
     needs_ranking: ClassVar[bool] = False
     holds_default: bool = False     # trial 0 (the method's default) is one of the plan's points
     stopped: str | None = None      # why it ended before its last point (a race's stop line)
+    launches: int | None = None     # baseline servers its points launch (None: not counted)
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
                    ) -> tuple[Point, str] | str | None:
@@ -134,7 +144,10 @@ class GridPlan(Plan):
     needs_ranking = False
 
     def __init__(self, space: Mapping[str, Mapping[str, Any]], default: Mapping[str, Any],
-                 ranges: str = "full", task_class: str | None = None) -> None:
+                 ranges: str = "full", task_class: str | None = None,
+                 launch: Callable[[Point], Hashable] | None = None) -> None:
+        """``launch``: the baseline server a point is measured against (an engine server's:
+        ``Engine.baseline_key``); the points are ordered so that each starts once."""
         values = search_values(space, ranges, task_class, default)
         points, seen = [], set()
         for combo in itertools.product(*values.values()):   # inactive parameters at their default
@@ -144,6 +157,10 @@ class GridPlan(Plan):
                 points.append(point)
         # trial 0 is one of the grid's points where it holds the default
         self.points, self.holds_default = default_first(points, default)
+        if launch is not None:      # trial 0's baseline first, where it is not a grid point
+            lead = [] if self.holds_default else [dict(default)]
+            self.points = launch_grouped(lead + self.points, launch)[len(lead):]
+            self.launches = len({launch(p) for p in lead + self.points})
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
                    ) -> tuple[Point, str] | None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import optuna
 from optuna.trial import TrialState
 
-from tuner.config.union import is_union, point_space
+from tuner.config.union import is_union, params_at, point_space
 from tuner.search.plans import (WAIT, GridPlan, HeuristicPlan, Plan, PredictPlan, point_key,
                                 union_grid)
 from tuner.search.space import suggest
@@ -75,7 +75,11 @@ def make_plan(settings: StudySettings, say: Callable[[str], None]) -> Plan | Non
     if kind != "grid":
         return None
     ranges = settings.search.get("ranges", "heuristic")
-    plan = GridPlan(settings.space, default, ranges, settings.task.task_class)
+    engine = settings.engine_object
+    launch = None if engine.own_loops else (
+        lambda point: engine.baseline_key(settings.engine, settings.method,
+                                          params_at(settings.method, point)))
+    plan = GridPlan(settings.space, default, ranges, settings.task.task_class, launch)
     trials = settings.budget["n_trials"]
     if plan.size() > trials:
         say(f"WARNING: search.n_trials={trials} truncates the {ranges} grid of {plan.size()} "
