@@ -29,6 +29,34 @@ def test_an_estimate_by_hand():
     assert [duration(s) for s in (59, 600, 36_000)] == ["59 s", "10.0 min", "10.0 h"]
 
 
+def test_the_ranking_estimate_counts_what_the_sweep_runs(tmp_path, tiny_profile):
+    """Ouroboros's 30-point grid (γ 2-6 x W 15-20) ranked by untimed runs: halving is priced at
+    every point, Algorithm 1 on the predictions (search.untimed=sweep) at one point per value
+    swept (5 + 6 = 11), for one method as for a union's member (the bench's single-method sweep
+    was estimated at 30 points: +118 %)."""
+    import optuna
+
+    from tests.conftest import compose_cfg
+    from tuner.search.cost import SearchCost
+    from tuner.search.points import Points, make_plan
+    from tuner.study.settings import StudySettings
+    seconds = {}
+    for untimed in ("halving", "sweep"):
+        settings = StudySettings.from_config(compose_cfg(
+            tmp_path, "method=ouroboros", "search=predict", f"search.profile={tiny_profile}",
+            f"search.untimed={untimed}", "method.params.phrase_length=5",
+            *[f"method.space.{name}.heuristic.{cls}=[{low},{high}]"
+              for name, low, high in (("num_draft_tokens", 2, 6), ("window", 15, 20),
+                                      ("phrase_length", 5, 5), ("num_phrases", 3, 3))
+              for cls in ("LH", "HH")]))
+        study = optuna.create_study(directions=list(settings.directions))
+        points = Points(settings, study, make_plan(settings, say=lambda line: None))
+        assert len(points.plan.points) == 30
+        seconds[untimed] = SearchCost(settings, study, points, lambda line: None).ranking_s(
+            [1.0, 2.0], method_s=3.0)
+    assert seconds == {"halving": 30 * 3.0, "sweep": 11 * 3.0}
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "true", "'two'"])
 def test_a_bad_cap_is_refused_in_one_line(tmp_path, value):
     from tests.conftest import compose_cfg

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from optuna.trial import TrialState
 
@@ -152,10 +152,8 @@ class SearchCost:
         if not self.ranking_points():
             return 0.0
         if not is_union(s.method):
-            return self.ranking_points() * self.point_ranking_s(prices, method_s)
+            return self.reach(plan.points, self.point_ranking_s(prices, method_s), prices)
         from dataclasses import replace
-
-        from tuner.predict.halving import sweep_reach
         first = s.default[METHOD]
         total = 0.0
         for name, member in s.method["members"].items():
@@ -164,11 +162,17 @@ class SearchCost:
             own = [p for p in plan.points if p[METHOD] == name]
             view = replace(s, method=member)
             each = self.point_ranking_s(prices, method_s if name == first else None, view)
-            count = len(own)
-            if s.untimed == "sweep" and each > 0.01 * len(prices):
-                count = sweep_reach(own)       # at most one point per value swept
-            total += count * each
+            total += self.reach(own, each, prices)
         return total
+
+    def reach(self, points: Sequence[Mapping[str, Any]], each: float,
+              prices: Sequence[float]) -> float:
+        """``points``' ranking at ``each`` a point: every point, or where the sweep runs the
+        costly ones (``search.untimed=sweep``), at most one point per value swept."""
+        from tuner.predict.halving import sweep_reach
+        if self.settings.untimed == "sweep" and each > 0.01 * len(prices):
+            return sweep_reach(points) * each
+        return len(points) * each
 
     def point_ranking_s(self, prices: Sequence[float], method_s: float | None = None,
                         settings: Any = None) -> float:
