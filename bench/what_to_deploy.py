@@ -39,13 +39,13 @@ RUNS = [("before: method=ouroboros search=heuristic", ["method=ouroboros", "sear
 
 
 def one(label: str, overrides: list[str], folder: Path, cache: Path, fresh_cache: bool,
-        extra: list[str]) -> dict:
+        extra: list[str], task: str = "gsm8k") -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     if fresh_cache and cache.exists():
         for path in cache.glob("*.json"):
             path.unlink()
     env = {**os.environ, "SPECTUNE_PROFILES": str(cache), "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "tuner", "+task=gsm8k", *overrides, *extra]
+    argv = [sys.executable, "-m", "tuner", f"+task={task}", *overrides, *extra]
     began = time.perf_counter()
     done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - began
@@ -79,21 +79,33 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--override", action="append", default=[],
                         help="appended to every run (e.g. tracking=none)")
+    parser.add_argument("--task", default="gsm8k")
+    parser.add_argument("--before", nargs="+", default=RUNS[0][1],
+                        help="the single-method job to compare with (run 1's overrides)")
+    parser.add_argument("--runs", nargs="+", type=int, default=[1, 2, 3],
+                        help="which of the three runs (1: before, 2: profile made, 3: reused)")
     args = parser.parse_args()
     cache = args.work / "profiles"
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load = os.getloadavg()[0]
     rows = []
     for i, (label, overrides, fresh) in enumerate(RUNS):
-        row = one(label, overrides, args.work / f"run{i + 1}", cache, fresh, args.override)
+        if i + 1 not in args.runs:
+            continue
+        if i == 0:
+            label, overrides = f"before: {' '.join(args.before)}", list(args.before)
+        row = one(label, overrides, args.work / f"run{i + 1}", cache, fresh, args.override,
+                  args.task)
         rows.append(row)
         print(f"{label}: {row['wall_s']:.0f} s, {row['trials']} trials, method "
               f"{row['method']}, held out {row['held_out_speedup']}", flush=True)
-    base = rows[0]["wall_s"]
-    result = {"started": started, "load_before": load, "machine": platform.processor() or
-              platform.machine(), "cpus": os.cpu_count(), "runs": rows,
-              "ratios": {"first_over_before": round(rows[1]["wall_s"] / base, 3),
-                         "second_over_before": round(rows[2]["wall_s"] / base, 3)}}
+    walls = dict(zip(args.runs, (row["wall_s"] for row in rows)))
+    result = {"started": started, "load_before": load, "task": args.task,
+              "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+              "runs": rows, "ratios": {
+                  name: round(walls[run] / walls[1], 3)
+                  for name, run in (("first_over_before", 2), ("second_over_before", 3))
+                  if 1 in walls and run in walls}}
     print(json.dumps(result["ratios"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
