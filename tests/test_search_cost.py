@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.conftest import ENV, SIDE_BY_SIDE
+from tests.helpers.services import sigint_default
 from tuner.config.errors import ConfigError
 from tuner.search.cost import Estimate, duration
 
@@ -93,7 +94,7 @@ def test_the_full_default_ranking_is_refused_before_any_untimed_run(tmp_path, ti
     # the override: the cap raised, the study runs trial 0 and starts ranking 9,520 points
     raised = [*command[:-1], "search.max_hours=100"]
     process = subprocess.Popen(raised, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True, preexec_fn=sigint_default)
     seen = []
     try:
         for line in process.stdout:

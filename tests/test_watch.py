@@ -546,7 +546,7 @@ def test_ctrl_c_ends_a_live_watch_with_its_summary_and_the_run_killed(tmp_path):
 
     from tests.conftest import ENV
     from tests.helpers.deployed import deployed
-    from tests.helpers.services import require_llama_server, wait_for
+    from tests.helpers.services import require_llama_server, sigint_default, wait_for
     require_llama_server()
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     recording = tmp_path / "scrapes.jsonl"
@@ -555,7 +555,8 @@ def test_ctrl_c_ends_a_live_watch_with_its_summary_and_the_run_killed(tmp_path):
             [sys.executable, "-m", "tuner.watch", "--url", server.url, "--study",
              str(LLAMA_STUDY), "--interval", "0.2", "--tracking-uri", uri, "--out",
              str(tmp_path / "watch"), "--record", str(recording)], cwd=tmp_path, env=ENV,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=sigint_default)
         # three scrapes recorded: the run and the log exist, the loop is scraping
         wait_for(lambda: recording.is_file() and len(recording.read_text().splitlines()) > 3,
                  timeout=90, what="three scrapes")
