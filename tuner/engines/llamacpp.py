@@ -32,7 +32,7 @@ from tuner.engines.gguf import model_files
 from tuner.engines.metrics import LiveMetrics
 from tuner.engines.server import EngineServer
 from tuner.engines.servers import GGUF_KINDS, ServerEngine, check_gguf, flag_value
-from tuner.engines.serving import ServerEvaluator, seconds
+from tuner.engines.serving import ServerEvaluator, baseline_spec, seconds
 from tuner.measure.measurement import Measurement
 from tuner.search.space import is_active
 
@@ -148,10 +148,8 @@ class LlamaCppEngine(ServerEngine):
         (no speculation, or ``engine.baseline=plain``)."""
         if is_union(method):
             _, method, params = member_of(method, params)
-        flags = speculative_flags(method, params)
-        if not flags or engine.get("baseline", "matched") == "plain":
-            return None
-        return tuple(never_drafting(longest_draft(flags)))
+        wanted = baseline_spec(engine, speculative_flags(method, params), drafting_off)
+        return None if wanted is None else tuple(wanted)
 
     def drafts_with_model(self, argv: list[str]) -> bool:
         return flag_value(argv, "-md", "--model-draft") is not None
@@ -224,6 +222,12 @@ def speculative_flags(method: Mapping[str, Any], params: Mapping[str, Any]) -> l
         out += [str(flag).format(**params), str(value).lower() if isinstance(value, bool)
                 else str(value)]
     return out
+
+
+def drafting_off(flags: Sequence[str] | None) -> list[str]:
+    """The server of ``flags`` that never drafts: the same output reservation (its longest
+    draft + 1 tokens per slot), no draft model (module docstring)."""
+    return never_drafting(longest_draft(flags or []))
 
 
 def never_drafting(longest: int) -> list[str]:
@@ -299,9 +303,7 @@ class LlamaCppEvaluator(ServerEvaluator):
         return self.flags(params)
 
     def drafting_off(self, spec: Sequence[str] | None) -> list[str]:
-        """The server of ``spec`` that never drafts: the same output reservation (its longest
-        draft + 1 tokens per slot), no draft model (module docstring)."""
-        return never_drafting(longest_draft(spec or []))
+        return drafting_off(spec)
 
     def flags(self, params: Mapping[str, Any]) -> list[str]:
         """The speculative flags of ``params`` (``speculative_flags`` of its member)."""

@@ -66,6 +66,16 @@ SETTLE_WINDOW_S = 0.1           # ... sampled in windows of this length
 Spec = Any                      # an engine's speculative settings (flags, a config), comparable
 
 
+def baseline_spec(engine: Mapping[str, Any], spec: Spec,
+                  drafting_off: Callable[[Spec], Spec]) -> Spec:
+    """The baseline's settings beside a method server of ``spec``: ``drafting_off(spec)``; None
+    (the plain server) where ``spec`` is none, that form is empty, or ``engine.baseline=plain``
+    (the plain server always, as before the A/A control found the prefill gap)."""
+    if not spec or engine.get("baseline", "matched") == "plain":
+        return None
+    return drafting_off(spec) or None
+
+
 class ServerEvaluator:
     """The shared protocol (see the module docstring); engines override the hooks below."""
 
@@ -258,11 +268,9 @@ class ServerEvaluator:
         return self.method_server
 
     def _baseline_beside(self, spec: Spec) -> EngineServer:
-        """The baseline for a method server of ``spec``: ``drafting_off(spec)``, restarted where
-        the running one was launched otherwise (``engine.baseline=plain``: the plain server
-        always, as before the A/A control found the prefill gap)."""
-        wanted = None if not spec or self.engine.get("baseline", "matched") == "plain" \
-            else self.drafting_off(spec) or None
+        """The baseline for a method server of ``spec`` (``baseline_spec``), restarted where the
+        running one was launched otherwise."""
+        wanted = baseline_spec(self.engine, spec, self.drafting_off)
         if self.baseline is not None and self.baseline_spec == wanted and \
                 self.baseline.alive():
             return self.baseline

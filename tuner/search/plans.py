@@ -51,13 +51,17 @@ def default_first(points: Sequence[Point], default: Mapping[str, Any]
     return first + [p for p in points if point_key(p) != point_key(default)], bool(first)
 
 
-def launch_grouped(points: Sequence[Point], launch: Callable[[Point], Hashable]) -> list[Point]:
+def launch_grouped(points: Sequence[Point], launch: Callable[[Point], Hashable]
+                   ) -> tuple[list[Point], int]:
     """``points`` with those of one ``launch`` key together, the groups in the order their
-    first point came (the first point stays first; within a group the order is kept)."""
+    first point came (the first point stays first; within a group the order is kept), and how
+    many keys there are."""
+    keys = [launch(point) for point in points]
     groups: dict[Hashable, int] = {}
-    for point in points:
-        groups.setdefault(launch(point), len(groups))
-    return sorted(points, key=lambda point: groups[launch(point)])
+    for key in keys:
+        groups.setdefault(key, len(groups))
+    order = sorted(range(len(points)), key=lambda i: groups[keys[i]])
+    return [points[i] for i in order], len(groups)
 
 
 class Plan:
@@ -159,8 +163,8 @@ class GridPlan(Plan):
         self.points, self.holds_default = default_first(points, default)
         if launch is not None:      # trial 0's baseline first, where it is not a grid point
             lead = [] if self.holds_default else [dict(default)]
-            self.points = launch_grouped(lead + self.points, launch)[len(lead):]
-            self.launches = len({launch(p) for p in lead + self.points})
+            grouped, self.launches = launch_grouped(lead + self.points, launch)
+            self.points = grouped[len(lead):]
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
                    ) -> tuple[Point, str] | None:
