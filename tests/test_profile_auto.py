@@ -108,8 +108,8 @@ def tiny_profile_file(path):
 def test_a_failed_check_against_trial_0_remakes_the_profile_once(tmp_path, monkeypatch, capsys,
                                                                  cache):
     """The check (tuner.predict.check.vanilla_check) is made to read the profile 2x off every
-    time: the profile is made again once, checked again, and search=predict stops after trial 0
-    in one line."""
+    time: trial 0's reading is measured again once, the profile is made again once, checked
+    again (measured beside its forwards), and search=predict stops after trial 0 in one line."""
     from dataclasses import replace
 
     from tests.conftest import run_study
@@ -126,7 +126,9 @@ def test_a_failed_check_against_trial_0_remakes_the_profile_once(tmp_path, monke
     with pytest.raises(ConfigError) as err:
         run_study(tmp_path, *STUDY, "study_name=remade")
     out = capsys.readouterr().out
-    assert len(checked) == 2 and out.count("making one now") == 2, out[-3000:]
+    assert len(checked) == 3 and out.count("making one now") == 2, out[-3000:]
+    assert checked[0] == checked[1] != checked[2]         # confirmed, then the remade one
+    assert out.count("measuring vanilla again beside its 1-row forwards, once") == 1
     assert ": making the profile again, once" in out
     assert "search=predict stops after trial 0" in str(err.value)
     assert "(made again once already)" in str(err.value) and "\n" not in str(err.value)

@@ -89,7 +89,7 @@ class HFEvaluator:
         self.compiled = self._compile(longest) if s.engine.get("compile") else None
         self.vanilla = self.build(VANILLA, {})
         self._ranker = Ranker(s, self.pair, self.ids, lambda params: self.build(s.method, params),
-                              self.compiled, self.say)
+                              self.compiled, self.say, self._vanilla_decode)
         if is_union(s.method):             # each member ranked by its own ranker, one profile
             self._ranker = UnionRanker(s.method, self._ranker, {
                 name: self._ranker.for_method(m, partial(self._build_member, name))
@@ -228,6 +228,12 @@ class HFEvaluator:
                            energy_j=reading.joules if reading and reading.available else None,
                            prompt_s=st.first_step_s, decode_s=wall - st.first_step_s,
                            decode_tokens=len(out.tokens) - st.first_step_tokens)
+
+    def _vanilla_decode(self, prompt_id: str) -> tuple[float, int]:
+        """Vanilla timed on one prompt as a trial times it: its decode phase's seconds and
+        tokens (the ranker's second reading of the profile's check)."""
+        m = self._measure(self.vanilla, self.prompts[prompt_id])
+        return m.decode_s, m.decode_tokens
 
     def _warmup(self, *methods: Any) -> None:
         s = self.settings

@@ -50,13 +50,16 @@ class Ranker:
 
     def __init__(self, settings: MeasureSettings, pair: Any, ids: Mapping[str, Sequence[int]],
                  build: Callable[[Mapping[str, Any]], DecodingMethod], compiled: Any,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None],
+                 vanilla: Callable[[str], tuple[float, int]] | None = None) -> None:
         """``pair``: the loaded models (``target``, ``drafts``); ``ids``: every study prompt's
         token ids by prompt id; ``build(params)``: the method at every parameter (raises
         ``ParametersRefused``); ``compiled``: the compiled target a method runs on (None:
-        eager), lent back after untimed runs, which need the model's own forwards."""
+        eager), lent back after untimed runs, which need the model's own forwards;
+        ``vanilla(prompt_id)``: vanilla timed on that prompt as a trial times it (its decode
+        phase's seconds and tokens), for ``confirm_profile`` (None: not confirmed)."""
         self.settings, self.pair, self.ids, self.build = settings, pair, ids, build
-        self.compiled, self.say = compiled, say
+        self.compiled, self.say, self.vanilla = compiled, say, vanilla
         self.prompts = {p.id: p for p in settings.tuning + settings.held_out}
         self.trajectories: dict[str, list[int]] = {}   # vanilla's, per prompt
         self.agreements: dict[str, list[bool]] = {}    # the draft's teacher-forced argmax hits
@@ -72,7 +75,7 @@ class Ranker:
         the draft's agreements and the notices already said (a cross-method ranking computes
         each once). Untimed runs are kept per ranker: two methods' points may share names."""
         other = Ranker(replace(self.settings, method=dict(method_cfg)), self.pair, self.ids,
-                       build, self.compiled, self.say)
+                       build, self.compiled, self.say, self.vanilla)
         other.trajectories, other.agreements = self.trajectories, self.agreements
         other.warned_about, other.profile = self.warned_about, self.profile
         return other
@@ -427,21 +430,50 @@ class Ranker:
         """``search.profile``'s vanilla against the default's (trial 0's) measured vanilla,
         each per 1-row forward at the generation's middle context: the profile's own cell, and
         the same forward timed now (``tuner.predict.loops.measure_surface``, 10 rounds)."""
-        from tuner.predict.check import ONE_ROW_ROUNDS, VanillaGeneration, vanilla_check
-        from tuner.predict.loops import measure_surface
-        if self.profile is None or self.profile.kind != "measured":
-            return None
-        runs = {p.baseline.prompt_id: p.baseline for p in pairs}     # a cycled prompt: once
-        shapes = [VanillaGeneration(len(self.ids[i]), m.decode_tokens, m.decode_s, 0.0)
-                  for i, m in runs.items() if m.decode_tokens and m.decode_s is not None]
+        from tuner.predict.check import vanilla_check
+        shapes = list(self._trial_0_shapes(pairs).values())
         if not shapes:
             return None
-        contexts = sorted({g.context() for g in shapes})
-        now = measure_surface(self.pair.target, contexts=contexts, rows=(1,), prefill=(),
-                              repeats=ONE_ROW_ROUNDS)
-        one_row = dict(zip(contexts, (line[0] for line in now.seconds)))
+        one_row = self._one_row([g.context() for g in shapes])
         return vanilla_check(self.profile, [replace(g, one_row_s=one_row[g.context()])
                                             for g in shapes])
+
+    def confirm_profile(self, pairs: Sequence[Paired]) -> Any:
+        """The check again on trial 0's prompts, vanilla timed now (as a trial times it), each
+        generation between two timings of its 1-row forward (their mean is its unit): a machine
+        whose speed moved between trial 0 and the forwards timed after it cannot decide this
+        reading (``tuner.predict.check``, "Confirmed before it is refused"). None where nothing can be run."""
+        from tuner.predict.check import VanillaGeneration, vanilla_check
+        shapes = self._trial_0_shapes(pairs)
+        if not shapes or self.vanilla is None:
+            return None
+        runs = []
+        for prompt_id, shape in shapes.items():
+            before = self._one_row([shape.context()])[shape.context()]
+            decode_s, decode_tokens = self.vanilla(prompt_id)
+            after = self._one_row([shape.context()])[shape.context()]
+            runs.append(VanillaGeneration(shape.prompt_len, decode_tokens, decode_s,
+                                          (before + after) / 2))
+        return replace(vanilla_check(self.profile, runs), again=True)
+
+    def _trial_0_shapes(self, pairs: Sequence[Paired]) -> dict[str, Any]:
+        """Trial 0's vanilla decode phases by prompt id (a cycled prompt: once); empty where
+        the profile is not a measured one (a roofline is not checked) or nothing decoded."""
+        from tuner.predict.check import VanillaGeneration
+        if self.profile is None or self.profile.kind != "measured":
+            return {}
+        runs = {p.baseline.prompt_id: p.baseline for p in pairs}
+        return {i: VanillaGeneration(len(self.ids[i]), m.decode_tokens, m.decode_s, 0.0)
+                for i, m in runs.items() if m.decode_tokens and m.decode_s is not None}
+
+    def _one_row(self, contexts: Sequence[int]) -> dict[int, float]:
+        """The target's 1-row forward after each of ``contexts`` cached tokens, timed now."""
+        from tuner.predict.check import ONE_ROW_ROUNDS
+        from tuner.predict.loops import measure_surface
+        contexts = sorted(set(contexts))
+        now = measure_surface(self.pair.target, contexts=contexts, rows=(1,), prefill=(),
+                              repeats=ONE_ROW_ROUNDS)
+        return dict(zip(contexts, (line[0] for line in now.seconds)))
 
     def refuse_profile(self, line: str) -> None:
         """Stop predicting by ``search.profile`` (it failed its check: ``line`` says why)."""
@@ -560,6 +592,9 @@ class UnionRanker:
 
     def check_profile(self, pairs: Sequence[Paired]) -> Any:
         return self.base.check_profile(pairs)
+
+    def confirm_profile(self, pairs: Sequence[Paired]) -> Any:
+        return self.base.confirm_profile(pairs)
 
     def vanilla_price(self, profile: Any) -> list[float] | None:
         return self.base.vanilla_price(profile)

@@ -2,7 +2,9 @@
 hardware profile against it and, for ``search=predict``, rank the grid by that profile.
 
   * ``search.profile`` (any search in our own loops): the profile's price of vanilla against
-    trial 0's measured vanilla (``tuner.predict.check.vanilla_check``). The verdict is kept in the
+    trial 0's measured vanilla (``tuner.predict.check.vanilla_check``); a decisive reading beyond
+    the bound is measured once more, vanilla timed beside its forwards, and that one decides
+    (``AfterDefault.confirmed``). The verdict is kept in the
     study (``PROFILE_CHECK``), so every worker and a resumed study read it instead of checking
     again. A profile beyond the bound is not used: no trial records a prediction by it, and
     ``search=predict`` stops after trial 0 with one line (``ConfigError``): ranking by a profile
@@ -133,14 +135,15 @@ class AfterDefault:
             return None
         if check is None:
             return None
+        check = self.confirmed(check, name, pairs)
         if not check.ok and self.remake is not None:
             self.say(f"{check.line(name)}: making the profile again, once")
             try:
                 self.ranker.profile = self.remake()
             except ConfigError as err:        # flagged twice, or a loaded machine: said
                 self.say(str(err))
-            else:
-                check = self.ranker.check_profile(pairs)
+            else:                             # trial 0 is older still: measured beside it now
+                check = self.ranker.confirm_profile(pairs) or self.ranker.check_profile(pairs)
                 if check is None:
                     return None
         record = {**check.to_json(), "line": check.line(name)}
@@ -152,6 +155,23 @@ class AfterDefault:
                      "prediction by it); make it again on a quiet machine")
             self.ranker.refuse_profile(record["line"])
         return record
+
+
+    def confirmed(self, check: Any, name: str, pairs: Sequence[Paired]) -> Any:
+        """A decisive reading beyond the bound, measured once more with vanilla timed beside its
+        forwards (``tuner.predict.check``, "Confirmed before it is refused"): that reading
+        decides. Others as they are."""
+        if check.ok or not check.decisive:
+            return check
+        self.say(f"{check.line(name)}: measuring vanilla again beside its 1-row forwards, "
+                 "once (this machine's speed may have moved since trial 0) ...")
+        try:
+            again = self.ranker.confirm_profile(pairs)
+        except Exception as err:          # noqa: BLE001 - the first reading stands
+            self.say(f"the profile's check was not measured again ({type(err).__name__}: "
+                     f"{err}): trial 0's reading stands")
+            return check
+        return check if again is None else again
 
 
 def rank(plan: Any, ranker: Ranker, study: optuna.Study,
