@@ -86,7 +86,7 @@ def test_the_full_default_ranking_is_refused_before_any_untimed_run(tmp_path, ti
     assert done.returncode == 2 and took < 60, (took, done.stdout[-2000:], done.stderr[-2000:])
     errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and re.match(
-        r"error: search=predict is estimated at ~[0-9.]+ (min|h) \(ranking ~[0-9.]+ (min|h), "
+        r"error: search=predict is estimated at ~[0-9.]+ (s|min|h) \(ranking ~[0-9.]+ (s|min|h), "
         r".*\), over search\.max_hours=0\.002: .*raise the cap \(search\.max_hours=[0-9.]+ or "
         r"more, or null for none\)", errors[0]), errors
     assert "search=predict ranks 9520 points by prediction" in done.stdout
