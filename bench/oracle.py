@@ -40,11 +40,12 @@ import sys
 import time
 from pathlib import Path
 
-import optuna
-import yaml
 from optuna.trial import TrialState
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.tuner_search import load_study, search_record  # noqa: E402
 
 
 def tuner(work: Path, name: str, overrides: list[str], log: Path, env: dict) -> tuple[float, str]:
@@ -60,21 +61,13 @@ def tuner(work: Path, name: str, overrides: list[str], log: Path, env: dict) -> 
     return seconds, done.stdout
 
 
-def study(work: Path, name: str) -> optuna.Study:
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
-        str(work / "studies" / f"{name}.journal")))
-    return optuna.load_study(study_name=name, storage=storage)
-
-
 def record(work: Path, name: str, wall: float) -> dict:
-    """What one study cost, measured and answered (its best YAML and its trials)."""
-    s = study(work, name)
-    phases = s.user_attrs.get("phase_seconds") or {}
-    opened, held_out = sum(phases.get("open_s", [])), sum(phases.get("held_out_s", []))
-    best = yaml.safe_load((work / "studies" / "best" / f"{name}.yaml").read_text()) or {}
-    replay = best.get("replay") or {}
+    """What one study cost, measured and answered: ``bench.tuner_search.search_record`` (its
+    phases, winner and held-out figure), with what an oracle reads beside (its outcome's method
+    and answer, the points ranked, the profile made, every finished point's tuning speedup)."""
+    base = search_record(work, name, wall)
+    s = load_study(work, name)
     trials = s.get_trials(deepcopy=False)
-    measured = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     table = [{"params": dict(t.params), "tuning_speedup": t.value,
               "method": t.user_attrs.get("method")}
              for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
@@ -82,15 +75,14 @@ def record(work: Path, name: str, wall: float) -> dict:
     outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else {}
     ranking = s.user_attrs.get("predict_ranking") or {}
     profile = s.user_attrs.get("profile_used") or {}
-    return {"study": name, "end_to_end_s": round(wall, 1), "open_s": round(opened, 1),
-            "held_out_s": round(held_out, 1), "search_s": round(wall - opened - held_out, 1),
-            "ranking_s": round(sum(float(t.user_attrs.get("ranking_s") or 0) for t in trials), 1),
+    return {**{k: round(base[k], 1) for k in ("end_to_end_s", "open_s", "held_out_s",
+                                               "search_s", "ranking_s")},
+            "study": name,
             "points_ranked": sum(v is not None for _, v in ranking.get("predicted") or []),
-            "points_measured": len(measured), "method": outcome.get("method"),
+            "points_measured": base["trials"], "method": outcome.get("method"),
             "profile_made_s": profile.get("seconds") if profile.get("made_now") else None,
-            "winner": (outcome.get("winner") or {}).get("params") or replay.get("params"),
-            "winner_tuning": replay.get("tuning_speedup"),
-            "winner_held_out": replay.get("held_out_speedup"),
+            "winner": (outcome.get("winner") or {}).get("params") or base["winner"],
+            "winner_tuning": base["winner_tuning"], "winner_held_out": base["winner_held_out"],
             "recommendation": outcome.get("recommendation"),
             "methods": outcome.get("methods", []), "table": table}
 

@@ -442,7 +442,8 @@ class Ranker:
         """The check again on trial 0's prompts, vanilla timed now (as a trial times it), each
         generation between two timings of its 1-row forward (their mean is its unit): a machine
         whose speed moved between trial 0 and the forwards timed after it cannot decide this
-        reading (``tuner.predict.check``, "Confirmed before it is refused"). None where nothing can be run."""
+        reading (``tuner.predict.check``, "Confirmed before it is refused"). None where nothing
+        can be run."""
         from tuner.predict.check import VanillaGeneration, vanilla_check
         shapes = self._trial_0_shapes(pairs)
         if not shapes or self.vanilla is None:

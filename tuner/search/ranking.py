@@ -156,7 +156,6 @@ class AfterDefault:
             self.ranker.refuse_profile(record["line"])
         return record
 
-
     def confirmed(self, check: Any, name: str, pairs: Sequence[Paired]) -> Any:
         """A decisive reading beyond the bound, measured once more with vanilla timed beside its
         forwards (``tuner.predict.check``, "Confirmed before it is refused"): that reading
