@@ -77,14 +77,17 @@ def frozen(trial) -> tuple:
 
 def resume_mode(tmp_path: Path, stored: dict[str, str], overrides: list[str]) -> str:
     """``auto`` when the current code fingerprints the fixture's command exactly as the old code
-    did; ``force`` when only the machine's keys differ (another CPU, another llama-server build);
-    any other difference fails."""
+    did; ``force`` when only the machine's keys differ (another CPU, another llama-server build)
+    or, for llama.cpp at several levels, how a batch is sent (``batch``: one request with its
+    prompts since this change, c connections before; ``LlamaCppEngine.identity``); any other
+    difference fails."""
     from tuner.config.identity import differences
     from tuner.study.settings import StudySettings
     now = StudySettings.from_config(compose_cfg(tmp_path, *overrides, base=())).fingerprint
     diff = differences(stored, now)
     if "engine" in diff:           # the build's sha256 is the machine's; the rest is settings
         old, new = json.loads(stored["engine"]), json.loads(now["engine"])
+        assert "batch" not in old and new.pop("batch") == "one request", (old, new)
         assert old.pop("binary_sha256") != new.pop("binary_sha256") and old == new, (old, new)
         diff.remove("engine")
     assert set(diff) <= {"hardware"}, \

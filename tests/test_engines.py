@@ -384,6 +384,42 @@ def test_four_requests_in_flight_are_all_answered_per_level(tmp_path):
     assert in_turn_wall_s < sum(r.wall_s for r in served_in_turn)      # the client's view: blind
 
 
+def test_every_batch_prefills_its_prompts_together_on_both_sides(tmp_path):
+    """A batch of c requests goes to llama-server as one request with c prompts, so its tasks
+    are queued at once and prefilled in one step, on every side of every pair. Sent as c
+    connections, which task the server took first was a race (3 of 12 two-prompt batches here):
+    one prompt prefilled alone and the other's prefill ran inside its decode phase, which moved
+    that request's decode time by 20-30 %. Two prompts of different lengths, 12 batches per
+    server: each batch's two requests report the same prefill time, and on the baseline (no
+    drafting, both 8 tokens) the same decode time; each request's time holds its own prefill
+    and decode and at most the batch's wall time. With the batch sent as connections
+    (``ServerEvaluator.send_together``) a split batch fails it."""
+    settings, ev = evaluator(tmp_path, *LOOKUP, "budget.concurrency=[2]", *F32,
+                             "task.max_new_tokens=8")
+    ev.open()
+    try:
+        short, long_ = sorted(settings.tuning, key=lambda p: len(ev.ids[p.id]))
+        assert len(ev.ids[long_.id]) > len(ev.ids[short.id])
+        spec = ev.spec(settings.default)
+        method, _ = ev._method_server(spec), ev._baseline_beside(spec)
+        batch = [(0, short), (1, long_)]
+        sides = {"baseline": [ev.run(None, batch, 2) for _ in range(12)],
+                 "method": [ev.run(method, batch, 2) for _ in range(12)]}
+    finally:
+        ev.close()
+    for side, runs in sides.items():
+        for got in runs:
+            a, b = got
+            assert (a.prompt_id, b.prompt_id) == (short.id, long_.id)
+            assert abs(a.prompt_s - b.prompt_s) <= 0.02 * max(a.prompt_s, b.prompt_s), \
+                (side, [(m.prompt_s, m.decode_s) for m in got])
+            assert all(m.prompt_s + m.decode_s - 1e-9 <= m.wall_s <= m.batch_wall_s + 1e-9
+                       for m in got), side
+            if side == "baseline":
+                assert abs(a.decode_s - b.decode_s) <= 0.02 * max(a.decode_s, b.decode_s), \
+                    [(m.prompt_s, m.decode_s) for m in got]
+
+
 def test_a_request_rate_schedule_is_sent_on_time_and_timed_per_streamed_token(tmp_path):
     """An open-loop Poisson schedule (8 requests at 4/s, one slot: later requests queue in the
     server) against the baseline llama-server: every request is sent within 50 ms of its
@@ -591,6 +627,11 @@ def test_the_engine_is_in_the_fingerprint(tmp_path):
         "decoding.prompt_lookup.PromptLookup"
     assert settings.objectives == ("decode_speedup",)      # search.objectives=[auto]
     assert json.loads(settings.fingerprint["search"])["objectives"] == ["decode_speedup"]
+    # several requests in flight: how a batch is sent is a key; at one level there is no batch
+    assert engine["batch"] == "one request"
+    alone = StudySettings.from_config(compose_cfg(tmp_path, *ENGINE, *LOOKUP,
+                                                  "budget.concurrency=[1]"))
+    assert "batch" not in json.loads(alone.fingerprint["engine"])
 
 
 # ----------------------------------------------------------------------------------------------

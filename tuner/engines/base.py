@@ -23,7 +23,7 @@ object (``tuner.engines.engine_named``). docs/engines.md lists what a new engine
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Sequence
 
 from omegaconf import DictConfig
 
@@ -173,9 +173,10 @@ class Engine:
         ``params``, ``space``): conf/method's unless the engine maps it onto its own knobs."""
         return plain(cfg.method)
 
-    def identity(self, engine: Mapping[str, Any]) -> dict[str, Any] | None:
+    def identity(self, engine: Mapping[str, Any], concurrency: Sequence[int] = (1,)
+                 ) -> dict[str, Any] | None:
         """What identifies this engine's measurements in the study fingerprint (None: nothing
-        beyond the defaults every older study had)."""
+        beyond the defaults every older study had); ``concurrency``: the study's levels."""
         return None
 
     def draft_size(self, method: Mapping[str, Any], params: Mapping[str, Any]) -> float | None:

@@ -8,7 +8,7 @@ on a GPU): part of the study identity; a method that cannot run compiled says wh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from omegaconf import DictConfig
 
@@ -64,7 +64,8 @@ class HFEngine(Engine):
                                              compile="engine.compile=true",
                                              off="engine.compile=false"))
 
-    def identity(self, engine: Mapping[str, Any]) -> dict[str, Any] | None:
+    def identity(self, engine: Mapping[str, Any], concurrency: Sequence[int] = (1,)
+                 ) -> dict[str, Any] | None:
         """Eager (every older study): no key; compiled: its buckets and torch's version."""
         if not engine.get("compile"):
             return None

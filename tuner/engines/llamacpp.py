@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from decoding.acceptance import AcceptanceCounts
 from tuner.config.errors import ConfigError
 from tuner.config.union import is_union, member_of
-from tuner.engines.client import RequestFailed, get_text, send_batch
+from tuner.engines.client import Reply, RequestFailed, get_text, post, send_batch
 from tuner.engines.gguf import model_files
 from tuner.engines.metrics import LiveMetrics
 from tuner.engines.server import EngineServer
@@ -86,6 +86,17 @@ class LlamaCppEngine(ServerEngine):
     # every speculative flag (--spec-type, --spec-draft-n-max, --spec-ngram-*, the older --draft-*)
     managed_prefixes = dict.fromkeys(("--spec-", "--draft"),
                                      "the method's engine.methods flags and knobs")
+
+    def identity(self, engine: Mapping[str, Any], concurrency: Sequence[int] = (1,)
+                 ) -> dict[str, Any] | None:
+        """``ServerEngine.identity``, and where several requests are in flight how a batch is
+        sent: as one request with its prompts (``LlamaCppEvaluator.send_together``). A journal
+        whose batches went as c connections measured otherwise at those levels, so it is not
+        resumed as if alike; a study at concurrency 1 keeps its fingerprint."""
+        found = super().identity(engine, concurrency)
+        if max(concurrency, default=1) > 1:
+            return {**(found or {}), "batch": "one request"}
+        return found
 
     def check_models(self, models: Mapping[str, Any], mapping: Mapping[str, Any],
                      method_params: Mapping[str, Any]) -> None:
@@ -346,6 +357,37 @@ class LlamaCppEvaluator(ServerEvaluator):
                 "top_p": float(sampling["top_p"]), "min_p": 0.0, "seed": s.seed,
                 "samplers": ["top_k", "top_p", "temperature"], "cache_prompt": False,
                 "return_tokens": True, "stream": False}
+
+    def send_together(self, server: EngineServer, payloads: Sequence[Mapping[str, Any]]
+                      ) -> tuple[list[Reply], float]:
+        """A batch of c > 1 requests as one ``/completion`` whose ``prompt`` holds the c
+        prompts: llama-server queues their c tasks at once, so every batch prefills its prompts
+        together and then decodes together, on both sides of a pair alike. Sent as c
+        connections (``send_batch``), which request the server took first was a race: in 3 of
+        12 batches of two here, one prompt prefilled alone and its neighbour's prefill ran
+        inside its decode phase (+20-30 % on that request's decode time, on one side of the
+        pair and not the other; docs/engines.md). A request's time is then its own in the
+        server (``prompt_ms + predicted_ms``, from its prefill's start to its last token) plus
+        what the batch spent outside the server (HTTP, JSON) beside its longest request."""
+        if len(payloads) == 1:
+            return send_batch(server.url + self.endpoint, payloads)
+        first = dict(payloads[0])
+        if any({**p, "prompt": None} != {**first, "prompt": None} for p in payloads):
+            return send_batch(server.url + self.endpoint, payloads)   # settings differ
+        reply = post(server.url + self.endpoint,
+                     {**first, "prompt": [list(p["prompt"]) for p in payloads]})
+        bodies = reply.body if isinstance(reply.body, list) else [reply.body]
+        bodies = sorted(bodies, key=lambda b: int(b.get("index", 0)))
+        if len(bodies) != len(payloads):
+            raise RequestFailed(f"POST {server.url + self.endpoint}: {len(payloads)} prompts "
+                                f"in one request, {len(bodies)} answers")
+        times = [(b.get("timings") or {}) for b in bodies]
+        if any(t.get("prompt_ms") is None or t.get("predicted_ms") is None for t in times):
+            own = [reply.wall_s] * len(bodies)      # no timings: the batch's wall for each
+        else:
+            own = [(float(t["prompt_ms"]) + float(t["predicted_ms"])) / 1e3 for t in times]
+        outside = max(reply.wall_s - max(own), 0.0)
+        return [Reply(b, reply.sent, s + outside) for b, s in zip(bodies, own)], reply.wall_s
 
     @staticmethod
     def parse_stream(chunk: Mapping[str, Any]) -> tuple[Sequence[int], int | None, bool]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -201,7 +201,8 @@ class ServerEngine(Engine):
                            "knobs": dict(mapping.get("knobs") or {}),
                            "needs_head": bool(mapping.get("needs_head", False))}}
 
-    def identity(self, engine: Mapping[str, Any]) -> dict[str, Any] | None:
+    def identity(self, engine: Mapping[str, Any], concurrency: Sequence[int] = (1,)
+                 ) -> dict[str, Any] | None:
         """Its settings (the method mappings and the start-up timeout aside) and what
         identifies the build that runs (``build_identity``). ``baseline: plain`` is left out:
         it is how every study measured before the key existed, so their journals resume with

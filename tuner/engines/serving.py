@@ -43,7 +43,7 @@ from decoding.models import load_tokenizer
 from tuner.config.errors import ConfigError
 from tuner.config.union import is_union, member_of
 from tuner.config.validate import check_generation_fits
-from tuner.engines.client import send_batch
+from tuner.engines.client import Reply, send_batch
 from tuner.engines.server import EngineError, EngineServer
 from tuner.engines.stream import send_schedule
 from tuner.measure.bounds import ImpossibleMeasurement, rate_beyond
@@ -164,6 +164,14 @@ class ServerEvaluator:
                     batch_wall_s: float, counted: AcceptanceCounts | None) -> Measurement:
         """A server's answer as a ``Measurement`` (``counted``: ``counters`` delta or None)."""
         raise NotImplementedError
+
+    def send_together(self, server: EngineServer, payloads: Sequence[Mapping[str, Any]]
+                      ) -> tuple[list[Reply], float]:
+        """One timed batch: every payload in flight at once (``tuner.engines.client
+        .send_batch``: a connection each); the replies in payload order and the batch's wall
+        time. Engines that can queue a batch as one request (llama.cpp) override it, so that
+        every batch starts alike on both sides of a pair."""
+        return send_batch(server.url + self.endpoint, payloads)
 
     def stream_payload(self, prompt: Prompt, method: bool) -> dict[str, Any]:
         """``payload`` asking for its tokens as server-sent events."""
@@ -383,8 +391,7 @@ class ServerEvaluator:
     def _send(self, server: EngineServer, batch: Sequence[tuple[int, Prompt]], method: bool,
               level: int) -> list[Measurement]:
         before = self.counters(server) if method and level == 1 else None
-        replies, wall = send_batch(server.url + self.endpoint,
-                                   [self.payload(p, method) for _, p in batch])
+        replies, wall = self.send_together(server, [self.payload(p, method) for _, p in batch])
         counted = None if before is None else self.counters(server).minus(before)
         return [self.measurement(prompt, r.body, r.wall_s, level, wall, counted)
                 for (_, prompt), r in zip(batch, replies)]

@@ -217,7 +217,7 @@ class StudySettings(MethodView):
             seed=int(cfg.seed), models=plain(cfg.models), method=dict(method), search=search,
             baseline=str(cfg.baseline), warmup_prompts=int(cfg.warmup_prompts),
             near_tie_ulps=float(cfg.near_tie_ulps), device=device, threads=threads,
-            concurrency=concurrency, engine=engine_object.identity(engine),
+            concurrency=concurrency, engine=engine_object.identity(engine, concurrency),
             data_sha256=task.data_sha256, traffic=traffic.identity())
         family = f"{cfg.study_prefix}-{short_hash(print_)}"
         tag = cfg.get("study_tag")
