@@ -401,7 +401,8 @@ def test_every_batch_prefills_its_prompts_together_on_both_sides(tmp_path):
         short, long_ = sorted(settings.tuning, key=lambda p: len(ev.ids[p.id]))
         assert len(ev.ids[long_.id]) > len(ev.ids[short.id])
         spec = ev.spec(settings.default)
-        method, _ = ev._method_server(spec), ev._baseline_beside(spec)
+        method = ev._method_server(spec)
+        ev._baseline_beside(spec)                       # the matched baseline: ev.run(None, ...)
         batch = [(0, short), (1, long_)]
         sides = {"baseline": [ev.run(None, batch, 2) for _ in range(12)],
                  "method": [ev.run(method, batch, 2) for _ in range(12)]}
