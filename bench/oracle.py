@@ -25,7 +25,13 @@ best, and the re-measured ratio. The goals (issue 62): the answer reaches at lea
 oracle's best held-out speedup, in at most 10 % of the summed grids' search time (15 % end to
 end); where nothing beats vanilla beyond the noise, the answer is vanilla.
 ``--members`` narrows the oracle: members left out are said in the JSON (``left_out``), and the
-study across methods spans the same members, so the two answer the same question.
+study across methods spans the same members, so the two answer the same question. ``--grids``
+measures the grids of some members only (the rest said in ``grids_not_measured``: the oracle's
+best is then the best of the grids measured). In an engine server the study across methods
+takes ``--auto-override search=heuristic`` (nothing ranks an engine's points before measuring):
+
+    python bench/oracle.py --task cnndm --members speculative prompt_lookup --grids prompt_lookup \
+        --override engine=llamacpp --auto-override search=heuristic --work /tmp/oracle-llamacpp
 """
 
 from __future__ import annotations
@@ -114,8 +120,18 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--held-out", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--grids", nargs="*", default=None,
+                        help="the members whose grids are measured (default: every member); "
+                             "the others are said in the JSON (grids_not_measured)")
     parser.add_argument("--override", action="append", default=[])
+    parser.add_argument("--auto-override", action="append", default=[],
+                        help="an override for the study across methods only (an engine server: "
+                             "search=heuristic, which nothing ranks before measuring)")
     args = parser.parse_args()
+    grid_members = args.members if args.grids is None else args.grids
+    unknown = sorted(set(grid_members) - set(args.members))
+    if unknown:
+        parser.error(f"--grids {unknown}: not among --members {args.members}")
     args.work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
            "SPECTUNE_PROFILES": str(args.work / "profiles")}
@@ -125,10 +141,13 @@ def main() -> None:
     result = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "load_before": os.getloadavg()[0], "task": args.task,
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "settings": common, "members": args.members, "left_out": args.left_out}
+              "settings": common, "auto_settings": args.auto_override, "members": args.members,
+              "left_out": args.left_out,
+              "grids_not_measured": [m for m in args.members if m not in grid_members]}
 
     members = "[" + ",".join(args.members) + "]"
-    wall, _ = tuner(args.work, "auto", [*common, "method=auto", f"method.members={members}"],
+    wall, _ = tuner(args.work, "auto", [*common, "method=auto", f"method.members={members}",
+                     *args.auto_override],
                     args.work / "auto.log", env)
     auto = record(args.work, "auto", wall)
     print(f"across methods: {auto['end_to_end_s']:.0f} s (search {auto['search_s']:.0f} s), "
@@ -137,7 +156,7 @@ def main() -> None:
           f"{auto['winner_held_out']}", flush=True)
 
     grids = {}
-    for member in args.members:
+    for member in grid_members:
         wall, _ = tuner(args.work, f"grid-{member}", [*common, f"method={member}", "search=grid"],
                         args.work / f"grid-{member}.log", env)
         grids[member] = record(args.work, f"grid-{member}", wall)
