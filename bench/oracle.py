@@ -124,6 +124,8 @@ def main() -> None:
                         help="the members whose grids are measured (default: every member); "
                              "the others are said in the JSON (grids_not_measured)")
     parser.add_argument("--override", action="append", default=[])
+    parser.add_argument("--grid-override", action="append", default=[],
+                        help="an override for the grids only (a narrowed grid, said in the JSON)")
     parser.add_argument("--auto-override", action="append", default=[],
                         help="an override for the study across methods only (an engine server: "
                              "search=heuristic, which nothing ranks before measuring)")
@@ -141,7 +143,8 @@ def main() -> None:
     result = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "load_before": os.getloadavg()[0], "task": args.task,
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "settings": common, "auto_settings": args.auto_override, "members": args.members,
+              "settings": common, "auto_settings": args.auto_override,
+              "grid_settings": args.grid_override, "members": args.members,
               "left_out": args.left_out,
               "grids_not_measured": [m for m in args.members if m not in grid_members]}
 
@@ -157,7 +160,8 @@ def main() -> None:
 
     grids = {}
     for member in grid_members:
-        wall, _ = tuner(args.work, f"grid-{member}", [*common, f"method={member}", "search=grid"],
+        wall, _ = tuner(args.work, f"grid-{member}", [*common, f"method={member}", "search=grid",
+                                 *args.grid_override],
                         args.work / f"grid-{member}.log", env)
         grids[member] = record(args.work, f"grid-{member}", wall)
         g = grids[member]

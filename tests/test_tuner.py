@@ -130,6 +130,37 @@ def test_heuristic_does_not_sweep_a_parameter_where_it_does_not_act():
         assert len({point_key(p) for p in visited}) == len(visited)
 
 
+NGRAM_LIKE = {   # llama.cpp's prompt lookup: a type first, then that type's own sizes, whose
+                 # defaults (llama.cpp's) lie outside the heuristic ranges
+    "spec_type": {"type": "categorical", "choices": ["simple", "mod"]},
+    "size_n": {"type": "int", "low": 1, "high": 12, "heuristic": {"HH": [2, 4]},
+               "active_when": {"spec_type": ["simple"]}},
+    "mod_n": {"type": "int", "low": 1, "high": 24, "heuristic": {"HH": [5, 6]},
+              "active_when": {"spec_type": ["mod"]}}}
+
+
+def test_heuristic_brings_a_parameter_a_sweep_turns_on_in_at_its_start_value():
+    """Whatever type the draw starts at, the sweep of the type measures every type at sizes
+    inside the heuristic ranges (the draw), never at a default outside them (llama.cpp's
+    size_n 12 finds no 12-token match: every type but the drawn one would read 1.00x)."""
+    default = {"spec_type": "simple", "size_n": 12, "mod_n": 24}
+    starts = set()
+    for seed in range(8):
+        plan = HeuristicPlan(NGRAM_LIKE, "HH", seed=seed, default=default)
+        starts.add(plan.initial["spec_type"])
+        results, visited = {}, []
+        while (step := plan.next_point(results)) is not None:
+            point, _ = step
+            visited.append(point)
+            results[point_key(point)] = float(point["spec_type"] == "mod")
+        for point in visited:
+            active = "size_n" if point["spec_type"] == "simple" else "mod_n"
+            assert point[active] in (range(2, 5) if active == "size_n" else (5, 6)), point
+        assert {p["spec_type"] for p in visited} == {"simple", "mod"}
+        assert len({point_key(p) for p in visited}) == len(visited)
+    assert starts == {"simple", "mod"}      # both draws were exercised
+
+
 def test_grid_keeps_inactive_parameters_at_their_default_and_measures_each_method_once():
     plan = GridPlan(TREE_LIKE, {"shape": "dynamic", "width": 2}, "heuristic", "HH")
     points = plan.points

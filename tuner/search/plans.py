@@ -104,18 +104,22 @@ class HeuristicPlan(Plan):
         if project is not None and METHOD in self.default:    # no member's draw reset
             initial[METHOD] = self.default[METHOD]
         self.project = project or dict
+        # every parameter's drawn start value, those that do not act at the draw too: a sweep
+        # that turns one on (a categorical's choice, e.g. llama.cpp's spec_type) brings it in at
+        # its start value inside the heuristic ranges, not at a default outside them
+        self.drawn: Point = dict(initial)
         self.initial: Point = canonical(initial, space, self.default)
         self.order = [name for name in space if len(self.values[name]) > 1]
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
                    ) -> tuple[Point, str] | str | None:
         """The next point nobody has evaluated or taken, WAIT, or None when the plan is done."""
-        current = dict(self.initial)        # every parameter's value (projected when held)
+        current = dict(self.drawn)          # every parameter's value, inactive ones at their draw
         for name in self.order:
             if not is_active(name, self.space[name], current):
                 continue
-            candidates = [canonical({**current, name: v}, self.space, self.default)
-                          for v in self.values[name]]
+            swept = [{**current, name: v} for v in self.values[name]]
+            candidates = [canonical(c, self.space, self.default) for c in swept]
             held = [self.project(c) for c in candidates]      # what each trial would hold
             keys = [point_key(h) for h in held]
             for point, key in zip(held, keys):
@@ -123,11 +127,14 @@ class HeuristicPlan(Plan):
                     return point, name
             if any(key not in results for key in keys):
                 return WAIT
-            incumbent = point_key(self.project(current))   # every value dropped (-inf): keep it
-            best = max(range(len(keys)), key=lambda i: (results[keys[i]], keys[i] == incumbent))
-            current = candidates[best]
-        if not self.order and point_key(self.project(current)) not in results:
-            held = self.project(current)
+            incumbent = point_key(self.project(canonical(current, self.space, self.default)))
+            best = max(range(len(keys)),     # every value dropped (-inf): keep the incumbent
+                       key=lambda i: (results[keys[i]], keys[i] == incumbent))
+            current = swept[best]
+        if not self.order:
+            held = self.project(canonical(current, self.space, self.default))
+            if point_key(held) in results:
+                return None
             return WAIT if point_key(held) in taken else (held, "fixed")
         return None
 
