@@ -24,6 +24,8 @@ ranked and measured, each member's share of the summed grid time, the answer and
 best, and the re-measured ratio. The goals (issue 62): the answer reaches at least 97 % of the
 oracle's best held-out speedup, in at most 10 % of the summed grids' search time (15 % end to
 end); where nothing beats vanilla beyond the noise, the answer is vanilla.
+A study this script finished in ``--work`` (its wall time in ``walls.json``) is not run again
+when the script is re-run there (a grid that failed to start is run after a fix, alone).
 ``--members`` narrows the oracle: members left out are said in the JSON (``left_out``), and the
 study across methods spans the same members, so the two answer the same question. ``--grids``
 measures the grids of some members only (the rest said in ``grids_not_measured``: the oracle's
@@ -56,6 +58,10 @@ from bench.tuner_search import load_study, search_record  # noqa: E402
 
 def tuner(work: Path, name: str, overrides: list[str], log: Path, env: dict) -> tuple[float, str]:
     """One ``python -m tuner`` process in ``work``: its wall time and output (kept in ``log``)."""
+    walls = work / "walls.json"       # a study finished by an earlier run of this script
+    done_before = json.loads(walls.read_text()) if walls.exists() else {}
+    if name in done_before and log.exists():
+        return done_before[name], log.read_text()
     command = [sys.executable, "-m", "tuner", *overrides, f"study_name={name}"]
     began = time.perf_counter()
     done = subprocess.run(command, cwd=work, env=env, stdout=subprocess.PIPE,
@@ -64,6 +70,7 @@ def tuner(work: Path, name: str, overrides: list[str], log: Path, env: dict) -> 
     log.write_text(" ".join(command) + "\n" + done.stdout)
     if done.returncode != 0:
         raise SystemExit(f"{name} failed (exit {done.returncode}): see {log}")
+    walls.write_text(json.dumps({**done_before, name: seconds}) + "\n")
     return seconds, done.stdout
 
 
