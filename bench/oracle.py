@@ -24,8 +24,9 @@ ranked and measured, each member's share of the summed grid time, the answer and
 best, and the re-measured ratio. The goals (issue 62): the answer reaches at least 97 % of the
 oracle's best held-out speedup, in at most 10 % of the summed grids' search time (15 % end to
 end); where nothing beats vanilla beyond the noise, the answer is vanilla.
-A study this script finished in ``--work`` (its wall time in ``walls.json``) is not run again
-when the script is re-run there (a grid that failed to start is run after a fix, alone).
+A study this script finished in ``--work`` (its wall time and command in ``walls.json``) is not
+run again when the script is re-run there with the same command for it (a grid that failed to
+start is run after a fix, alone); a study whose command changed is run again.
 ``--members`` narrows the oracle: members left out are said in the JSON (``left_out``), and the
 study across methods spans the same members, so the two answer the same question. ``--grids``
 measures the grids of some members only (the rest said in ``grids_not_measured``: the oracle's
@@ -58,19 +59,21 @@ from bench.tuner_search import load_study, search_record  # noqa: E402
 
 def tuner(work: Path, name: str, overrides: list[str], log: Path, env: dict) -> tuple[float, str]:
     """One ``python -m tuner`` process in ``work``: its wall time and output (kept in ``log``)."""
-    walls = work / "walls.json"       # a study finished by an earlier run of this script
-    done_before = json.loads(walls.read_text()) if walls.exists() else {}
-    if name in done_before and log.exists():
-        return done_before[name], log.read_text()
     command = [sys.executable, "-m", "tuner", *overrides, f"study_name={name}"]
-    began = time.perf_counter()
+    walls = work / "walls.json"       # studies finished by an earlier run, with their commands
+    done_before = json.loads(walls.read_text()) if walls.exists() else {}
+    earlier = done_before.get(name)
+    if earlier is not None and earlier["command"] == command[1:] and log.exists():
+        return earlier["seconds"], log.read_text()    # the same command only: nothing reused
+    began = time.perf_counter()                       # from other settings
     done = subprocess.run(command, cwd=work, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     seconds = time.perf_counter() - began
     log.write_text(" ".join(command) + "\n" + done.stdout)
     if done.returncode != 0:
         raise SystemExit(f"{name} failed (exit {done.returncode}): see {log}")
-    walls.write_text(json.dumps({**done_before, name: seconds}) + "\n")
+    walls.write_text(json.dumps({**done_before, name: {"seconds": seconds,
+                                                       "command": command[1:]}}) + "\n")
     return seconds, done.stdout
 
 

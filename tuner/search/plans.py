@@ -108,8 +108,12 @@ class HeuristicPlan(Plan):
         # that turns one on (a categorical's choice, e.g. llama.cpp's spec_type) brings it in at
         # its start value inside the heuristic ranges, not at a default outside them
         self.drawn: Point = dict(initial)
-        self.initial: Point = canonical(initial, space, self.default)
         self.order = [name for name in space if len(self.values[name]) > 1]
+
+    @property
+    def initial(self) -> Point:
+        """Algorithm 1's first point: the draw, its inactive parameters at their default."""
+        return canonical(self.drawn, self.space, self.default)
 
     def next_point(self, results: Mapping[tuple, float], taken: Collection[tuple] = ()
                    ) -> tuple[Point, str] | str | None:
