@@ -64,16 +64,42 @@ def test_the_level_summary_equals_the_hand_computed_numbers():
         "acceptance_rate@c4": 24 / 32, "mean_accepted_tokens@c4": 1 + 24 / 16,
         "decode_tokens_per_step@c4": 1 + 24 / 12,
         "throughput_ratio": math.sqrt(10.0 / 6.0 * 2.0),
-        # one-sided 95 % lower bounds: over the requests, and over the batches for throughput
+        # one-sided 95 % lower bounds over the independent units: the requests at c1, the
+        # batches at c4 (one batch: no bound)
         "speedup_lcb@c1": lower_bound([2.0, 1.5]),
         "decode_speedup_lcb@c1": lower_bound([1.8 / 0.5, 2.7 / 1.0]),
         "throughput_ratio_lcb@c1": lower_bound([(10 / 1.0) / (10 / 2.0), (20 / 2.0) / (20 / 3.0)]),
-        "speedup_lcb@c4": 2.0, "decode_speedup_lcb@c4": 2.0,
-        "throughput_ratio_lcb@c4": 0.0,          # one batch: no bound
+        "speedup_lcb@c4": 0.0, "decode_speedup_lcb@c4": 0.0,
+        "throughput_ratio_lcb@c4": 0.0,
     }
     assert out.keys() == expected.keys()
     for key, value in expected.items():
         assert out[key] == pytest.approx(value, rel=1e-12), key
+
+
+def test_a_levels_bounds_are_over_its_batches_not_its_requests():
+    """At concurrency 2 the two requests of a batch share its schedule: four requests in two
+    batches whose ratios move together are two observations. The bounds (the study's and the
+    A/A control's) are those of the batches' geometric means, not of four requests (whose
+    interval would be as narrow as if four independent pairs agreed)."""
+    from tuner.measure.control import level_rows
+    from tuner.measure.intervals import log_interval
+    from tuner.measure.measurement import summarize
+    ratios = [(1.30, 1.32), (0.90, 0.91), (1.10, 1.12)]     # per batch, both requests alike
+    group = [paired(2 * b + j, run(10, 1.0, 2, 1.0, speedup=r, decode_s=0.5),
+                    run(10, r, 2, r, decode_s=0.5 * r))
+             for b, batch in enumerate(ratios) for j, r in enumerate(batch)]
+    means = [math.sqrt(a * b) for a, b in ratios]
+    out = level_summary(group)
+    assert out["speedup_lcb@c2"] == pytest.approx(lower_bound(means), rel=1e-12)
+    assert out["decode_speedup_lcb@c2"] == pytest.approx(lower_bound(means), rel=1e-12)
+    assert out["speedup_lcb@c2"] < lower_bound([r for batch in ratios for r in batch])
+    import torch
+    overall = summarize([p.method for p in group], None, torch.device("cpu"))
+    assert overall["speedup_lcb"] == pytest.approx(lower_bound(means), rel=1e-12)
+    row = next(r for r in level_rows(group) if r.figure == "end to end")
+    assert row.interval.n == 3
+    assert row.interval.low == pytest.approx(log_interval(means).low, rel=1e-12)
 
 
 def test_a_batch_counts_its_wall_time_once_and_runs_without_one_count_their_own():

@@ -14,8 +14,10 @@ and per request rate (TPOT, TTFT, end to end, request by request of the same sch
 
     ratio     the geometric mean of the per-request paired ratios (the baseline's seconds over
               the sibling's: 1.00 when the two sides run alike)
-    interval  a two-sided t interval of their logs at ``CONFIDENCE``
-    bound     the interval holds 1.00, and where ``MANY`` or more requests were measured the
+    interval  a two-sided t interval of their logs at ``CONFIDENCE``, over the independent
+              units (``tuner.measure.measurement.unit_ratios``): the requests at concurrency 1,
+              the batches above it (a batch's requests share its schedule and move together)
+    bound     the interval holds 1.00, and where ``MANY`` or more units were measured the
               ratio is within ±``TOLERANCE`` as well
 
 The intervals themselves (``log_interval``, ``lower_bound``) are computed in one place,
@@ -29,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from tuner.measure.figures import rate_text
-from tuner.measure.intervals import CONFIDENCE, MANY, TOLERANCE, Interval, log_interval
+from tuner.measure.intervals import (CONFIDENCE, MANY, TOLERANCE, Interval, log_interval,
+                                     per_batch)
 
 if TYPE_CHECKING:
     from tuner.measure.evaluator import Paired
@@ -89,7 +92,8 @@ class ControlReport:
         verdict = "every ratio within its bound" if self.within else \
             f"{len(self.beyond)} ratio(s) beyond the bound"
         out.append(f"  {verdict} (a {100 * CONFIDENCE:.0f} % interval holds 1.00; within "
-                   f"±{100 * TOLERANCE:.0f} % where {MANY} or more requests were paired)"
+                   f"±{100 * TOLERANCE:.0f} % where {MANY} or more were paired; n counts "
+                   "requests at concurrency 1, batches above it)"
                    + (f"; {self.seconds:.0f} s" if self.seconds else ""))
         return out
 
@@ -108,17 +112,18 @@ class ControlReport:
 
 
 def pair_ratios(pairs: Sequence[Paired]) -> dict[int, dict[str, list[float]]]:
-    """Per level: each figure's per-request ratios (baseline over the sibling)."""
+    """Per level: each figure's ratios (baseline over the sibling) per independent unit, a
+    request at concurrency 1, a batch above it (``pairs`` in the order measured)."""
     out: dict[int, dict[str, list[float]]] = {}
-    for p in pairs:
-        m, ref = p.method, p.baseline
-        got = out.setdefault(m.concurrency, {name: [] for name, _ in FIGURES})
-        if m.speedup is not None:
-            got["speedup"].append(m.speedup)
-        if m.decode_speedup is not None:
-            got["decode_speedup"].append(m.decode_speedup)
-        if m.prompt_s and ref.prompt_s:
-            got["ttft_ratio"].append(ref.prompt_s / m.prompt_s)
+    for level in sorted({p.method.concurrency for p in pairs}):
+        group = [p for p in pairs if p.method.concurrency == level]
+        per_request = {
+            "speedup": [p.method.speedup for p in group],
+            "decode_speedup": [p.method.decode_speedup for p in group],
+            "ttft_ratio": [p.baseline.prompt_s / p.method.prompt_s
+                           if p.method.prompt_s and p.baseline.prompt_s else None
+                           for p in group]}
+        out[level] = {name: per_batch(values, level) for name, values in per_request.items()}
     return out
 
 

@@ -5,6 +5,11 @@ their logs (the A/A control's, ``tuner.measure.control``); ``lower_bound``: the 
 bound a recommendation's held-out ratio must exceed 1.00 with (``tuner.measure.measurement``,
 ``tuner.measure.levels``). Below the records and the control, so that neither imports the other
 for them.
+
+At a concurrency level c > 1 the unit of either is the batch, not the request
+(``per_batch``): the c requests of one batch are served together and share its schedule and
+the machine's speed at that moment, so their ratios move together (one slow batch moves all c),
+and an interval over requests would count one observation c times.
 """
 
 from __future__ import annotations
@@ -61,6 +66,18 @@ def log_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Int
     sd = statistics.stdev(logs)
     half = t_quantile(0.5 + confidence / 2, len(logs) - 1) * sd / math.sqrt(len(logs))
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs), sd)
+
+
+def per_batch(ratios: Sequence[float | None], level: int) -> list[float]:
+    """Per batch of ``level`` consecutive requests (in the order measured), the geometric mean
+    of their ratios (None: not measured, left out; a batch with none is left out): the
+    independent units of an interval at that level (module docstring)."""
+    out = []
+    for start in range(0, len(ratios), level):
+        got = [math.log(r) for r in ratios[start:start + level] if r is not None]
+        if got:
+            out.append(math.exp(statistics.fmean(got)))
+    return out
 
 
 def lower_bound(values: Sequence[float], confidence: float = 0.95) -> float:

@@ -8,8 +8,10 @@ measured on the same batches at the same level:
   * ``speedup@c<c>``: the geometric mean of the requests' paired speedups (per-request latency per
     token, the number one user of that server feels);
   * ``<figure>_lcb@c<c>``: the one-sided 95 % lower confidence bound of ``speedup``,
-    ``decode_speedup`` (over the requests) and ``throughput_ratio`` (over the batches), which the
-    level's decision reads (``tuner.answer.decide``);
+    ``decode_speedup`` and ``throughput_ratio``, which the level's decision reads
+    (``tuner.answer.decide``); over the batches, the level's independent units (at c > 1 a
+    batch's requests share its schedule: ``tuner.measure.measurement.unit_ratios``), so a level
+    measured in one batch has no bound (0.0);
   * ``decode_speedup@c<c>``: the same of the decode phase alone (the server's own decode time
     per token after the first; the prefill left out);
   * ``tpot_ms@c<c>`` / ``vanilla_tpot_ms@c<c>``: the server's own decode time per output token
@@ -30,7 +32,7 @@ from decoding.acceptance import total
 from tuner.measure.intervals import lower_bound
 from tuner.measure.evaluator import Paired
 from tuner.measure.figures import level_key
-from tuner.measure.measurement import Measurement, geometric_mean
+from tuner.measure.measurement import Measurement, geometric_mean, unit_ratios
 
 
 def level_summary(pairs: Sequence[Paired]) -> dict[str, float]:
@@ -47,7 +49,7 @@ def level_summary(pairs: Sequence[Paired]) -> dict[str, float]:
                    "throughput_ratio": method_tps / base_tps,
                    "speedup": geometric_mean([m.speedup for m in ms]),
                    "tpot_ms": tpot_ms(ms), "vanilla_tpot_ms": tpot_ms(refs)}
-        figures["speedup_lcb"] = lower_bound([m.speedup for m in ms])
+        figures["speedup_lcb"] = lower_bound(unit_ratios(ms, "speedup"))
         figures["throughput_ratio_lcb"] = lower_bound(batch_ratios(group, c))
         out.update({level_key(name, c): value for name, value in figures.items()})
         out.update(decode_speedup(ms, c))
@@ -86,10 +88,14 @@ def tpot_ms(ms: Sequence[Measurement]) -> float:
 
 def decode_speedup(ms: Sequence[Measurement], level: int) -> dict[str, float]:
     """``decode_speedup@c<level>``: the geometric mean of the requests' paired decode-phase
-    speedups (none where the server reported no decode time), and its lower bound."""
+    speedups (none where the server reported no decode time), and its lower bound over the
+    batches (``ms`` in the order measured)."""
     values = [m.decode_speedup for m in ms if m.decode_speedup is not None]
+    if not values:
+        return {}
+    bound = lower_bound(unit_ratios(ms, "decode_speedup"))
     return {level_key("decode_speedup", level): geometric_mean(values),
-            level_key("decode_speedup_lcb", level): lower_bound(values)} if values else {}
+            level_key("decode_speedup_lcb", level): bound}
 
 
 def batch_ratios(group: Sequence[Paired], level: int) -> list[float]:

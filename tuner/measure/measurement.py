@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from decoding.acceptance import AcceptanceCounts, total
-from tuner.measure.intervals import lower_bound
+from tuner.measure.intervals import lower_bound, per_batch
 from tuner.measure.energy import EnergyReading
 from tuner.measure.timing import peak_memory_bytes
 
@@ -118,10 +118,21 @@ def geometric_mean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def unit_ratios(ms: Sequence[Measurement], name: str) -> list[float]:
+    """The paired ratio ``name`` (``speedup``, ``decode_speedup``) per independent unit of
+    ``ms`` (in the order measured): a request at concurrency 1, a batch's geometric mean at a
+    higher level (``tuner.measure.intervals.per_batch``); what a lower bound is taken over."""
+    out: list[float] = []
+    for level in sorted({m.concurrency for m in ms}):
+        out += per_batch([getattr(m, name) for m in ms if m.concurrency == level], level)
+    return out
+
+
 def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
               device: torch.device) -> dict[str, float]:
     """The numbers logged per trial; ``speedup`` is the paired geometric mean, ``*_lcb`` its
-    one-sided 95 % lower confidence bound (``tuner.measure.intervals.lower_bound``)."""
+    one-sided 95 % lower confidence bound (``tuner.measure.intervals.lower_bound``) over the
+    independent units (``unit_ratios``)."""
     tokens = sum(m.new_tokens for m in ms)
     wall = sum(m.wall_s for m in ms)
     counts = total([m.counts for m in ms])
@@ -138,12 +149,12 @@ def summarize(ms: Sequence[Measurement], energy: EnergyReading | None,
         out["speedup"] = geometric_mean(speedups)
         out["speedup_min"], out["speedup_max"] = min(speedups), max(speedups)
         out["speedup_log_std"] = statistics.pstdev([math.log(s) for s in speedups])
-        out["speedup_lcb"] = lower_bound(speedups)
+        out["speedup_lcb"] = lower_bound(unit_ratios(ms, "speedup"))
     decode = [m.decode_speedup for m in ms if m.decode_speedup is not None]
     if decode:
         out["decode_speedup"] = geometric_mean(decode)
         out["decode_speedup_min"], out["decode_speedup_max"] = min(decode), max(decode)
-        out["decode_speedup_lcb"] = lower_bound(decode)
+        out["decode_speedup_lcb"] = lower_bound(unit_ratios(ms, "decode_speedup"))
     firsts = [m.prompt_s for m in ms if m.prompt_s is not None]
     if firsts:
         out["ttft_ms"] = 1e3 * statistics.fmean(firsts)
