@@ -111,7 +111,7 @@ def test_a_prompt_lookup_study_finishes_with_the_servers_counts(tmp_path, capsys
         figures = t.user_attrs
         assert figures["tpot_ratio@r4"] > 0 and figures["vanilla_tpot_ms_p90@r4"] > 0
         assert 0 < figures["goodput@r4"] <= figures["request_throughput@r4"]
-        assert figures["late_send_ms_max@r4"] < 50
+        assert figures["late_send_ms_max@r4"] < 0.5 * 1e3 / 4   # half the mean gap at 4/s
     assert json.loads(study.user_attrs["fingerprint"]["traffic"]) == {
         "request_rate": [4.0], "requests_per_rate": 4, "slo": {"tpot_ms": 1000}}
     assert re.search(r"request rate 4/s \(4 requests each\): TPOT p50 [0-9.]+ vs vanilla", out)

@@ -78,7 +78,10 @@ def test_a_study_at_two_levels_with_the_servers_counts_and_a_refused_point(tmp_p
     # a 4-request Poisson schedule at 2/s streamed to both servers (trial and held-out run)
     assert done["tpot_ratio@r2"] > 0 and done["vanilla_tpot_ms_p90@r2"] > 0
     assert 0 < done["goodput@r2"] <= done["request_throughput@r2"]
-    assert done["late_send_ms_max@r2"] < 50
+    # the client kept its schedule: no send later than half the mean gap (500 ms at 2/s; a
+    # client that waited for answers would be seconds late; 230 ms was read once on 2 CPUs
+    # shared with the other test worker and vLLM's polling processes)
+    assert done["late_send_ms_max@r2"] < 0.5 * 1e3 / 2
     assert not all_gone(server_groups(logs.parent))   # every process of the 3 servers
     best = yaml_load(tmp_path / "studies" / "best" / "t.yaml")
     launch = best["deploy"]["launch"]
