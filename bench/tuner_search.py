@@ -303,7 +303,9 @@ def main() -> None:
                         default=["grid", "heuristic", "tpe", "tpe_unpruned", "predict"],
                         help="from grid, heuristic, heuristic_unraced, tpe, tpe_unpruned, "
                              "predict (raced), predict_sweep (raced, untimed points ranked by "
-                             "Algorithm 1 on the predictions), predict_unraced (top + spread)")
+                             "Algorithm 1 on the predictions; its untimed runs on every core), "
+                             "predict_sweep_one (the same in the study's own process), "
+                             "predict_unraced (top + spread)")
     parser.add_argument("--override", action="append", default=[],
                         help="a further tuner override for every search (e.g. models=tiny)")
     parser.add_argument("--work", type=Path, required=True)
@@ -330,6 +332,8 @@ def main() -> None:
                          "search.pruner=null"],
         "predict": ["search=predict", f"search.profile={profile}"],
         "predict_sweep": ["search=predict", f"search.profile={profile}", "search.untimed=sweep"],
+        "predict_sweep_one": ["search=predict", f"search.profile={profile}",
+                              "search.untimed=sweep", "search.untimed_workers=1"],
         "predict_unraced": ["search=predict", f"search.profile={profile}", "search.race=null",
                             f"search.top={args.top}", f"search.spread={args.spread}"]}
     tag = args.tag or f"{args.method}-{int(time.time())}"

@@ -92,3 +92,84 @@ def test_a_free_draft_puts_a_draft_method_first_and_ties_go_to_the_cheaper_deplo
     assert names.index("speculative") < names.index("block")
     swapped = [m.name for m in rank(free, ("block", "speculative")).methods]
     assert swapped.index("block") < swapped.index("speculative")
+
+
+# -- untimed runs on every core (tuner.predict.workers) ------------------------------------------
+
+OUROBOROS = ["method=ouroboros", "method.params.num_draft_tokens=2", "method.params.window=4",
+             "method.params.phrase_length=3", "method.params.num_phrases=2",
+             "method.params.reuse_history=true",     # its pool carries across prompts
+             "method.space.num_draft_tokens.low=2", "method.space.num_draft_tokens.high=5",
+             "method.space.window.low=4", "method.space.window.high=5",
+             "method.space.phrase_length.low=3", "method.space.phrase_length.high=3",
+             "method.space.num_phrases.low=2", "method.space.num_phrases.high=2"]
+
+
+@pytest.fixture(scope="module")
+def ouroboros_ranking():
+    """(rank(workers, untimed) -> (values, cut, untimed runs, lines)) of Ouroboros's 8-point
+    full grid on the tiny pair, 3 tuning prompts x 24 tokens, by one planted profile."""
+    from dataclasses import replace
+    from tuner.engines.inprocess import HFEvaluator
+    from tuner.measure.timing import time_generation
+    from tuner.search.plans import GridPlan
+    from tuner.study.settings import StudySettings
+    cfg = compose_cfg(None, "models=tiny", "task.n_prompts=3", "task.max_new_tokens=24",
+                      *OUROBOROS, "search=grid", "search.ranges=full")
+    settings = StudySettings.from_config(cfg)
+    evaluator = HFEvaluator(settings.measuring, time_generation, lambda line: None)
+    evaluator.open()
+    points = GridPlan(settings.space, settings.default, "full", settings.task.task_class).points
+    assert len(points) == 8
+
+    def rank(workers, untimed="halving"):
+        lines = []
+        ranker = evaluator.ranker().for_method(
+            settings.method, lambda p: evaluator.build(settings.method, p))
+        ranker.settings = replace(ranker.settings, untimed_workers=workers, untimed=untimed)
+        ranker.profile, ranker.say = planted((0.010, 0.030), 0.002, 0.0005), lines.append
+        values, cut = ranker.rank_points(points, list(settings.tuning))
+        return values, cut, ranker.untimed_runs, lines
+    return rank, points
+
+
+@pytest.mark.parametrize("untimed", ["halving", "sweep"])
+def test_untimed_runs_on_two_workers_rank_as_one_process_does(ouroboros_ranking, untimed):
+    """Two forked workers, a point pinned to one (its phrase pool carried across the prompts
+    there, as in one process): every point's prediction, every cut and the count of untimed
+    runs equal the ranking made in the study's own process, and the line says how they ran."""
+    rank, _ = ouroboros_ranking
+    alone, spread = rank(1, untimed), rank(2, untimed)
+    assert spread[:3] == alone[:3]
+    assert alone[2] >= 8 and any(c is not None for c in alone[1]) or untimed == "sweep"
+    said = "  untimed runs on 2 worker processes, one thread each (the timed runs keep the " \
+        "study's threads)"
+    assert said in spread[3] and said not in alone[3]
+
+
+def test_a_worker_that_dies_loses_its_points_only(ouroboros_ranking, monkeypatch):
+    """A worker that ends in the middle of a ranking (planted: it exits on its first run of a
+    W 4 point; the grid's W 4 points are the ones pinned to it) loses the predictions of its
+    points, each with one line; the other worker's points are predicted as one process
+    predicts them when the same points fail there, and the study's process goes on."""
+    import os
+    from tuner.predict.ranker import Ranker
+    rank, points = ouroboros_ranking
+    parent, real = os.getpid(), Ranker.observe
+
+    def failing(self, method, prompts, fresh=True):
+        if method.drafter.engine.window == 4:
+            if os.getpid() != parent:
+                os._exit(3)              # the worker ends
+            raise RuntimeError("planted")
+        return real(self, method, prompts, fresh)
+    monkeypatch.setattr(Ranker, "observe", failing)
+    alone, (values, cut, _, lines) = rank(1), rank(2)
+    assert {j % 2 for j, p in enumerate(points) if p["window"] == 4} == {0}
+    for j, point in enumerate(points):
+        if point["window"] == 4:
+            assert values[j] == alone[0][j] == float("-inf")
+        else:
+            assert values[j] == alone[0][j] > float("-inf") and cut[j] == alone[1][j]
+    assert sum("not predicted (its untimed worker ended early)" in line for line in lines) == 4
+    assert sum("not predicted (RuntimeError: planted)" in line for line in alone[3]) == 4

@@ -65,6 +65,8 @@ CASES = [
      "methods=['speculative', 'nope'] is invalid: nope is not a method"),
     (["method=auto", "search.untimed=random"], "search.untimed='random' is invalid: allowed are "
                                                "['auto', 'halving', 'sweep']"),
+    (["method=auto", "search.untimed_workers=0"], "search.untimed_workers=0 is invalid: allowed "
+                                                  "are auto (one worker per CPU"),
     (["baseline=never"], "baseline='never' is invalid: allowed are ['per_trial', 'per_study']"),
     (["resume=always"], "resume='always' is invalid"),
     (["phase=deploy"], "phase='deploy' is invalid: allowed are ['all', 'prepare', 'work', "

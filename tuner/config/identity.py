@@ -42,7 +42,8 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
     adds predictions beside the measurements: not a key either, except under ``search=predict``,
     where it chooses which points are measured (``auto``, this machine's cached profile, is
     recorded by file and date in the study instead; ``search.profile_rounds`` only sizes how it
-    is made: never a key). ``search.predict_for`` (a prediction for
+    is made: never a key; nor ``search.untimed_workers``, which processes share the untimed
+    runs, not what they give). ``search.predict_for`` (a prediction for
     another machine) changes no measurement: never a key. ``search.race`` decides which points
     and how many prompts are measured, never how a measurement is made (as ``n_trials``): not a
     key, so a study made before racing resumes, raced from where it stands.
@@ -50,7 +51,8 @@ def fingerprint(*, task: Mapping[str, Any], tuning_ids: list[str], held_out_ids:
     search_keys = {k: v for k, v in search.items() if k not in ("n_trials", "timeout", "slo",
                                                                    "profile", "predict_for",
                                                                    "max_hours", "race",
-                                                                   "profile_rounds")
+                                                                   "profile_rounds",
+                                                                   "untimed_workers")
                    and not (k == "untimed" and v == "auto")}   # auto: every older study's
     if search.get("kind") == "predict":      # there the profile chooses the measured points:
         from pathlib import Path             # its content, not its path, is the identity

@@ -78,6 +78,13 @@ def check_search(search: Mapping[str, Any], space: Mapping[str, Any], task_class
                 "measured)")
         integer("search.spread", search.get("spread"), 0, "an integer >= 0 (points spread over "
                 "the rest of the ranking, measured to calibrate)")
+        workers = search.get("untimed_workers", "auto")
+        if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int)
+                                  or workers < 1):
+            raise ConfigError(f"search.untimed_workers={workers!r} is invalid: allowed are auto "
+                              "(one worker per CPU the study may use, on a CPU; none on an "
+                              "accelerator) or an integer >= 1 (1: untimed runs in the study's "
+                              "own process)")
         untimed = search.get("untimed", "auto")
         if untimed not in UNTIMED:
             raise ConfigError(f"search.untimed={untimed!r} is invalid: allowed are "

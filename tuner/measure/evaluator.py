@@ -104,6 +104,7 @@ class MeasureSettings(MethodView):
     predict_for: Any = None            # search.predict_for: another machine's profile, or None
     untimed: str = "halving"           # search=predict: how points needing untimed runs are
     #                                    ranked (halving | sweep: tuner.predict.halving)
+    untimed_workers: int = 1           # processes those untimed runs share (tuner.predict.workers)
     bound_slack: float = 0.25          # tuner.measure.bounds: the physical bound's slack
 
     def contention_guard(self) -> ContentionGuard:

@@ -46,15 +46,29 @@ class Halving:
         return (f"successive halving: {kept}; {self.runs()} untimed runs instead of {full}")
 
 
+RunRound = Callable[[Sequence[int], int], None]
+
+
+def one_by_one(run: Callable[[int, int], None]) -> RunRound:
+    """A round's runs one after the other (what ``run_round`` defaults to)."""
+    def run_round(points: Sequence[int], k: int) -> None:
+        for i in points:
+            run(i, k)
+    return run_round
+
+
 def successive_halving(n_points: int, n_prompts: int, run: Callable[[int, int], None],
                        score: Callable[[int, int], float], eta: int = 2,
                        keep_at_least: int = 3,
-                       on_round: Callable[[Round], None] = lambda r: None) -> Halving:
+                       on_round: Callable[[Round], None] = lambda r: None,
+                       run_round: RunRound | None = None) -> Halving:
     """``run(i, k)``: point i's untimed run on prompt k (0-based; prompts in order, each point's
     history continuing from its prompt k − 1); ``score(i, n)``: point i's prediction on its
     first n prompts (-inf where it failed). After each round but the last, the best
     ⌈alive/η⌉ (at least ``keep_at_least``) are kept; ties keep the grid's order.
-    ``on_round``: after each round (progress)."""
+    ``on_round``: after each round (progress). ``run_round(points, k)``: a round's runs at
+    once (``tuner.predict.workers``: on every core), in place of ``run`` one by one."""
+    run_round = run_round or one_by_one(run)
     if eta < 2:
         raise ValueError(f"eta={eta!r}: expected an integer >= 2")
     values = [-math.inf] * n_points
@@ -62,8 +76,7 @@ def successive_halving(n_points: int, n_prompts: int, run: Callable[[int, int], 
     rounds: list[Round] = []
     alive = list(range(n_points))
     for k in range(n_prompts):
-        for i in alive:
-            run(i, k)
+        run_round(list(alive), k)
         for i in alive:
             values[i] = score(i, k + 1)
         live = [i for i in alive if values[i] > -math.inf]
@@ -143,14 +156,17 @@ def sweep_reach(points: Sequence[Mapping[str, Any]]) -> int:
 def coordinate_sweep(points: Sequence[Mapping[str, Any]], start: int, n_prompts: int,
                      run: Callable[[int, int], None], score: Callable[[int, int], float],
                      eta: int = 2, keep_at_least: int = 2,
-                     on_stage: Callable[[str, Halving], None] = lambda name, h: None) -> Sweep:
+                     on_stage: Callable[[str, Halving], None] = lambda name, h: None,
+                     run_round: RunRound | None = None) -> Sweep:
     """Ouroboros Appendix B.2's Algorithm 1 on predictions: from point ``start``, each
     parameter that varies over ``points`` (in their key order) is swept over the points that
     differ from the current one in it alone, by successive halving over the prompts; the best
     becomes the current point before the next parameter. ``run(i, k)`` must be idempotent (a
     point run on prompt k already is not run again: the current point's runs carry over to
     the next stage). A point no stage reached is cut at 0 prompts (-inf). Coordinate descent:
-    a joint optimum the sweep does not pass through is missed, as the paper's heuristic does."""
+    a joint optimum the sweep does not pass through is missed, as the paper's heuristic does.
+    ``run_round(points, k)``: a round's runs at once (as ``successive_halving``'s)."""
+    run_round = run_round or one_by_one(run)
     names = swept(points)
     values = [-math.inf] * len(points)
     cut: list[int | None] = [0] * len(points)
@@ -162,8 +178,10 @@ def coordinate_sweep(points: Sequence[Mapping[str, Any]], start: int, n_prompts:
                  if all(repr(p.get(k)) == repr(here.get(k)) for k in names if k != name)]
         if len(group) < 2:
             continue
-        halving = successive_halving(len(group), n_prompts, lambda j, k: run(group[j], k),
-                                     lambda j, n: score(group[j], n), eta, keep_at_least)
+        halving = successive_halving(
+            len(group), n_prompts, lambda j, k: run(group[j], k),
+            lambda j, n: score(group[j], n), eta, keep_at_least,
+            run_round=lambda js, k, group=group: run_round([group[j] for j in js], k))
         for j, i in enumerate(group):
             if cut[i] is None and halving.cut[j] is not None:
                 continue                    # seen in full in an earlier stage: kept so
@@ -176,7 +194,8 @@ def coordinate_sweep(points: Sequence[Mapping[str, Any]], start: int, n_prompts:
         on_stage(name, halving)
     if not stages and points:               # nothing varies: the one point, in full
         halving = successive_halving(1, n_prompts, lambda j, k: run(start, k),
-                                     lambda j, n: score(start, n), eta, keep_at_least)
+                                     lambda j, n: score(start, n), eta, keep_at_least,
+                                     run_round=lambda js, k: run_round([start], k))
         values[start], cut[start] = halving.values[0], halving.cut[0]
         stages.append(("", halving))
     return Sweep(tuple(values), tuple(cut), tuple(stages))

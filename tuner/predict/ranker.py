@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
 from tuner.measure.evaluator import ParametersRefused
+from tuner.predict.workers import UntimedWorkers
 
 if TYPE_CHECKING:
     from decoding.base import DecodingMethod
@@ -304,22 +306,54 @@ class Ranker:
             return float("-inf") if not got or len(got) < n else \
                 self._priced(got[:n], points[order[j]])
 
+        def in_worker(j: int, k: int, say: Callable[[str], None]) -> tuple[list[Any], int]:
+            self.say = say                # this ranker is the worker's own forked copy
+            before = self.untimed_runs
+            got = self.observe(halved[order[j]][0], [prompts[k]], fresh=k == 0)
+            return got or [], self.untimed_runs - before
+
+        def run_round(js: Sequence[int], k: int) -> None:
+            todo = [j for j in js if runs[order[j]] is not None and len(runs[order[j]]) <= k]
+            if pool is None:
+                for j in todo:
+                    run(j, k)
+                return
+            answers = pool.run_round([(j, k) for j in todo])
+            for j in todo:
+                done, i = answers[(j, k)], order[j]
+                for line in done.lines:
+                    self.say(line)
+                if done.error is not None:
+                    self.say(f"  {dict(points[i])}: not predicted ({done.error})")
+                    runs[i] = None
+                    continue
+                got, count = done.value
+                runs[i].extend(got)
+                self.untimed_runs += count
+
         began = time.perf_counter()
+        count = min(self.settings.untimed_workers, len(order))
+        if count > 1:
+            self.say(f"  untimed runs on {count} worker processes, one thread each (the timed "
+                     "runs keep the study's threads)")
+        pool = UntimedWorkers(count, in_worker) if count > 1 else None
 
         def said(r: Any) -> None:         # a round can take minutes: say each one
             self.say(f"  successive halving, prompt {r.prompts} of {len(prompts)}: {r.ran} "
                      f"points run, {r.kept} kept ({time.perf_counter() - began:.0f} s so far)")
-        if self.settings.untimed == "sweep":     # Algorithm 1 on predictions
-            def stage(name: str, h: Any) -> None:
-                self.say(f"  sweep of {name}: {len(h.values)} values, {h.runs()} untimed runs "
-                         f"({time.perf_counter() - began:.0f} s so far)")
-            ordered = [points[i] for i in order]
-            halving = coordinate_sweep(ordered, self._start(ordered), len(prompts), run, score,
-                                       on_stage=stage)
-            self.say(f"  {halving.line(len(prompts))}")
-        else:
-            halving = successive_halving(len(order), len(prompts), run, score, on_round=said)
-            self.say(f"  {halving.line()}")
+        with pool if pool is not None else nullcontext():
+            if self.settings.untimed == "sweep":     # Algorithm 1 on predictions
+                def stage(name: str, h: Any) -> None:
+                    self.say(f"  sweep of {name}: {len(h.values)} values, {h.runs()} untimed "
+                             f"runs ({time.perf_counter() - began:.0f} s so far)")
+                ordered = [points[i] for i in order]
+                halving = coordinate_sweep(ordered, self._start(ordered), len(prompts), run,
+                                           score, on_stage=stage, run_round=run_round)
+                self.say(f"  {halving.line(len(prompts))}")
+            else:
+                halving = successive_halving(len(order), len(prompts), run, score,
+                                             on_round=said, run_round=run_round)
+                self.say(f"  {halving.line()}")
         for j, i in enumerate(order):
             method, params = halved[i]
             values[i], cut[i] = halving.values[j], halving.cut[j]

@@ -120,6 +120,14 @@ class StudySettings(MethodView):
         return chosen
 
     @property
+    def untimed_workers(self) -> int:
+        """``search.untimed_workers`` resolved (``tuner.predict.workers.worker_count``)."""
+        from tuner.measure.hygiene import allowed_cpus
+        from tuner.predict.workers import worker_count
+        return worker_count(self.search.get("untimed_workers", "auto"), len(allowed_cpus()),
+                            self.device.type)
+
+    @property
     def journal(self) -> Path:
         return journal_path(self.studies_dir, self.name)
 
