@@ -318,7 +318,8 @@ class Ranker:
                 for j in todo:
                     run(j, k)
                 return
-            answers = pool.run_round([(j, k) for j in todo])
+            answers = pool.run_round([(j, k) for j in todo],
+                                     lambda j: halved[order[j]][0].keeps_history)
             for j in todo:
                 done, i = answers[(j, k)], order[j]
                 for line in done.lines:

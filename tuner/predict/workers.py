@@ -11,9 +11,11 @@ them, and they end before the next timed run.
 
 How: the study's process forks ``count`` workers once per ranking (its models and methods are
 shared copy-on-write, nothing is loaded again); each sets one intra-op thread and ignores Ctrl-C
-(the study's process handles it and stops them). A point is pinned to worker ``j % count``, so
-a method whose history carries across prompts (Ouroboros, lookahead: ``fresh=False``) keeps it
-in one process, prompt after prompt, exactly as one process would. A worker's lines (what a
+(the study's process handles it and stops them). Each round's runs are shared out so that the
+workers get as many as they can; a point whose method keeps history across prompts (Ouroboros
+with its pool: ``keeps_history``) stays with the worker of its first run, so its history
+carries prompt after prompt exactly as in one process; any other point goes where there is
+room. A worker's lines (what a
 point's failure says) come back with its result and are said by the study's process. A worker
 that dies loses its points' predictions (they rank last, as any failed prediction), never the
 study. Forking is for CPUs only: on CUDA (a context cannot cross a fork) the runs stay in the
@@ -67,6 +69,7 @@ class UntimedWorkers:
         self.count, self.run = count, run
         self.workers: list[tuple[Any, Any]] = []     # (process, connection)
         self.dead: set[int] = set()                  # workers that ended early
+        self.home: dict[int, int] = {}               # point -> the worker that ran it last
 
     def __enter__(self) -> UntimedWorkers:
         import multiprocessing
@@ -98,12 +101,35 @@ class UntimedWorkers:
         finally:
             os._exit(code)                # never the study's own exit handlers (a forked copy)
 
-    def run_round(self, jobs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Done]:
-        """Every (j, k) of ``jobs`` (each j at most once) on its worker; their answers."""
+    def place(self, jobs: Sequence[tuple[int, int]], stays: Callable[[int], bool]
+              ) -> list[int]:
+        """The worker of each of ``jobs``: a point that ``stays`` (its history is there) where
+        it ran before; the others, in order, to the live worker with the fewest runs so far."""
+        live = [w for w in range(self.count) if w not in self.dead] or [0]
+        load = {w: 0 for w in live}
+        placed: list[int | None] = []
+        for j, _ in jobs:
+            w = self.home.get(j) if stays(j) else None
+            placed.append(w)
+            if w in load:
+                load[w] += 1
+        out = []
+        for (j, _), w in zip(jobs, placed):
+            if w is None:
+                w = min(live, key=lambda v: (load[v], v))
+                load[w] += 1
+            self.home[j] = w
+            out.append(w)
+        return out
+
+    def run_round(self, jobs: Sequence[tuple[int, int]],
+                  stays: Callable[[int], bool] = lambda j: True
+                  ) -> dict[tuple[int, int], Done]:
+        """Every (j, k) of ``jobs`` (each j at most once) on its worker (``place``); their
+        answers. ``stays(j)``: whether point j must run where it ran before."""
         sent: dict[int, int] = {}
         out: dict[tuple[int, int], Done] = {}
-        for j, k in jobs:
-            w = j % self.count
+        for (j, k), w in zip(jobs, self.place(jobs, stays)):
             if w in self.dead:
                 out[(j, k)] = Done(None, "its untimed worker ended early", ())
                 continue
