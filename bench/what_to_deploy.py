@@ -10,6 +10,8 @@ Three real ``python -m tuner +task=gsm8k`` processes, each in its own empty fold
   2. the main job now (``method=auto``), with an empty profile cache: the profile is made on
      first use, inside this time;
   3. the main job now again, in a fresh folder with the cache step 2 filled: the profile reused.
+  4. (``--runs ... 4``) run 3 again with the ranking's untimed runs in the study's own process
+     (``search.untimed_workers=1``): what the untimed workers save, side by side.
 
 Reported per run: the process's wall time, the phases the study recorded
 (``phase_seconds``: models loaded, ranking, trials, held-out confirmation), the trials, the
@@ -35,7 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNS = [("before: method=ouroboros search=heuristic", ["method=ouroboros", "search=heuristic"],
          False),
         ("now: method=auto, the profile made on first use", [], True),
-        ("now: method=auto again, the profile reused", [], False)]
+        ("now: method=auto again, the profile reused", [], False),
+        ("control: method=auto again, untimed runs in the study's own process",
+         ["search.untimed_workers=1"], False)]
 
 
 def one(label: str, overrides: list[str], folder: Path, cache: Path, fresh_cache: bool,
@@ -83,7 +87,8 @@ def main() -> None:
     parser.add_argument("--before", nargs="+", default=RUNS[0][1],
                         help="the single-method job to compare with (run 1's overrides)")
     parser.add_argument("--runs", nargs="+", type=int, default=[1, 2, 3],
-                        help="which of the three runs (1: before, 2: profile made, 3: reused)")
+                        help="which runs (1: before, 2: profile made, 3: reused, 4: reused, "
+                             "untimed runs in the study's process)")
     args = parser.parse_args()
     cache = args.work / "profiles"
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
