@@ -277,6 +277,33 @@ def measure_held_out(cfg: DictConfig, params: dict[str, Any] | None = None,
         evaluator.close()
 
 
+@contextmanager
+def ranking_of(cfg: DictConfig, timer: Timer = time_generation
+               ) -> Iterator[tuple[int, Callable[[int], tuple[list[float], list[int | None]]]]]:
+    """``search=predict``'s ranking of ``cfg``'s grid (``search.ranges``) on its models, loaded
+    once: (the number of points, ``rank(untimed_workers)`` -> every point's prediction and cut,
+    a fresh ranking each call, nothing stored). Benchmarks time one ranking against another
+    with it (``bench/untimed_workers.py``); the evaluator is closed on the way out."""
+    from tuner.search.plans import GridPlan
+    settings = StudySettings.from_config(cfg)
+    evaluator = settings.engine_object.evaluator(settings.measuring, timer, lambda line: None)
+    evaluator.open()
+    try:
+        points = GridPlan(settings.space, settings.default,
+                          settings.search.get("ranges", "heuristic"),
+                          settings.task.task_class).points
+
+        def rank(untimed_workers: int) -> tuple[list[float], list[int | None]]:
+            ranker = evaluator.ranker().for_method(
+                settings.method, lambda p: evaluator.build(settings.method, p))
+            ranker.settings = replace(ranker.settings, untimed_workers=untimed_workers)
+            ranker.say = lambda line: None
+            return ranker.rank_points(points, list(settings.tuning))
+        yield len(points), rank
+    finally:
+        evaluator.close()
+
+
 def default_params(cfg: DictConfig) -> dict[str, Any]:
     """Every parameter's default (trial 0) as the config's engine runs the method."""
     return StudySettings.from_config(cfg).default
