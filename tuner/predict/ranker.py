@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import torch
 
 from tuner.measure.evaluator import ParametersRefused
-from tuner.predict.workers import UntimedWorkers
+from tuner.predict.workers import UntimedWorkers, attempt
 
 if TYPE_CHECKING:
     from decoding.base import DecodingMethod
@@ -290,36 +290,30 @@ class Ranker:
         order = sorted(halved)
         runs: dict[int, list[Any] | None] = {i: [] for i in order}
 
-        def run(j: int, k: int) -> None:
-            i = order[j]
-            got = runs[i]
-            if got is None or len(got) > k:     # failed, or run on prompt k already (a sweep)
-                return
-            try:
-                got.extend(self.observe(halved[i][0], [prompts[k]], fresh=k == 0) or [])
-            except Exception as err:      # noqa: BLE001 - one point's failure loses its rank
-                self.say(f"  {dict(points[i])}: not predicted ({type(err).__name__}: {err})")
-                runs[i] = None
-
         def score(j: int, n: int) -> float:
             got = runs[order[j]]
             return float("-inf") if not got or len(got) < n else \
                 self._priced(got[:n], points[order[j]])
 
-        def in_worker(j: int, k: int, say: Callable[[str], None]) -> tuple[list[Any], int]:
-            self.say = say                # this ranker is the worker's own forked copy
+        def untimed(j: int, k: int, say: Callable[[str], None]) -> tuple[list[Any], int]:
+            """Point j's untimed run on prompt k, in a worker or here: (its generations, the
+            runs it made), what it says to ``say``."""
+            own, self.say = self.say, say
             before = self.untimed_runs
-            got = self.observe(halved[order[j]][0], [prompts[k]], fresh=k == 0)
+            try:
+                got = self.observe(halved[order[j]][0], [prompts[k]], fresh=k == 0)
+            finally:
+                self.say = own
             return got or [], self.untimed_runs - before
 
         def run_round(js: Sequence[int], k: int) -> None:
+            # a failed point, or one run on prompt k already (a sweep), is not run again
             todo = [j for j in js if runs[order[j]] is not None and len(runs[order[j]]) <= k]
-            if pool is None:
-                for j in todo:
-                    run(j, k)
-                return
-            answers = pool.run_round([(j, k) for j in todo],
-                                     lambda j: halved[order[j]][0].keeps_history)
+            if pool is None:                  # here: observe counts its runs itself
+                answers = {(j, k): attempt(untimed, j, k) for j in todo}
+            else:
+                answers = pool.run_round([(j, k) for j in todo],
+                                         lambda j: halved[order[j]][0].keeps_history)
             for j in todo:
                 done, i = answers[(j, k)], order[j]
                 for line in done.lines:
@@ -330,14 +324,18 @@ class Ranker:
                     continue
                 got, count = done.value
                 runs[i].extend(got)
-                self.untimed_runs += count
+                if pool is not None:          # a worker's own count stayed in its process
+                    self.untimed_runs += count
+
+        def run(j: int, k: int) -> None:
+            run_round([j], k)
 
         began = time.perf_counter()
         count = min(self.settings.untimed_workers, len(order))
         if count > 1:
             self.say(f"  untimed runs on {count} worker processes, one thread each (the timed "
                      "runs keep the study's threads)")
-        pool = UntimedWorkers(count, in_worker) if count > 1 else None
+        pool = UntimedWorkers(count, untimed) if count > 1 else None
 
         def said(r: Any) -> None:         # a round can take minutes: say each one
             self.say(f"  successive halving, prompt {r.prompts} of {len(prompts)}: {r.ran} "
