@@ -107,8 +107,9 @@ OUROBOROS = ["method=ouroboros", "method.params.num_draft_tokens=2", "method.par
 
 @pytest.fixture(scope="module")
 def ouroboros_ranking():
-    """(rank(workers, untimed) -> (values, cut, untimed runs, lines)) of Ouroboros's 8-point
-    full grid on the tiny pair, 3 tuning prompts x 24 tokens, by one planted profile."""
+    """(rank(workers, untimed) -> (values, cut, untimed runs, lines, ranker)) of Ouroboros's
+    8-point full grid on the tiny pair, 3 tuning prompts x 24 tokens, by one planted profile;
+    the points; the tuning prompts."""
     from dataclasses import replace
     from tuner.engines.inprocess import HFEvaluator
     from tuner.measure.timing import time_generation
@@ -129,8 +130,8 @@ def ouroboros_ranking():
         ranker.settings = replace(ranker.settings, untimed_workers=workers, untimed=untimed)
         ranker.profile, ranker.say = planted((0.010, 0.030), 0.002, 0.0005), lines.append
         values, cut = ranker.rank_points(points, list(settings.tuning))
-        return values, cut, ranker.untimed_runs, lines
-    return rank, points
+        return values, cut, ranker.untimed_runs, lines, ranker
+    return rank, points, list(settings.tuning)
 
 
 @pytest.mark.parametrize("untimed", ["halving", "sweep"])
@@ -138,7 +139,7 @@ def test_untimed_runs_on_two_workers_rank_as_one_process_does(ouroboros_ranking,
     """Two forked workers, a point pinned to one (its phrase pool carried across the prompts
     there, as in one process): every point's prediction, every cut and the count of untimed
     runs equal the ranking made in the study's own process, and the line says how they ran."""
-    rank, _ = ouroboros_ranking
+    rank, _, _ = ouroboros_ranking
     alone, spread = rank(1, untimed), rank(2, untimed)
     assert spread[:3] == alone[:3]
     assert alone[2] >= 8 and any(c is not None for c in alone[1]) or untimed == "sweep"
@@ -154,17 +155,17 @@ def test_a_worker_that_dies_loses_its_points_only(ouroboros_ranking, monkeypatch
     predicts them when the same points fail there, and the study's process goes on."""
     import os
     from tuner.predict.ranker import Ranker
-    rank, points = ouroboros_ranking
+    rank, points, _ = ouroboros_ranking
     parent, real = os.getpid(), Ranker.observe
 
-    def failing(self, method, prompts, fresh=True):
+    def failing(self, method, prompts, fresh=True, keep=False):
         if method.drafter.engine.window == 4:
             if os.getpid() != parent:
                 os._exit(3)              # the worker ends
             raise RuntimeError("planted")
-        return real(self, method, prompts, fresh)
+        return real(self, method, prompts, fresh, keep)
     monkeypatch.setattr(Ranker, "observe", failing)
-    alone, (values, cut, _, lines) = rank(1), rank(2)
+    alone, (values, cut, _, lines, _) = rank(1), rank(2)
     assert {j % 2 for j, p in enumerate(points) if p["window"] == 4} == {0}
     for j, point in enumerate(points):
         if point["window"] == 4:
@@ -173,3 +174,28 @@ def test_a_worker_that_dies_loses_its_points_only(ouroboros_ranking, monkeypatch
             assert values[j] == alone[0][j] > float("-inf") and cut[j] == alone[1][j]
     assert sum("not predicted (its untimed worker ended early)" in line for line in lines) == 4
     assert sum("not predicted (RuntimeError: planted)" in line for line in alone[3]) == 4
+
+
+def test_a_trial_pruned_after_its_first_prompts_reads_the_rankings_run(ouroboros_ranking):
+    """A trial the race prunes after its first prompts is predicted on those alone: it reads
+    the ranking's untimed run on them (a survivor's, or a point the halving cut after one
+    prompt) and makes none of its own; what it reads equals a fresh run of the point on those
+    prompts (Ouroboros's pool carries across prompts: a run's first prompts are a fresh run's).
+    A prompt that did not open the run is run anew."""
+    rank, points, prompts = ouroboros_ranking
+    _, cut, _, _, ranker = rank(1)
+    survivor = cut.index(None)
+    once = cut.index(1)
+
+    def shape(generations):
+        return [(g.new_tokens, g.steps, g.accepted, g.forwards) for g in generations]
+    for j, n in ((survivor, 2), (survivor, 1), (once, 1)):
+        params = {**ranker.settings.default, **points[j]}
+        method = ranker.build(params)
+        before = ranker.untimed_runs
+        got = ranker.acceptance(method, prompts[:n], params)
+        assert ranker.untimed_runs == before and len(got) == n
+        assert shape(got) == shape(ranker.observe(method, prompts[:n]))
+    before = ranker.untimed_runs
+    ranker.acceptance(method, [prompts[1]], params)       # the cut point's second prompt
+    assert ranker.untimed_runs == before + 1

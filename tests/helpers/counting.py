@@ -20,18 +20,22 @@ class Counted:
         with open(self.path, "a") as out:        # one short line per call: an atomic append
             out.write(f"{prompts}\n")
 
-    def __iter__(self) -> Iterator[int]:
+    def calls(self) -> list[int]:
+        """The prompts of each call so far, in call order."""
         with open(self.path) as lines:
-            return iter([int(line) for line in lines if line.strip()])
+            return [int(line) for line in lines if line.strip()]
 
-    def __len__(self) -> int:
-        return len(list(self))
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.calls())
+
+    def __len__(self) -> int:                    # not len(list(self)): list() asks len() first
+        return len(self.calls())
 
     def clear(self) -> None:
         open(self.path, "w").close()
 
     def __repr__(self) -> str:
-        return repr(list(self))
+        return repr(self.calls())
 
 
 def count_untimed_runs(monkeypatch: Any) -> Counted:

@@ -66,6 +66,7 @@ class Ranker:
         self.trajectories: dict[str, list[int]] = {}   # vanilla's, per prompt
         self.agreements: dict[str, list[bool]] = {}    # the draft's teacher-forced argmax hits
         self.observed: dict[tuple, list[Any] | None] = {}   # untimed generations, per point
+        self.run_order: dict[tuple, tuple[str, ...]] = {}   # the prompts of each, as run
         self.warned_about: set[Any] = set()   # what a prediction's one-line notice has said
         self.profile = settings.profile       # search.profile, until it fails its check
         self.untimed_runs = 0                 # untimed, traced generations made (per prompt)
@@ -138,8 +139,36 @@ class Ranker:
             return replayed
         key = observed_key(method, params, prompts)
         if key not in self.observed:
-            self.observed[key] = self.observe(method, prompts)
+            part = self.part_observed(method, params, prompts)
+            self.keep(key, prompts, part if part is not None else self.observe(method, prompts))
         return self.observed[key]
+
+    def keep(self, key: tuple, prompts: Sequence[Prompt], generations: list[Any] | None
+             ) -> None:
+        """Untimed ``generations`` of a point on ``prompts`` (in that order), kept under
+        ``key`` (``observed_key``)."""
+        self.observed[key] = generations
+        self.run_order[key] = tuple(p.id for p in prompts)
+
+    def part_observed(self, method: DecodingMethod, params: Mapping[str, Any],
+                      prompts: Sequence[Prompt]) -> list[Any] | None:
+        """The generations on ``prompts`` cut from a longer untimed run of the same point, or
+        None: a trial pruned after its first prompts reads the ranking's run rather than making
+        its own. For a method whose history carries across prompts (``keeps_history``) only
+        a run that began with these prompts, in this order, from a fresh history holds them;
+        otherwise any run on a superset does. At T > 0 the run's generations are seed-major
+        (``observe``), and each seed's are cut alike."""
+        point = observed_key(method, params, prompts)[0]
+        ids = tuple(p.id for p in prompts)
+        for key, order in self.run_order.items():
+            got = self.observed.get(key)
+            if key[0] != point or not got or len(got) % len(order):
+                continue
+            if order[:len(ids)] != ids if method.keeps_history else not set(ids) <= set(order):
+                continue
+            return [got[block + order.index(i)] for block in range(0, len(got), len(order))
+                    for i in ids]
+        return None
 
     def replay(self, method: DecodingMethod, prompts: Sequence[Prompt]
                ) -> list[tuple[int, Any]] | None:
@@ -163,15 +192,16 @@ class Ranker:
         drafter.reset()
         return generations
 
-    def observe(self, method: DecodingMethod, prompts: Sequence[Prompt], fresh: bool = True
-                ) -> list[Any] | None:
+    def observe(self, method: DecodingMethod, prompts: Sequence[Prompt], fresh: bool = True,
+                keep: bool = False) -> list[Any] | None:
         """One untimed generation of ``method`` per prompt, in the order given, from a fresh
         history (``reset``, as after the warm-up), every forward of the target and the draft
         models traced (``tuner.predict.trace``); at T > 0 one such run per seed of
         ``UNTIMED_SEEDS`` seeds after the study's (never the timed runs' own), each generation
         tagged with its seed (the prediction averages them and gives their spread).
-        ``fresh=False`` (T = 0): the method's history goes on from its last run (successive
-        halving adds a prompt to a point's runs as its timed trial comes to it). None where
+        ``fresh=False`` (T = 0): the method's history goes on from its last run; ``keep``: the
+        history is kept after the run (successive halving adds a prompt to a point's runs as
+        its timed trial comes to it: the first fresh and kept, the later ones go on). None where
         its forwards cannot all be priced (a method not ``traceable``; a draft that is the
         target, whose forwards cannot be told apart: said once)."""
         from tuner.predict.trace import UNTIMED_SEEDS, untimed_runs
@@ -193,7 +223,7 @@ class Ranker:
         self.untimed_runs += len(ids) * len(seeds)
         try:
             return [g for seed in seeds for g in untimed_runs(
-                method, ids, models, s.budget["max_new_tokens"], seed, fresh=fresh)]
+                method, ids, models, s.budget["max_new_tokens"], seed, fresh=fresh, keep=keep)]
         finally:
             method.use_compiled(self.compiled)
 
@@ -301,7 +331,7 @@ class Ranker:
             own, self.say = self.say, say
             before = self.untimed_runs
             try:
-                got = self.observe(halved[order[j]][0], [prompts[k]], fresh=k == 0)
+                got = self.observe(halved[order[j]][0], [prompts[k]], fresh=k == 0, keep=True)
             finally:
                 self.say = own
             return got or [], self.untimed_runs - before
@@ -356,8 +386,9 @@ class Ranker:
         for j, i in enumerate(order):
             method, params = halved[i]
             values[i], cut[i] = halving.values[j], halving.cut[j]
-            if cut[i] is None and runs[i]:         # a timed trial of it reuses these runs
-                self.observed[observed_key(method, params, prompts)] = runs[i]
+            if runs[i]:     # a timed trial of it reuses these runs (of a cut point: on the
+                seen = prompts[:len(runs[i])]      # prompts it saw, should its trial be pruned)
+                self.keep(observed_key(method, params, seen), seen, runs[i])
             method.reset()
             on_point(i, values[i], cut[i])
         return values, cut

@@ -103,14 +103,15 @@ UNTIMED_SEEDS = 3      # T > 0: seeded untimed runs per prediction (an average, 
 
 def untimed_runs(method: Any, prompts: Sequence[Sequence[int]],
                  models: Sequence[tuple[str, nn.Module]],
-                 max_new_tokens: int, seed: int | None = None, fresh: bool = True
-                 ) -> list[TracedGeneration]:
+                 max_new_tokens: int, seed: int | None = None, fresh: bool = True,
+                 keep: bool = False) -> list[TracedGeneration]:
     """One generation of ``method`` per prompt, in order, from a fresh history (``reset``
     before, as a timed run starts after its warm-up, and after), every forward of ``models``
     traced. The method must run eagerly (a compiled target's graphs bypass the hooks).
     ``seed``: sample with this seed instead of the method's own (T > 0; restored after).
-    ``fresh=False``: the history goes on from the method's last generation and is kept after
-    (a ranking adding one prompt at a time, ``tuner.predict.halving``)."""
+    ``fresh=False``: the history goes on from the method's last generation; ``keep=True``: it
+    is kept after (a ranking adding one prompt at a time, ``tuner.predict.halving``: its first
+    prompt's run is fresh and kept, each later one goes on and is kept)."""
     from decoding import generate
     own = method.seed
     if seed is not None:
@@ -126,7 +127,7 @@ def untimed_runs(method: Any, prompts: Sequence[Sequence[int]],
                                                 out.stats.accepted, tuple(forwards), seed))
     finally:
         method.seed = own
-        if fresh:
+        if not keep:
             method.reset()
     return generations
 
