@@ -602,6 +602,10 @@ def test_a_raced_ranking_of_a_history_carrying_method_is_reused_by_its_trials(
     raced = [t for t in study.get_trials() if t.user_attrs.get("stage") == "race"]
     assert raced and all(t.user_attrs["prediction_s"] < 0.5 for t in raced
                          if t.params not in cut), [(t.params, t.user_attrs) for t in raced]
+    # what the ranking's runs (read by the trials) predict a trial accepts is what it accepted
+    for t in raced + [t for t in study.get_trials() if t.user_attrs.get("stage") == "default"]:
+        assert t.user_attrs["predicted_mean_accepted_tokens"] == \
+            pytest.approx(t.user_attrs["mean_accepted_tokens"]), (t.params, t.user_attrs)
     # the ranking's 8 + 4 (trial 0's prediction, made after it, reads it too); a trial of a
     # point cut by the halving after 1 prompt makes its own 2, a survivor's none, and a trial
     # the race pruned after its first prompt none (it reads the ranking's run on that prompt)
