@@ -65,8 +65,8 @@ class Ranker:
         self.prompts = {p.id: p for p in settings.tuning + settings.held_out}
         self.trajectories: dict[str, list[int]] = {}   # vanilla's, per prompt
         self.agreements: dict[str, list[bool]] = {}    # the draft's teacher-forced argmax hits
-        self.observed: dict[tuple, list[Any] | None] = {}   # untimed generations, per point
-        self.run_order: dict[tuple, tuple[str, ...]] = {}   # the prompts of each, as run
+        # untimed generations per point (observed_key): the prompts' ids as run, the generations
+        self.observed: dict[tuple, tuple[tuple[str, ...], list[Any] | None]] = {}
         self.warned_about: set[Any] = set()   # what a prediction's one-line notice has said
         self.profile = settings.profile       # search.profile, until it fails its check
         self.untimed_runs = 0                 # untimed, traced generations made (per prompt)
@@ -141,14 +141,13 @@ class Ranker:
         if key not in self.observed:
             part = self.part_observed(method, params, prompts)
             self.keep(key, prompts, part if part is not None else self.observe(method, prompts))
-        return self.observed[key]
+        return self.observed[key][1]
 
     def keep(self, key: tuple, prompts: Sequence[Prompt], generations: list[Any] | None
              ) -> None:
         """Untimed ``generations`` of a point on ``prompts`` (in that order), kept under
         ``key`` (``observed_key``)."""
-        self.observed[key] = generations
-        self.run_order[key] = tuple(p.id for p in prompts)
+        self.observed[key] = (tuple(p.id for p in prompts), generations)
 
     def part_observed(self, method: DecodingMethod, params: Mapping[str, Any],
                       prompts: Sequence[Prompt]) -> list[Any] | None:
@@ -160,8 +159,7 @@ class Ranker:
         (``observe``), and each seed's are cut alike."""
         point = observed_key(method, params, prompts)[0]
         ids = tuple(p.id for p in prompts)
-        for key, order in self.run_order.items():
-            got = self.observed.get(key)
+        for key, (order, got) in self.observed.items():
             if key[0] != point or not got or len(got) % len(order):
                 continue
             if order[:len(ids)] != ids if method.keeps_history else not set(ids) <= set(order):
