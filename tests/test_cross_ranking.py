@@ -1,4 +1,4 @@
-"""Every method's points ranked by one profile on one loaded pair (tuner.predict.ranker:
+"""Every method's points ranked by one profile on one loaded pair (tuner.predict.across,
 ``Ranker.for_method``, ``rank_methods``): planted costs decide which method the ranking puts
 first, "off" when every method is planted slower than vanilla, and a tie goes to the cheaper
 deployment (tuner.search.racing.CHEAPER_DEPLOYMENT_FIRST). Predictions price deterministic
@@ -33,7 +33,7 @@ def members_of():
     heuristic grids, 2 tuning prompts x 24 tokens; the models load once."""
     from tuner.engines.inprocess import HFEvaluator
     from tuner.measure.timing import time_generation
-    from tuner.predict.ranker import rank_methods
+    from tuner.predict.across import rank_methods
     from tuner.search.plans import GridPlan
     from tuner.study.settings import StudySettings
     from tuner.study.union import method_union
@@ -45,7 +45,7 @@ def members_of():
     union = method_union(cfg, METHODS)
     assert {m.name for m in union.members} == set(METHODS)
 
-    def rank(profile, cheaper_first=CHEAPER_DEPLOYMENT_FIRST):
+    def rank(profile, cheaper_first=CHEAPER_DEPLOYMENT_FIRST, rankers=None, say=None):
         members = {}
         for member in union.members:
             cfg_m = member.method
@@ -55,7 +55,10 @@ def members_of():
             default = {k: v for k, v in cfg_m["params"].items() if k in space}
             members[member.name] = (ranker, GridPlan(space, default, "heuristic",
                                                      settings.task.task_class).points)
-        return rank_methods(members, list(settings.tuning), lambda line: None, cheaper_first)
+            if rankers is not None:
+                rankers[member.name] = ranker
+        return rank_methods(members, list(settings.tuning), say or (lambda line: None),
+                            cheaper_first)
     return rank, {m.name: m.method for m in union.members}
 
 
@@ -75,6 +78,31 @@ def test_every_method_planted_slower_answers_off(members_of):
     assert all(m.best_value < 1.0 for m in ranking.methods)
     assert ranking.answer() == "off"
     assert ranking.lines()[-1] == "  predicted answer: off"
+
+
+def test_a_method_below_half_the_leader_on_its_first_prompt_stops_there(members_of,
+                                                                        monkeypatch):
+    """Wide forwards planted dear (k rows cost k forwards): lookahead, predicted from untimed
+    runs, is ranked after the replayed methods and falls below the floor (the leader, vanilla
+    1.00x at least, over FLOOR_REACH) on its first prompt: its sweep stops there, with fewer
+    untimed runs than without the floor (FLOOR_REACH made infinite), and the same answer."""
+    rank, _ = members_of
+    dear = planted((0.010, 2.56), 0.001, 0.0)
+    lines, rankers = [], {}
+    floored = rank(dear, rankers=rankers, say=lines.append)
+    runs = rankers["lookahead"].untimed_runs
+    said = [x.split("=")[1].split(":")[0] for x in lines if x.startswith("ranking method=")]
+    assert said[-1] == "lookahead", said          # the only member needing untimed runs: last
+    monkeypatch.setattr("tuner.predict.across.FLOOR_REACH", float("inf"))
+    free_rankers = {}
+    free = rank(dear, rankers=free_rankers)
+    ahead = {m.name: m for m in floored.methods}["lookahead"]
+    assert ahead.best is None and all(c == 1 or c == 0 for c in ahead.cut), ahead.cut
+    assert max(ahead.values) < max(1.0, floored.methods[0].best_value) / 2
+    assert 0 < runs < free_rankers["lookahead"].untimed_runs, \
+        (runs, free_rankers["lookahead"].untimed_runs)
+    assert {m.name: m for m in free.methods}["lookahead"].best is not None
+    assert floored.answer() == free.answer()
 
 
 def test_a_free_draft_puts_a_draft_method_first_and_ties_go_to_the_cheaper_deployment(

@@ -258,10 +258,10 @@ def test_a_reading_moved_by_the_machine_is_measured_again_before_it_refuses(
     from dataclasses import replace
 
     from tests.conftest import load_study, run_study
-    from tuner.predict.ranker import Ranker
-    real = Ranker._trial_0_shapes
-    monkeypatch.setattr(Ranker, "_trial_0_shapes", lambda self, pairs: {
-        i: replace(g, decode_s=1.6 * g.decode_s) for i, g in real(self, pairs).items()})
+    from tuner.predict import check
+    real = check.trial_0_generations
+    monkeypatch.setattr(check, "trial_0_generations", lambda profile, ids, pairs: {
+        i: replace(g, decode_s=1.6 * g.decode_s) for i, g in real(profile, ids, pairs).items()})
     monkeypatch.chdir(tmp_path)
     run_study(tmp_path, *STUDY, f"search.profile={default_profile}")
     out = capsys.readouterr().out

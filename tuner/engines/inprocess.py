@@ -38,7 +38,8 @@ from tuner.measure.measurement import Measurement
 from tuner.measure.paired import assess, measure_pairs
 from tuner.measure.quality import mean_log_prob
 from tuner.measure.timing import Timer, reset_peak_memory, time_generation
-from tuner.predict.ranker import Ranker, UnionRanker
+from tuner.predict.across import UnionRanker
+from tuner.predict.ranker import Ranker
 
 if TYPE_CHECKING:
     from tuner.tasks.task import Prompt

@@ -34,9 +34,9 @@
    profile of the default, made a minute before, read +40.3 % on a CI machine and +23.9 % in a
    local serial suite (each passed when run again), and this 2-core Xeon's profile rounds took
    23-41 s within ten minutes with other processes at 0-1 % of the CPUs. So a decisive reading
-   beyond the bound is measured once more (``Ranker.confirm_profile``): vanilla decoded again on
-   trial 0's prompts, each generation between two timings of its 1-row forward (their mean its
-   unit), so that a drift has seconds, not minutes, to act; that reading decides. A profile
+   beyond the bound is measured once more (``confirm_against_trial_0``): vanilla decoded again
+   on trial 0's prompts, each generation between two timings of its 1-row forward (their mean
+   its unit), so that a drift has seconds, not minutes, to act; that reading decides. A profile
    truly off (the +73 ms case) reads beyond the bound both times.
 3. **Order** (``inversions``, when an engine's profile is made, and at the batch size where
    ``python -m tuner.watch`` prices a decision). Prices between k are read from the cells by
@@ -54,12 +54,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from tuner.predict.loops import BUSY_THRESHOLD
 
 if TYPE_CHECKING:
+    from tuner.measure.evaluator import Paired
     from tuner.predict.loops import LoopFit
     from tuner.predict.surface import HardwareProfile
 
@@ -187,3 +188,60 @@ def vanilla_check(profile: HardwareProfile, runs: Sequence[VanillaGeneration],
     measured = sum(r.decode_s for r in runs)
     measured_units = sum(r.decode_tokens * r.one_row_s for r in runs)
     return VanillaCheck(price / price_units, measured / measured_units, measured, bound)
+
+
+def trial_0_generations(profile: HardwareProfile | None, ids: Mapping[str, Sequence[int]],
+                        pairs: Sequence[Paired]) -> dict[str, VanillaGeneration]:
+    """Trial 0's vanilla decode phases by prompt id (a cycled prompt: once), their 1-row
+    forward not yet timed; empty where ``profile`` is not a measured one (a roofline is not
+    checked) or nothing decoded. ``ids``: every study prompt's token ids by prompt id."""
+    if profile is None or profile.kind != "measured":
+        return {}
+    runs = {p.baseline.prompt_id: p.baseline for p in pairs}
+    return {i: VanillaGeneration(len(ids[i]), m.decode_tokens, m.decode_s, 0.0)
+            for i, m in runs.items() if m.decode_tokens and m.decode_s is not None}
+
+
+def one_row_seconds(target: Any, contexts: Sequence[int]) -> dict[int, float]:
+    """``target``'s 1-row forward after each of ``contexts`` cached tokens, timed now
+    (``tuner.predict.loops.measure_surface``, ``ONE_ROW_ROUNDS`` rounds)."""
+    from tuner.predict.loops import measure_surface
+    contexts = sorted(set(contexts))
+    now = measure_surface(target, contexts=contexts, rows=(1,), prefill=(),
+                          repeats=ONE_ROW_ROUNDS)
+    return dict(zip(contexts, (line[0] for line in now.seconds)))
+
+
+def check_against_trial_0(profile: HardwareProfile | None, target: Any,
+                          ids: Mapping[str, Sequence[int]], pairs: Sequence[Paired]
+                          ) -> VanillaCheck | None:
+    """``profile``'s vanilla against trial 0's measured vanilla (``pairs``), each per 1-row
+    forward of ``target`` at the generation's middle context: the profile's own cell, and the
+    same forward timed now. None where nothing is checked (``trial_0_generations``)."""
+    shapes = list(trial_0_generations(profile, ids, pairs).values())
+    if not shapes:
+        return None
+    one_row = one_row_seconds(target, [g.context() for g in shapes])
+    return vanilla_check(profile, [replace(g, one_row_s=one_row[g.context()]) for g in shapes])
+
+
+def confirm_against_trial_0(profile: HardwareProfile | None, target: Any,
+                            ids: Mapping[str, Sequence[int]], pairs: Sequence[Paired],
+                            vanilla: Callable[[str], tuple[float, int]] | None
+                            ) -> VanillaCheck | None:
+    """The check again on trial 0's prompts, vanilla timed now as a trial times it
+    (``vanilla(prompt_id)``: its decode seconds and tokens), each generation between two
+    timings of its 1-row forward (their mean its unit): a machine whose speed moved between
+    trial 0 and the forwards timed after it cannot decide this reading ("Confirmed before it
+    is refused" above). None where nothing can be run."""
+    shapes = trial_0_generations(profile, ids, pairs)
+    if not shapes or vanilla is None:
+        return None
+    runs = []
+    for prompt_id, shape in shapes.items():
+        before = one_row_seconds(target, [shape.context()])[shape.context()]
+        decode_s, decode_tokens = vanilla(prompt_id)
+        after = one_row_seconds(target, [shape.context()])[shape.context()]
+        runs.append(VanillaGeneration(shape.prompt_len, decode_tokens, decode_s,
+                                      (before + after) / 2))
+    return replace(vanilla_check(profile, runs), again=True)

@@ -7,9 +7,20 @@ prediction on the prompts seen, adds the next prompt for the survivors, and so o
 survivors have seen every prompt (Jamieson & Talwalkar, AISTATS 2016; Li et al., JMLR 2018,
 Hyperband's inner loop, with prompts as the resource). At T = 0 each untimed run's counts are
 deterministic, so every cut is exact *for the prompts seen*; what it can miss is a point behind
-on the first prompts and ahead on the later ones (``tests/test_halving.py`` measures how often
+on the first prompts and ahead on the later ones (``tests/test_racing.py`` measures how often
 on per-prompt predictions resampled from a real study). A point cut after k prompts keeps its
 prediction on those k (the ranking places it after every survivor).
+
+**A floor** (a ranking across methods, ``tuner.predict.across``): where another method's point
+(or vanilla, 1.00x) is already predicted on every prompt, a point whose prediction on the
+prompts it has seen is below that leader / ``FLOOR_REACH`` is cut after the round, whatever
+η keeps; a sweep whose stage leaves no point above the floor stops there. ``FLOOR_REACH`` is
+the most a point's figure over every prompt was found to exceed its figure on one prompt, with
+room: over the 1,000 (point, prompt) pairs of per-prompt measured speedups in ``bench/``'s
+results (4-prompt studies of the default pair, 2026-11), the geometric mean over a point's
+prompts was at most 1.84x its figure on one prompt (99th percentile 1.48x; median 1.00x).
+Measured figures carry timing noise on top of the prompts' own spread; a prediction carries
+only the latter, so the bound is loose for predictions.
 """
 
 from __future__ import annotations
@@ -17,6 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
+FLOOR_REACH = 2.0      # a point's figure on every prompt over its figure on the prompts seen
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,7 @@ class Round:
     prompts: int
     ran: int
     kept: int
+    floored: int = 0                   # of those not kept, cut by the floor (not by η)
 
 
 @dataclass(frozen=True)
@@ -40,8 +54,15 @@ class Halving:
         """Untimed generations made (points × prompts run)."""
         return sum(r.ran for r in self.rounds)
 
+    @property
+    def floored(self) -> bool:
+        """Every point still running was cut by the floor (none can beat the leader)."""
+        return bool(self.rounds) and self.rounds[-1].kept == 0 and self.rounds[-1].floored > 0
+
     def line(self) -> str:
-        kept = ", ".join(f"{r.ran} on prompt {r.prompts} kept {r.kept}" for r in self.rounds)
+        kept = ", ".join(f"{r.ran} on prompt {r.prompts} kept {r.kept}" +
+                         (f" ({r.floored} below the floor)" if r.floored else "")
+                         for r in self.rounds)
         full = len(self.values) * (self.rounds[-1].prompts if self.rounds else 0)
         return (f"successive halving: {kept}; {self.runs()} untimed runs instead of {full}")
 
@@ -61,11 +82,13 @@ def successive_halving(n_points: int, n_prompts: int, run: Callable[[int, int], 
                        score: Callable[[int, int], float], eta: int = 2,
                        keep_at_least: int = 3,
                        on_round: Callable[[Round], None] = lambda r: None,
-                       run_round: RunRound | None = None) -> Halving:
+                       run_round: RunRound | None = None,
+                       floor: float = -math.inf) -> Halving:
     """``run(i, k)``: point i's untimed run on prompt k (0-based; prompts in order, each point's
     history continuing from its prompt k − 1); ``score(i, n)``: point i's prediction on its
     first n prompts (-inf where it failed). After each round but the last, the best
-    ⌈alive/η⌉ (at least ``keep_at_least``) are kept; ties keep the grid's order.
+    ⌈alive/η⌉ (at least ``keep_at_least``) are kept; ties keep the grid's order; a point
+    predicted below ``floor`` on the prompts it saw is not kept (module docstring: a floor).
     ``on_round``: after each round (progress). ``run_round(points, k)``: a round's runs at
     once (``tuner.predict.workers``: on every core), in place of ``run`` one by one."""
     run_round = run_round or one_by_one(run)
@@ -80,15 +103,18 @@ def successive_halving(n_points: int, n_prompts: int, run: Callable[[int, int], 
         for i in alive:
             values[i] = score(i, k + 1)
         live = [i for i in alive if values[i] > -math.inf]
+        floored = 0
         if k == n_prompts - 1:
             keep = live
         else:
             best_first = sorted(live, key=lambda i: -values[i])     # stable: grid order on ties
             keep = sorted(best_first[: max(keep_at_least, math.ceil(len(alive) / eta))])
+            floored = sum(values[i] < floor for i in keep)
+            keep = [i for i in keep if values[i] >= floor]
         for i in alive:
             if i not in keep:
                 cut[i] = k + 1
-        rounds.append(Round(k + 1, len(alive), len(keep)))
+        rounds.append(Round(k + 1, len(alive), len(keep), floored))
         on_round(rounds[-1])
         alive = keep
         if not alive:
@@ -133,11 +159,17 @@ class Sweep:
     def runs(self) -> int:
         return sum(h.runs() for _, h in self.stages)
 
+    @property
+    def floored(self) -> bool:
+        """The sweep ended at a stage the floor cut whole."""
+        return bool(self.stages) and self.stages[-1][1].floored
+
     def line(self, n_prompts: int, runs: str = "untimed runs") -> str:
         swept = ", ".join(f"{name} over {len(h.values)} values" for name, h in self.stages)
+        end = "; stopped there: no point above the floor" if self.floored else ""
         return (f"Algorithm 1 sweep ({swept or 'one point'}), each stage by successive halving: "
                 f"{sum(c != 0 for c in self.cut)} of {len(self.values)} points predicted, "
-                f"{self.runs()} {runs} instead of {len(self.values) * n_prompts}")
+                f"{self.runs()} {runs} instead of {len(self.values) * n_prompts}{end}")
 
 
 def swept(points: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -157,7 +189,7 @@ def coordinate_sweep(points: Sequence[Mapping[str, Any]], start: int, n_prompts:
                      run: Callable[[int, int], None], score: Callable[[int, int], float],
                      eta: int = 2, keep_at_least: int = 2,
                      on_stage: Callable[[str, Halving], None] = lambda name, h: None,
-                     run_round: RunRound | None = None) -> Sweep:
+                     run_round: RunRound | None = None, floor: float = -math.inf) -> Sweep:
     """Ouroboros Appendix B.2's Algorithm 1 on predictions: from point ``start``, each
     parameter that varies over ``points`` (in their key order) is swept over the points that
     differ from the current one in it alone, by successive halving over the prompts; the best
@@ -165,7 +197,9 @@ def coordinate_sweep(points: Sequence[Mapping[str, Any]], start: int, n_prompts:
     point run on prompt k already is not run again: the current point's runs carry over to
     the next stage). A point no stage reached is cut at 0 prompts (-inf). Coordinate descent:
     a joint optimum the sweep does not pass through is missed, as the paper's heuristic does.
-    ``run_round(points, k)``: a round's runs at once (as ``successive_halving``'s)."""
+    ``run_round(points, k)``: a round's runs at once (as ``successive_halving``'s). ``floor``:
+    each stage's (``successive_halving``); a stage that leaves no point above it ends the
+    sweep (``Sweep.floored``: the later stages' points are cut at 0 prompts)."""
     run_round = run_round or one_by_one(run)
     names = swept(points)
     values = [-math.inf] * len(points)
@@ -181,7 +215,8 @@ def coordinate_sweep(points: Sequence[Mapping[str, Any]], start: int, n_prompts:
         halving = successive_halving(
             len(group), n_prompts, lambda j, k: run(group[j], k),
             lambda j, n: score(group[j], n), eta, keep_at_least,
-            run_round=lambda js, k, group=group: run_round([group[j] for j in js], k))
+            run_round=lambda js, k, group=group: run_round([group[j] for j in js], k),
+            floor=floor)
         for j, i in enumerate(group):
             if cut[i] is None and halving.cut[j] is not None:
                 continue                    # seen in full in an earlier stage: kept so
@@ -192,10 +227,13 @@ def coordinate_sweep(points: Sequence[Mapping[str, Any]], start: int, n_prompts:
             current = group[max(whole, key=lambda j: (halving.values[j], group[j] == current))]
         stages.append((name, halving))
         on_stage(name, halving)
+        if halving.floored:
+            break
     if not stages and points:               # nothing varies: the one point, in full
         halving = successive_halving(1, n_prompts, lambda j, k: run(start, k),
                                      lambda j, n: score(start, n), eta, keep_at_least,
-                                     run_round=lambda js, k: run_round([start], k))
+                                     run_round=lambda js, k: run_round([start], k),
+                                     floor=floor)
         values[start], cut[start] = halving.values[0], halving.cut[0]
         stages.append(("", halving))
     return Sweep(tuple(values), tuple(cut), tuple(stages))

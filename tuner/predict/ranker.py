@@ -7,8 +7,9 @@ method's acceptance replays: ``decoding.replay``; else from untimed, traced runs
 ``tuner.predict.trace``), prices it by the hardware profile (``tuner.predict.predict``) and
 ranks many points at once (``rank_points``: replay where exact, successive halving where
 untimed runs are needed, approximate then exact for draft-model chains). It also checks the
-profile against trial 0's vanilla (``check_profile``), prices vanilla for a search's cost
-(``vanilla_price``) and predicts a measured trial's speedup (``trial_prediction``).
+profile against trial 0's vanilla (``check_profile``: ``tuner.predict.check``), prices
+vanilla for a search's cost (``vanilla_price``) and predicts a measured trial's speedup
+(``trial_prediction``). Many methods' rankers together: ``tuner.predict.across``.
 
 Who calls it, explicitly: ``tuner.run`` asks the evaluator for its ranker once the models are
 loaded (``Evaluator.ranker()``; None for an engine server, whose prediction is per level from
@@ -24,7 +25,7 @@ import json
 import statistics
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
@@ -272,7 +273,8 @@ class Ranker:
     def rank_points(self, points: Sequence[Mapping[str, Any]], prompts: Sequence[Prompt],
                     known: Mapping[int, tuple[float, int | None]] | None = None,
                     on_point: Callable[[int, float, int | None], None] =
-                    lambda i, value, cut: None) -> tuple[list[float], list[int | None]]:
+                    lambda i, value, cut: None, floor: float = float("-inf")
+                    ) -> tuple[list[float], list[int | None]]:
         """``search=predict``'s ranking: every point's predicted speedup on ``prompts`` (in
         that order: a method that carries history runs them so, as its timed trials do) and,
         per point, the prompts it saw where successive halving cut it (None: all). Points whose
@@ -280,7 +282,9 @@ class Ranker:
         prompt) go through successive halving at T = 0 (``tuner.predict.halving``: every point
         on the first prompt, the best half kept for the next, ...; the rounds said), one full
         run per point at T > 0. ``known``: what an interrupted ranking kept, {index: (value,
-        cut)}; ``on_point(i, value, cut)`` once a point's value is final."""
+        cut)}; ``on_point(i, value, cut)`` once a point's value is final. ``floor``: a halved
+        point predicted below it on the prompts seen is cut (``tuner.predict.halving``, a
+        floor: a ranking across methods sets it from its leader so far)."""
         from tuner.predict.halving import coordinate_sweep, successive_halving
         known = dict(known or {})
         prompts = list(prompts)
@@ -375,11 +379,12 @@ class Ranker:
                              f"runs ({time.perf_counter() - began:.0f} s so far)")
                 ordered = [points[i] for i in order]
                 halving = coordinate_sweep(ordered, self._start(ordered), len(prompts), run,
-                                           score, on_stage=stage, run_round=run_round)
+                                           score, on_stage=stage, run_round=run_round,
+                                           floor=floor)
                 self.say(f"  {halving.line(len(prompts))}")
             else:
                 halving = successive_halving(len(order), len(prompts), run, score,
-                                             on_round=said, run_round=run_round)
+                                             on_round=said, run_round=run_round, floor=floor)
                 self.say(f"  {halving.line()}")
         for j, i in enumerate(order):
             method, params = halved[i]
@@ -476,6 +481,16 @@ class Ranker:
             values[i], cut[i] = two.values[j], None if two.exact[j] else 0
             on_point(i, values[i], cut[i])
 
+    def needs_untimed(self, points: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether ranking ``points`` takes untimed runs (``halves``), judged by the first one
+        the method builds (a method's points share how they are predicted)."""
+        for point in points:
+            try:
+                return self.halves(self.build({**self.settings.default, **point}))
+            except ParametersRefused:
+                continue
+        return False
+
     def halves(self, method: DecodingMethod) -> bool:
         """Whether a ranking predicts ``method`` by successive halving: its acceptance needs
         untimed runs (no replay), they can be traced, and T = 0 (counts deterministic)."""
@@ -489,54 +504,17 @@ class Ranker:
             self.say(f"  {dict(point)}: not predicted ({type(err).__name__}: {err})")
             return float("-inf")
     def check_profile(self, pairs: Sequence[Paired]) -> Any:
-        """``search.profile``'s vanilla against the default's (trial 0's) measured vanilla,
-        each per 1-row forward at the generation's middle context: the profile's own cell, and
-        the same forward timed now (``tuner.predict.loops.measure_surface``, 10 rounds)."""
-        from tuner.predict.check import vanilla_check
-        shapes = list(self._trial_0_shapes(pairs).values())
-        if not shapes:
-            return None
-        one_row = self._one_row([g.context() for g in shapes])
-        return vanilla_check(self.profile, [replace(g, one_row_s=one_row[g.context()])
-                                            for g in shapes])
+        """``search.profile``'s vanilla against the default's (trial 0's) measured vanilla
+        (``tuner.predict.check.check_against_trial_0``); None where nothing is checked."""
+        from tuner.predict.check import check_against_trial_0
+        return check_against_trial_0(self.profile, self.pair.target, self.ids, pairs)
 
     def confirm_profile(self, pairs: Sequence[Paired]) -> Any:
-        """The check again on trial 0's prompts, vanilla timed now (as a trial times it), each
-        generation between two timings of its 1-row forward (their mean is its unit): a machine
-        whose speed moved between trial 0 and the forwards timed after it cannot decide this
-        reading (``tuner.predict.check``, "Confirmed before it is refused"). None where nothing
-        can be run."""
-        from tuner.predict.check import VanillaGeneration, vanilla_check
-        shapes = self._trial_0_shapes(pairs)
-        if not shapes or self.vanilla is None:
-            return None
-        runs = []
-        for prompt_id, shape in shapes.items():
-            before = self._one_row([shape.context()])[shape.context()]
-            decode_s, decode_tokens = self.vanilla(prompt_id)
-            after = self._one_row([shape.context()])[shape.context()]
-            runs.append(VanillaGeneration(shape.prompt_len, decode_tokens, decode_s,
-                                          (before + after) / 2))
-        return replace(vanilla_check(self.profile, runs), again=True)
-
-    def _trial_0_shapes(self, pairs: Sequence[Paired]) -> dict[str, Any]:
-        """Trial 0's vanilla decode phases by prompt id (a cycled prompt: once); empty where
-        the profile is not a measured one (a roofline is not checked) or nothing decoded."""
-        from tuner.predict.check import VanillaGeneration
-        if self.profile is None or self.profile.kind != "measured":
-            return {}
-        runs = {p.baseline.prompt_id: p.baseline for p in pairs}
-        return {i: VanillaGeneration(len(self.ids[i]), m.decode_tokens, m.decode_s, 0.0)
-                for i, m in runs.items() if m.decode_tokens and m.decode_s is not None}
-
-    def _one_row(self, contexts: Sequence[int]) -> dict[int, float]:
-        """The target's 1-row forward after each of ``contexts`` cached tokens, timed now."""
-        from tuner.predict.check import ONE_ROW_ROUNDS
-        from tuner.predict.loops import measure_surface
-        contexts = sorted(set(contexts))
-        now = measure_surface(self.pair.target, contexts=contexts, rows=(1,), prefill=(),
-                              repeats=ONE_ROW_ROUNDS)
-        return dict(zip(contexts, (line[0] for line in now.seconds)))
+        """The check again, vanilla decoded now beside its 1-row forwards
+        (``tuner.predict.check.confirm_against_trial_0``); None where nothing can be run."""
+        from tuner.predict.check import confirm_against_trial_0
+        return confirm_against_trial_0(self.profile, self.pair.target, self.ids, pairs,
+                                       self.vanilla)
 
     def refuse_profile(self, line: str) -> None:
         """Stop predicting by ``search.profile`` (it failed its check: ``line`` says why)."""
@@ -552,159 +530,3 @@ class Ranker:
         overhead = profile.step_overhead_s.get("vanilla", 0.0)
         return [vanilla_forward_seconds(profile.target, len(self.ids[p.id]), budget, overhead)
                 for p in self.settings.tuning]
-
-
-@dataclass(frozen=True)
-class MethodRanking:
-    """One method's points ranked by prediction (``rank_methods``)."""
-
-    name: str                                   # the conf/method file
-    points: tuple[Mapping[str, Any], ...]       # its searched points, as given
-    values: tuple[float, ...]                   # predicted speedup per point (-inf: none)
-    cut: tuple[int | None, ...]                 # prompts seen where halving cut it (None: all)
-    seconds: float                              # the ranking's wall time for this method
-
-    @property
-    def predicted(self) -> int:
-        """Points with a prediction."""
-        return sum(v != float("-inf") for v in self.values)
-
-    @property
-    def best(self) -> int | None:
-        """Index of the best point predicted on every prompt (None: none was)."""
-        whole = [i for i, c in enumerate(self.cut) if c is None and
-                 self.values[i] != float("-inf")]
-        return max(whole, key=lambda i: self.values[i]) if whole else None
-
-    @property
-    def best_value(self) -> float:
-        return float("-inf") if self.best is None else self.values[self.best]
-
-
-@dataclass(frozen=True)
-class CrossRanking:
-    """Every method's ranking, best first; ties to the cheaper deployment (``cheaper_first``)."""
-
-    methods: tuple[MethodRanking, ...]
-
-    def answer(self) -> str:
-        """The method predicted best, or ``off`` where none is predicted faster than vanilla
-        (1.00x on the same profile)."""
-        top = self.methods[0] if self.methods else None
-        return top.name if top is not None and top.best_value > 1.0 else "off"
-
-    def lines(self) -> list[str]:
-        out = []
-        for m in self.methods:
-            best = "not predicted" if m.best is None else \
-                f"{m.best_value:.3f}x at {dict(m.points[m.best])}"
-            out.append(f"  {m.name:<14} {best} ({m.predicted} of {len(m.points)} points "
-                       f"predicted, {m.seconds:.1f} s)")
-        return out + [f"  predicted answer: {self.answer()}"]
-
-
-def rank_member(name: str, ranker: Ranker, points: Sequence[Mapping[str, Any]],
-                prompts: Sequence[Prompt],
-                known: Mapping[int, tuple[float, int | None]] | None = None,
-                on_point: Callable[[int, float, int | None], None] = lambda i, value, cut: None
-                ) -> MethodRanking:
-    """One method's points ranked by its ranker (``Ranker.rank_points``), timed."""
-    began = time.perf_counter()
-    values, cut = ranker.rank_points(points, prompts, known, on_point)
-    return MethodRanking(name, tuple(dict(p) for p in points), tuple(values), tuple(cut),
-                         time.perf_counter() - began)
-
-
-def rank_methods(members: Mapping[str, tuple[Ranker, Sequence[Mapping[str, Any]]]],
-                 prompts: Sequence[Prompt], say: Callable[[str], None],
-                 cheaper_first: Sequence[str] = ()) -> CrossRanking:
-    """Every member's points ranked by one profile (each member's own ``Ranker.rank_points``:
-    replay, halving, two fidelities), the methods ordered by their best prediction; equal
-    predictions go to the method earlier in ``cheaper_first`` (the cheaper deployment), then
-    by name. ``members``: {method name: (its ranker, its searched points)}."""
-    order = {name: i for i, name in enumerate(cheaper_first)}
-    ranked = []
-    for name, (ranker, points) in members.items():
-        say(f"ranking method={name}: {len(points)} points ...")
-        ranked.append(rank_member(name, ranker, points, prompts))
-    ranked.sort(key=lambda m: (-m.best_value, order.get(m.name, len(order)), m.name))
-    return CrossRanking(tuple(ranked))
-
-
-class UnionRanker:
-    """A union of methods' ranker (``tuner.config.union``): each point to its member's own
-    ranker (``Ranker.for_method``: vanilla's trajectories, the draft's agreements and the
-    profile shared); the profile's check and vanilla's price are the members' common ones."""
-
-    def __init__(self, method: Mapping[str, Any], base: Ranker,
-                 members: Mapping[str, Ranker]) -> None:
-        self.method, self.base, self.members = method, base, dict(members)
-
-    @property
-    def profile(self) -> Any:
-        return self.base.profile
-
-    @profile.setter
-    def profile(self, profile: Any) -> None:      # made again (search.profile=auto): for all
-        for ranker in (self.base, *self.members.values()):
-            ranker.profile = profile
-
-    def refuse_profile(self, line: str) -> None:
-        for ranker in (self.base, *self.members.values()):
-            ranker.refuse_profile(line)
-
-    def check_profile(self, pairs: Sequence[Paired]) -> Any:
-        return self.base.check_profile(pairs)
-
-    def confirm_profile(self, pairs: Sequence[Paired]) -> Any:
-        return self.base.confirm_profile(pairs)
-
-    def vanilla_price(self, profile: Any) -> list[float] | None:
-        return self.base.vanilla_price(profile)
-
-    def split(self, params: Mapping[str, Any]) -> tuple[Ranker, dict[str, Any]]:
-        """The member's ranker and its own parameters of a union's point."""
-        from tuner.config.union import member_of
-        name, _, own = member_of(self.method, params)
-        return self.members[name], own
-
-    def trial_prediction(self, params: Mapping[str, Any], pairs: Sequence[Paired]
-                         ) -> dict[str, float]:
-        ranker, own = self.split(params)
-        return ranker.trial_prediction(own, pairs)
-
-    def rank_points(self, points: Sequence[Mapping[str, Any]], prompts: Sequence[Prompt],
-                    known: Mapping[int, tuple[float, int | None]] | None = None,
-                    on_point: Callable[[int, float, int | None], None] =
-                    lambda i, value, cut: None) -> tuple[list[float], list[int | None]]:
-        """Every member's points by its own ranker (``Ranker.rank_points``: replay, halving,
-        two fidelities), members in the union's order, each said with its time; the values and
-        cuts back in ``points``' order."""
-        from tuner.config.union import METHOD, member_of
-        known = dict(known or {})
-        values: list[float] = [float("-inf")] * len(points)
-        cut: list[int | None] = [None] * len(points)
-        groups: dict[str, list[int]] = {}
-        for i, point in enumerate(points):
-            groups.setdefault(str(point[METHOD]), []).append(i)
-        for name, ranker in self.members.items():
-            where = groups.get(name, [])
-            if not where:
-                continue
-            if name in (self.method.get("unpriced") or ()):     # an EAGLE head: measured
-                for i in where:
-                    on_point(i, float("-inf"), None)
-                ranker.say(f"  method={name}: not ranked (no hardware profile prices its "
-                           "drafts): measured at its heuristic start point")
-                continue
-            ranked = rank_member(
-                name, ranker, [member_of(self.method, points[i])[2] for i in where], prompts,
-                {j: known[i] for j, i in enumerate(where) if i in known},
-                lambda j, value, c, where=where: on_point(where[j], value, c))
-            for j, i in enumerate(where):
-                values[i], cut[i] = ranked.values[j], ranked.cut[j]
-            best = "none predicted" if ranked.best is None else \
-                f"best {ranked.best_value:.3f}x"
-            ranker.say(f"  method={name}: {len(where)} points ranked in "
-                       f"{ranked.seconds:.1f} s ({best})")
-        return values, cut
