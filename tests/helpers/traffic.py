@@ -1,5 +1,7 @@
 """Bounded client load for the watch's live tests and recordings: phases of prompts sent to a real
-engine server by a few threads, each phase bounded in time and in requests.
+engine server by a few threads, each phase bounded in time and in requests. A phase may also end
+on a condition (``until``: e.g. once the watch has closed enough windows), so that what a test
+needs before a switch does not depend on how fast the machine is; its seconds are then its cap.
 
 Three workloads from the repository's data: *extractive* (a CNN/DailyMail article to repeat word
 for word: prompt lookup finds nearly every token in the prompt), *summaries* (the articles to
@@ -51,9 +53,14 @@ def request_for(engine: str, max_tokens: int) -> Callable[[str], tuple[str, dict
 
 
 class Load:
-    """Phases of requests in a background thread (``start``); ``phase`` names the one running."""
+    """Phases of requests in a background thread (``start``); ``phase`` names the one running.
 
-    def __init__(self, url: str, engine: str, phases: Sequence[tuple[str, list[str], float]],
+    A phase is ``(name, prompts, seconds)`` or ``(name, prompts, seconds, until)``: it ends after
+    ``seconds`` or, sooner, once ``until()`` is true (checked before each request)."""
+
+    def __init__(self, url: str, engine: str,
+                 phases: Sequence[tuple[str, list[str], float]
+                                  | tuple[str, list[str], float, Callable[[], bool]]],
                  workers: int = 2, max_tokens: int = 64, max_requests: int = 400) -> None:
         self.url, self.phases, self.workers = url.rstrip("/"), list(phases), workers
         self.request = request_for(engine, max_tokens)
@@ -82,14 +89,15 @@ class Load:
 
     def run(self) -> None:
         lock = threading.Lock()
-        for name, prompts, seconds in self.phases:
+        for name, prompts, seconds, *condition in self.phases:
             self.phase, self.switched_at[name] = name, time.time()
             until = time.monotonic() + seconds
+            done = condition[0] if condition else (lambda: False)
             counter = iter(range(10 ** 9))
 
             def worker(until: float = until, prompts: list[str] = prompts,
-                       counter=counter) -> None:
-                while not self.stop.is_set() and time.monotonic() < until:
+                       counter=counter, done: Callable[[], bool] = done) -> None:
+                while not self.stop.is_set() and time.monotonic() < until and not done():
                     with lock:
                         if self.sent >= self.max_requests:
                             return
