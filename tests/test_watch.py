@@ -652,7 +652,8 @@ def test_the_deployed_k_is_read_from_the_winners_parameters_not_the_launch_line(
 
 LIVE = {"llamacpp": LLAMA_STUDY, "vllm": VLLM_STUDY}
 BEFORE = 5          # windows the watch closes on the extractive prompts before the switch
-AFTER = 7           # windows it watches after them (the alarm is due within 5)
+AFTER = 9           # windows it watches after them: the alarm is due within 5 of the first
+                    # after the switch, which requests still in flight may push a window or two on
 CAP_S = 240.0       # seconds at most for each phase (a slow machine makes windows slower)
 
 
@@ -698,8 +699,8 @@ def test_a_live_workload_switch_alarms_and_the_decision_is_priced(capsys, tmp_pa
     assert rc == 0 and not load.errors, (out[-3000:], load.errors[:3])
     windows = [r for r in records if r["kind"] == "window"]
     start = first_window_after(windows, load.switched_at["open"])
-    # the reference came from the extractive prompts: its 4 windows ended before the switch
-    # (start is the first window to end after it)
+    # the reference came from the extractive prompts: its 4 warm-up windows and one more ended
+    # before the switch (start is the first window to end after it)
     assert start >= BEFORE, out[-4000:]
     alarms = [r for r in records if r["kind"] == "alarm" and r["window"] >= start]
     assert alarms and alarms[0]["direction"] == "drop", out[-4000:]

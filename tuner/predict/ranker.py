@@ -482,8 +482,10 @@ class Ranker:
             on_point(i, values[i], cut[i])
 
     def needs_untimed(self, points: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether ranking ``points`` takes untimed runs (``halves``), judged by the first one
-        the method builds (a method's points share how they are predicted)."""
+        """Whether ranking ``points`` takes untimed runs that successive halving spreads over
+        the prompts (``halves``: at temperature 0), judged by the first one the method builds (a
+        method's points share how they are predicted). Full untimed runs at T > 0 are not
+        counted: no floor acts on them."""
         for point in points:
             try:
                 return self.halves(self.build({**self.settings.default, **point}))
