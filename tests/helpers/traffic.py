@@ -1,6 +1,6 @@
 """Bounded client load for the watch's live tests and recordings: phases of prompts sent to a real
 engine server by a few threads, each phase bounded in time and in requests. A phase may also end
-on a condition (``until``: e.g. once the watch has closed enough windows), so that what a test
+on a condition (``done``: e.g. once the watch has closed enough windows), so that what a test
 needs before a switch does not depend on how fast the machine is; its seconds are then its cap.
 
 Three workloads from the repository's data: *extractive* (a CNN/DailyMail article to repeat word
@@ -55,8 +55,8 @@ def request_for(engine: str, max_tokens: int) -> Callable[[str], tuple[str, dict
 class Load:
     """Phases of requests in a background thread (``start``); ``phase`` names the one running.
 
-    A phase is ``(name, prompts, seconds)`` or ``(name, prompts, seconds, until)``: it ends after
-    ``seconds`` or, sooner, once ``until()`` is true (checked before each request)."""
+    A phase is ``(name, prompts, seconds)`` or ``(name, prompts, seconds, done)``: it ends after
+    ``seconds`` or, sooner, once ``done()`` is true (checked before each request)."""
 
     def __init__(self, url: str, engine: str,
                  phases: Sequence[tuple[str, list[str], float]

@@ -17,10 +17,10 @@ prompts it has seen is below that leader / ``FLOOR_REACH`` is cut after the roun
 η keeps; a sweep whose stage leaves no point above the floor stops there. ``FLOOR_REACH`` is
 the most a point's figure over every prompt was found to exceed its figure on one prompt, with
 room: over the 880 (point, prompt) pairs (220 points, 9 tables) of per-prompt measured
-speedups in ``bench/``'s results (4-prompt studies of the default pair, 2026-11), the geometric mean over a point's
-prompts was at most 1.84x its figure on one prompt (99th percentile 1.48x; median 1.00x).
-Measured figures carry timing noise on top of the prompts' own spread; a prediction carries
-only the latter, so the bound is loose for predictions.
+speedups in ``bench/``'s results (4-prompt studies of the default pair, 2026-11), the geometric
+mean over a point's prompts was at most 1.84x its figure on one prompt (99th percentile 1.48x;
+median 1.00x). Measured figures carry timing noise on top of the prompts' own spread; a
+prediction carries only the latter, so the bound is loose for predictions.
 """
 
 from __future__ import annotations
